@@ -1,0 +1,103 @@
+"""The adapter contract: what a drafter family must provide for the Domino head.
+
+The head itself knows nothing of families. An adapter exposes three hook points —
+per-slot hidden states, base logits, and the embedding the GRU reads — plus the
+bookkeeping decoding and training need. Family facts (tensor names, layer-id
+conventions, slot/label conventions) live in the adapter module, in one place.
+
+Decoding protocol (batch size B, one chain per row):
+
+    adapter.reset(B)
+    adapter.observe(features, positions)     # context the target has verified
+    block = adapter.propose(anchor_ids, pos)  # exactly one backbone forward
+    ... head rollout over block.hidden / block.base_logits, verification ...
+    adapter.observe(features_of_accepted, positions_of_accepted)
+
+Context only ever holds verified tokens, so nothing needs cropping on rejection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class DraftBlock:
+    """The output of one backbone forward: K proposal slots.
+
+    Slot j (1-based) predicts x_j, x_0 being the anchor. hidden[:, j-1] is H_j.
+    """
+
+    hidden: torch.Tensor  # [B, K, Dh]
+    base_logits: torch.Tensor  # [B, K, V]
+
+
+@dataclass
+class TrainingBlocks:
+    """Teacher-forced blocks for the Domino objective.
+
+    `base_logits_fn(rows)` maps hidden rows [N, Dh] to logits [N, V]; the trainer calls
+    it chunk by chunk so [blocks·K, V] logits are never held at once.
+    """
+
+    hidden: torch.Tensor  # [N, K, Dh]   N = blocks in the batch
+    prev_emb: torch.Tensor  # [N, K, E]  E(x_0..x_{K-1}), ground truth (teacher forcing)
+    labels: torch.Tensor  # [N, K]       x_1..x_K, -100 where not trained
+    base_logits_fn: Callable[[torch.Tensor], torch.Tensor]
+    extra_loss: Optional[torch.Tensor] = None  # a family's own auxiliary loss, if any
+    info: dict = field(default_factory=dict)
+
+
+class DrafterAdapter(nn.Module):
+    """Base class for drafter families. Subclasses set the static facts in __init__."""
+
+    family: str = "?"
+    topology: str = "chain"  # "chain" | "tree"
+    one_pass: bool = True  # the whole block comes from one backbone forward
+
+    num_slots: int  # K proposals per block
+    hidden_dim: int  # Dh, what the LM head reads
+    emb_dim: int  # E, the GRU's input
+    vocab_size: int
+
+    def capture_layers(self) -> tuple[int, ...]:
+        """Target layer ids (0-based outputs, -1 = final post-norm) the adapter reads."""
+        raise NotImplementedError
+
+    # ---- decoding
+    def reset(self, batch_size: int) -> None:
+        raise NotImplementedError
+
+    def observe(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Verified context: features [B, n, F] of the target at `positions` [n]."""
+        raise NotImplementedError
+
+    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+        """anchor [B] = x_0 at absolute `position`; exactly one backbone forward."""
+        raise NotImplementedError
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def context_length(self) -> int:
+        raise NotImplementedError
+
+    # ---- training
+    def training_blocks(self, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                        anchors: torch.Tensor) -> TrainingBlocks:
+        raise NotImplementedError
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        raise NotImplementedError
+
+    # ---- persistence
+    def backbone_state_dict(self) -> dict[str, torch.Tensor]:
+        """Native-format tensors of the drafter's own weights (no target tensors)."""
+        raise NotImplementedError
+
+    def native_config(self) -> dict:
+        raise NotImplementedError

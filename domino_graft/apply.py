@@ -1,0 +1,52 @@
+"""`domino-graft apply`: recipe -> plan -> (load, attach) -> run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from .graft import GraftPlan, plan_graft
+from .recipe import Recipe, load_recipe
+
+
+def pick_device(recipe: Recipe) -> str:
+    import torch
+
+    if recipe.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if recipe.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: 'cuda' requested but no CUDA device is available; valid here: auto, cpu")
+    return recipe.device
+
+
+def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
+                 overrides: list[str] | None = None, echo=print) -> tuple[GraftPlan, Optional[Path]]:
+    recipe = load_recipe(recipe_path, overrides)
+    plan = plan_graft(recipe, name=Path(recipe_path).stem)
+    echo(plan.format())
+    if dry_run:
+        return plan, None
+
+    from .adapters import family_module
+    from .graft import Graft, build_head
+    from .rundir import default_run_dir, write_run_dir
+    from .target import load_target
+
+    device = pick_device(recipe)
+    target = load_target(recipe.target, device=device)
+    adapter, head_tensors = family_module(recipe.drafter.family).build(recipe.drafter, target)
+    head = build_head(recipe, adapter, head_tensors).to(device)
+    graft = Graft(adapter, head)  # checks the head fits the drafter's hook points
+    out_dir = Path(out) if out else default_run_dir(recipe_path)
+    write_run_dir(
+        out_dir,
+        recipe_path=recipe_path,
+        recipe=recipe,
+        plan=plan.to_dict(),
+        adapter=graft.adapter,
+        head=graft.head,
+        target_identity=target.identity,
+        drafter_reference=None,
+    )
+    echo(f"wrote run dir {out_dir}" + (" (head loaded from the drafter checkpoint)" if head_tensors else ""))
+    return plan, out_dir

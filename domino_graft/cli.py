@@ -1,0 +1,49 @@
+"""The `domino-graft` command line: a thin layer over the library.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`run(args) -> int`; this file only routes. Imports are lazy so `validate` and `--help`
+never load torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("domino_graft.commands.validate", "check recipes (no torch needed)"),
+    "apply": ("domino_graft.commands.apply", "plan a graft and write a run directory"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="domino-graft",
+        description="Graft Domino heads onto parallel speculative-decoding drafters.",
+    )
+    parser.add_argument("--version", action="version", version=f"domino-graft {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    from .errors import run_with_clean_errors
+
+    return run_with_clean_errors(importlib.import_module(args._module).run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Plan a graft from configs alone, then attach a Domino head to a drafter adapter.
+
+The graft owns only the head's weights. It never edits the drafter: the head reads the
+adapter's hook points (per-slot hidden, base logits, previous-token embeddings), so
+removing the graft gives back the untouched drafter, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .recipe import Recipe
+
+
+@dataclass
+class GraftPlan:
+    name: str
+    target: dict  # TargetShape fields
+    target_source: str
+    drafter: "object"  # adapters.plan.FamilyPlan
+    head_spec: dict
+    head_tensors: dict[str, tuple[int, ...]]
+
+    @property
+    def head_parameters(self) -> int:
+        total = 0
+        for shape in self.head_tensors.values():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total
+
+    @property
+    def share_of_backbone(self) -> float:
+        return self.head_parameters / max(1, self.drafter.backbone_parameters)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = self.drafter
+        return {
+            "name": self.name,
+            "target": self.target,
+            "target_source": self.target_source,
+            "drafter": {
+                "family": d.family,
+                "summary": d.summary,
+                "source": d.source,
+                "num_slots": d.num_slots,
+                "capture_layers": d.capture_layers,
+                "backbone_parameters": d.backbone_parameters,
+                "hooks": [asdict(h) for h in d.hooks],
+            },
+            "head": {
+                "spec": self.head_spec,
+                "tensors": {k: list(v) for k, v in self.head_tensors.items()},
+                "parameters": self.head_parameters,
+                "share_of_backbone": self.share_of_backbone,
+            },
+        }
+
+    def format(self) -> str:
+        d = self.drafter
+        t = self.target
+        lines = [
+            f"Graft plan: {self.name}",
+            f"  target   {t['architecture']}: hidden {t['hidden_size']}, {t['num_layers']} layers, "
+            f"vocab {t['vocab_size']}  ({self.target_source})",
+            f"  drafter  {d.summary}",
+            f"           source: {d.source}; {d.num_slots} proposals per block; "
+            f"backbone {d.backbone_parameters:,} parameters",
+            "  hook points",
+        ]
+        for h in d.hooks:
+            lines.append(f"    {h.name:<12} {h.shape:<22} {h.source}")
+        lines.append("  Domino head tensors")
+        for name, shape in self.head_tensors.items():
+            n = 1
+            for s in shape:
+                n *= s
+            lines.append(f"    {name:<26} {str(list(shape)):<16} {n:>14,}")
+        lines.append(
+            f"  head parameters {self.head_parameters:,} "
+            f"(+{100 * self.share_of_backbone:.2f}% of the backbone's {d.backbone_parameters:,})"
+        )
+        return "\n".join(lines)
+
+
+def head_spec_for(recipe: Recipe, fam_plan) -> "HeadSpec":
+    from .head import HeadSpec
+
+    return HeadSpec(
+        hidden_dim=fam_plan.hidden_dim,
+        emb_dim=fam_plan.emb_dim,
+        gru_hidden_dim=recipe.head.gru_hidden_dim,
+        rank=recipe.head.rank,
+        vocab_size=fam_plan.vocab_size,
+        pure_prefix_len=recipe.head.pure_prefix_len,
+    )
+
+
+def plan_graft(recipe: Recipe, *, name: str = "recipe") -> GraftPlan:
+    """Pure data from configs: no weights are read."""
+    from dataclasses import asdict
+
+    from .adapters import family_module
+    from .target import TargetShape, target_config_dict
+
+    tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
+    fam = family_module(recipe.drafter.family).plan(recipe.drafter, tshape)
+    spec = head_spec_for(recipe, fam)
+    t = recipe.target
+    source = "random (seed %d)" % t.random.seed if t.random else (t.path or f"asset {t.asset}")
+    return GraftPlan(
+        name=recipe.name or name,
+        target=asdict(tshape),
+        target_source=source,
+        drafter=fam,
+        head_spec=spec.to_dict(),
+        head_tensors=spec.tensor_shapes(),
+    )
+
+
+class Graft:
+    """A drafter adapter with a Domino head attached at its hook points."""
+
+    def __init__(self, adapter, head):
+        spec = head.spec
+        if (spec.hidden_dim, spec.emb_dim, spec.vocab_size) != (adapter.hidden_dim, adapter.emb_dim, adapter.vocab_size):
+            raise ValueError(
+                f"head spec (hidden {spec.hidden_dim}, emb {spec.emb_dim}, vocab {spec.vocab_size}) does not fit the "
+                f"drafter (hidden {adapter.hidden_dim}, emb {adapter.emb_dim}, vocab {adapter.vocab_size})"
+            )
+        self.adapter = adapter
+        self.head = head
+
+    def block_logits(self, block, prev_ids):
+        """Teacher-forced final logits for a proposed block: prev_ids [B, K] = x_0..x_{K-1}."""
+        return self.head.block(block.hidden, block.base_logits, self.adapter.embed(prev_ids))
+
+    def detach(self):
+        """Remove the graft: the drafter as it was (the graft never modified it)."""
+        adapter, self.adapter, self.head = self.adapter, None, None
+        return adapter
+
+
+def build_head(recipe: Recipe, adapter, head_tensors: dict | None = None):
+    """A fresh (seeded) head, or the one found in the drafter's checkpoint (checked strictly)."""
+    import torch
+
+    from .checkpoint import check_tensors
+    from .head import DominoHead, HeadSpec
+
+    spec = HeadSpec(
+        hidden_dim=adapter.hidden_dim,
+        emb_dim=adapter.emb_dim,
+        gru_hidden_dim=recipe.head.gru_hidden_dim,
+        rank=recipe.head.rank,
+        vocab_size=adapter.vocab_size,
+        pure_prefix_len=recipe.head.pure_prefix_len,
+    )
+    torch.manual_seed(recipe.head.seed)
+    head = DominoHead(spec, zero_init_w2=recipe.head.zero_init_w2)
+    if head_tensors:
+        check_tensors(head_tensors, spec.tensor_shapes(), source="drafter checkpoint (Domino head)")
+        head.load_state_dict({k: v.float() for k, v in head_tensors.items()}, strict=True)
+    return head
