@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random targets/drafters/heads built from the shipped tiny recipe."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_RECIPE = REPO / "recipes" / "tiny_dflash.yaml"
+
+# Two cores on CI: keep each test process from oversubscribing them.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_recipe_path() -> Path:
+    return TINY_RECIPE
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A run dir written by `apply` on the tiny recipe (shared; treat as read-only)."""
+    from domino_graft.apply import apply_recipe
+
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    apply_recipe(str(TINY_RECIPE), str(out), echo=lambda *_: None)
+    return out
+
+
+def randomize_head(head, seed: int = 0, scale: float = 0.5) -> None:
+    """Give W2 (zero at graft time) real weights so the correction matters in tests."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale / max(1, p.shape[-1]) ** 0.5)
