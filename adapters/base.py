@@ -72,8 +72,10 @@ class DrafterAdapter(nn.Module):
     def reset(self, batch_size: int) -> None:
         raise NotImplementedError
 
-    def observe(self, features: torch.Tensor, positions: torch.Tensor) -> None:
-        """Verified context: features [B, n, F] of the target at `positions` [n]."""
+    def observe(self, features: torch.Tensor, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
+        """Verified context: features [B, n, F] of the target at `positions` [n], and the
+        token ids [B, n] there (families that draft from tokens, e.g. PARD, need them;
+        engines should always pass them)."""
         raise NotImplementedError
 
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:

@@ -355,7 +355,7 @@ class DFlashAdapter(DrafterAdapter):
         self._cache = None
         self._pending = []
 
-    def observe(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+    def observe(self, features: torch.Tensor, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
         self._pending.append((features, positions))
 
     def context_length(self) -> int:

@@ -186,6 +186,13 @@ class Bench(Strict):
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(0.0, ge=0)
     seed: int = 0
+    # Domino-head rollout implementation (domino_graft.kernels.make_rollout): "torch" is the
+    # eager reference; "triton" fuses W2-GEMV + base add + argmax over the full vocabulary
+    # (exact); "triton_pool" scores only the top-`pool_size` base candidates (draft may
+    # change, verification stays exact, so decoding stays lossless). Non-CUDA devices fall
+    # back to "torch".
+    head_kernel: Literal["torch", "triton", "triton_pool"] = "torch"
+    pool_size: int = Field(2048, ge=0)  # 0 = full vocabulary; 2048 = SGLang's merged default
 
     _resolve_paths = field_validator("prompts")(_resolve)
 

@@ -1,0 +1,87 @@
+"""Chain rollout over one DraftBlock: the drafter's proposals d_1..d_K.
+
+The Domino head is causal over the *drafted* prefix: slot j reads the GRU state after
+E(x_0), E(d_1) .. E(d_{j-1}), so each draft must be chosen before the next slot can be
+corrected. We advance the GRU one slot at a time (`DominoHead.step`): re-running the GRU
+and the vocabulary projection over the whole block at every slot (the SpecForge
+reference loop) costs K times more for the same drafts.
+
+Contract shared by every implementation (the fused Triton rollout is a drop-in):
+
+    rollout(head, block, anchor, embed, *, temperature, top_k, top_p, generator, use_head=True)
+        -> (draft_ids [B, K] long, q [B, K, V] fp32 or None)
+
+temperature 0: d_j = argmax(final_j), q is None. temperature > 0: d_j ~ q_j, where q_j is
+the warped, Domino-corrected distribution of slot j; it is returned because speculative
+sampling is only lossless when the verifier divides by the distribution the draft was
+actually drawn from. use_head=False: the base drafter (slots independent, head unused).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Optional
+
+import torch
+
+from .sampling import sample, warp
+
+RolloutFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
+def rollout(
+    head,
+    block,
+    anchor: torch.Tensor,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+    use_head: bool = True,
+):
+    """The PyTorch reference rollout (see the module docstring for the contract)."""
+    base = block.base_logits
+    greedy = temperature == 0.0
+    if not use_head or head is None:
+        # Without the head the slots do not depend on each other: draft them all at once.
+        if greedy:
+            return base.argmax(-1), None
+        q = warp(base, temperature, top_k, top_p)
+        return sample(q, generator), q
+
+    b, k, _ = base.shape
+    state = head.init_state(b, device=base.device)
+    prev = anchor
+    drafts, qs = [], []
+    for j in range(k):
+        final, state = head.step(state, embed(prev), block.hidden[:, j], base[:, j])
+        if greedy:
+            d = final.argmax(-1)
+        else:
+            qj = warp(final, temperature, top_k, top_p)
+            d = sample(qj, generator)
+            qs.append(qj)
+        drafts.append(d)
+        prev = d
+    return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
+
+# name -> "module:attribute". Kernels register theirs here (lazily imported, so asking
+# for "torch" never imports Triton).
+ROLLOUTS: dict[str, str] = {
+    "torch": "domino_graft.decoding.rollout:rollout",
+}
+
+
+def register_rollout(name: str, target: str) -> None:
+    """Make `get_rollout(name)` resolve to `target` ("package.module:function")."""
+    ROLLOUTS[name] = target
+
+
+def get_rollout(name: str) -> RolloutFn:
+    if name not in ROLLOUTS:
+        raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(ROLLOUTS)}")
+    module, attr = ROLLOUTS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
