@@ -76,6 +76,10 @@ class DFlashConfig:
             "intermediate_size", "vocab_size", "num_target_layers", "block_size", "rms_norm_eps",
             "rope_theta", "rope_parameters", "max_position_embeddings", "layer_types", "sliding_window",
             "dflash_config",
+            # read here or by domino_head_fields(), rewritten by to_native()/the exporter: carrying
+            # them in `extra` would re-emit a stale Domino declaration (or an HF auto_map) in a
+            # run's plain drafter/config.json
+            *DOMINO_KEYS, "auto_map",
         }
         missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                                "vocab_size") if k not in cfg]
@@ -85,7 +89,10 @@ class DFlashConfig:
             raise ValueError(f"DFlash config.json: rope_type {rope.get('rope_type')!r} is not supported; valid: 'default'")
         n_layers = cfg["num_hidden_layers"]
         num_target_layers = cfg.get("num_target_layers", 0)
-        ids = dcfg.get("target_layer_ids") or default_target_layer_ids(num_target_layers, n_layers)
+        # vLLM speculators' layout has these at the top level only; domino_head_fields() rejects
+        # a config whose two copies disagree
+        ids = (dcfg.get("target_layer_ids") or cfg.get("target_layer_ids")
+               or default_target_layer_ids(num_target_layers, n_layers))
         heads = cfg["num_attention_heads"]
         return cls(
             hidden_size=cfg["hidden_size"],
@@ -99,7 +106,7 @@ class DFlashConfig:
             target_layer_ids=list(ids),
             mask_token_id=int(dcfg.get("mask_token_id", cfg.get("mask_token_id", cfg["vocab_size"] - 1))),
             block_size=int(cfg.get("block_size", dcfg.get("block_size", 16))),
-            shift_label=bool(dcfg.get("shift_label", False)),
+            shift_label=bool(dcfg.get("shift_label", cfg.get("shift_label", False))),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
@@ -497,7 +504,8 @@ def config_from_recipe(d, tshape) -> DFlashConfig:
         cfg = DFlashConfig.from_native(_read_json(source, "drafter.path" if d.path else "drafter.config"))
         conflicts = []
         for name in ("block_size", "target_layer_ids", "mask_token_id", "shift_label"):
-            if name in d.model_fields_set and getattr(d, name) != getattr(cfg, name):
+            # None = "the default", never a contradiction (a run's resolved recipe lists every field)
+            if name in d.model_fields_set and getattr(d, name) is not None and getattr(d, name) != getattr(cfg, name):
                 conflicts.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {getattr(cfg, name)!r}")
         if "num_layers" in d.model_fields_set and d.num_layers != cfg.num_hidden_layers:
             conflicts.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers}")
@@ -558,12 +566,85 @@ def plan(d, tshape):
 
 HEAD_KEYS_PREFIXES = ("prefix_gru.", "embed_proj.")
 
+# ------------------------------------------------------------- Domino keys in config.json
+# DFlash+Domino checkpoints (SGLang >= #36899, Huang2020/Qwen3-8B-Domino-b16) declare the head
+# in `dflash_config`; vLLM speculators reads the same fields at the top level, and SGLang's
+# parser requires a top-level `emb_dim`: bundles write both places. Upstream's `emb_dim` is the
+# low-rank width r (embed_proj.0 maps [H; S] -> emb_dim), not an embedding size.
+DOMINO_KEYS = ("projector_type", "gru_hidden_dim", "emb_dim", "pure_draft_prefix_len", "shift_label",
+               "mask_token_id", "target_layer_ids")
+PLAIN_PROJECTORS = (None, "dflash")  # a DFlash drafter without a Domino head
+
+
+def domino_config_fields(cfg: DFlashConfig, spec) -> dict:
+    """The Domino declaration of a bundle's config.json (written nested and at the top level)."""
+    return {
+        "mask_token_id": cfg.mask_token_id,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "projector_type": "domino",
+        "gru_hidden_dim": spec.gru_hidden_dim,
+        "emb_dim": spec.rank,
+        "pure_draft_prefix_len": spec.pure_prefix_len,
+        "shift_label": cfg.shift_label,
+    }
+
+
+def domino_native_config(cfg: DFlashConfig, spec) -> dict:
+    """config.json of a native DFlash+Domino bundle (DESIGN §3)."""
+    out = cfg.to_native()
+    fields = domino_config_fields(cfg, spec)
+    out["dflash_config"] = {**out["dflash_config"], **fields}
+    out.update(fields)
+    return out
+
+
+def domino_head_fields(raw: dict, source: str) -> dict:
+    """The head a DFlash config.json declares, as recipe head fields
+    ({gru_hidden_dim, rank, pure_prefix_len}), or {} for a plain DFlash drafter."""
+    nested = raw.get("dflash_config") or {}
+    problems = []
+    for k in DOMINO_KEYS:
+        if nested.get(k) is not None and raw.get(k) is not None and nested[k] != raw[k]:
+            problems.append(f"dflash_config.{k} = {nested[k]!r} but the top-level {k} = {raw[k]!r}")
+
+    def get(k):
+        return nested[k] if nested.get(k) is not None else raw.get(k)
+
+    ptype = get("projector_type")
+    if ptype in PLAIN_PROJECTORS and not problems:
+        return {}
+    if ptype not in PLAIN_PROJECTORS and ptype != "domino":
+        problems.append(f"dflash_config.projector_type = {ptype!r} is not supported; valid: 'domino' or absent (plain DFlash)")
+    out = {}
+    for key, field_name, low in (("gru_hidden_dim", "gru_hidden_dim", 1), ("emb_dim", "rank", 1),
+                                 ("pure_draft_prefix_len", "pure_prefix_len", 0)):
+        v = get(key)
+        if v is None:
+            problems.append(f"dflash_config.{key} is missing; a Domino config must give it (an integer >= {low})")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < low:
+            problems.append(f"dflash_config.{key} = {v!r} is invalid; valid: an integer >= {low}")
+        else:
+            out[field_name] = v
+    shift = get("shift_label")
+    if shift is not None and not isinstance(shift, bool):
+        problems.append(f"dflash_config.shift_label = {shift!r} is invalid; valid: true or false")
+    if problems:
+        raise ValueError(f"{source}: " + "; ".join(problems))
+    return out
+
+
+def checkpoint_head_fields(d) -> dict:
+    """The Domino head declared by the checkpoint at drafter.path (from its config alone)."""
+    if d.path is None:
+        return {}
+    return domino_head_fields(_read_json(d.path, "drafter.path"), f"{d.path}/config.json")
+
 
 def build(d, target):
     """-> (adapter, head tensors found in the checkpoint). Weights are checked strictly."""
     from pathlib import Path
 
-    from domino_graft.checkpoint import check_tensors, load_tensors
+    from domino_graft.checkpoint import CheckpointError, check_tensors, load_tensors
 
     cfg = config_from_recipe(d, target.shape)
     adapter = DFlashAdapter(cfg, target)
@@ -576,6 +657,15 @@ def build(d, target):
         backbone = {k: v for k, v in state.items() if not k.startswith(HEAD_KEYS_PREFIXES)}
         check_tensors(backbone, backbone_tensor_shapes(cfg), source=str(weights))
         adapter.backbone.load_state_dict(backbone, strict=True)
+        # graft.build_head reads this: a declared head must be loaded whole (even when its
+        # tensors are all missing), and its G, r, pure prefix override recipe defaults.
+        adapter.checkpoint_head_fields = checkpoint_head_fields(d)
+        if head_tensors and not adapter.checkpoint_head_fields:
+            raise CheckpointError(
+                f"{weights}: tensor {sorted(head_tensors)[0]!r} belongs to a Domino head but config.json does not "
+                "declare one (dflash_config.projector_type must be 'domino', with gru_hidden_dim, emb_dim, "
+                "pure_draft_prefix_len)"
+            )
     else:
         adapter.backbone.init_weights(d.seed)
     adapter.backbone.to(device=target.device, dtype=target.dtype)

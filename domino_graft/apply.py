@@ -28,7 +28,7 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
         return plan, None
 
     from .adapters import family_module
-    from .graft import Graft, build_head
+    from .graft import Graft, build_head, effective_recipe
     from .rundir import default_run_dir, write_run_dir
     from .target import load_target
 
@@ -37,6 +37,8 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
     adapter, head_tensors = family_module(recipe.drafter.family).build(recipe.drafter, target)
     head = build_head(recipe, adapter, head_tensors).to(device)
     graft = Graft(adapter, head)  # checks the head fits the drafter's hook points
+    # record the head actually built (a bundle's G / r / pure prefix), not schema defaults
+    recipe = effective_recipe(recipe, head.spec)
     out_dir = Path(out) if out else default_run_dir(recipe_path)
     write_run_dir(
         out_dir,

@@ -87,16 +87,40 @@ class GraftPlan:
         return "\n".join(lines)
 
 
-def head_spec_for(recipe: Recipe, fam_plan) -> "HeadSpec":
+HEAD_CHECKPOINT_FIELDS = ("gru_hidden_dim", "rank", "pure_prefix_len")
+
+
+def resolve_head_fields(recipe: Recipe, checkpoint: dict | None, source: str = "the drafter checkpoint") -> dict:
+    """G, r and the pure prefix: the checkpoint's where it declares a head, else the recipe's.
+
+    A value the recipe sets explicitly and the checkpoint contradicts is an error naming both:
+    silently preferring either would train or serve a head of the wrong shape."""
+    out = {k: getattr(recipe.head, k) for k in HEAD_CHECKPOINT_FIELDS}
+    conflicts = []
+    for k, v in (checkpoint or {}).items():
+        if k in recipe.head.model_fields_set and getattr(recipe.head, k) != v:
+            conflicts.append(f"head.{k}: the recipe sets {getattr(recipe.head, k)!r} but {source} has {v!r}")
+        out[k] = v
+    if conflicts:
+        raise ValueError("; ".join(conflicts) + " (remove the recipe value to use the checkpoint's)")
+    return out
+
+
+def effective_recipe(recipe: Recipe, spec) -> Recipe:
+    """The recipe with the head fields the head was actually built with (a run dir must
+    record the checkpoint's G/r/pure prefix, not the schema defaults it replaced)."""
+    head = recipe.head.model_copy(update={k: getattr(spec, k) for k in HEAD_CHECKPOINT_FIELDS})
+    return recipe.model_copy(update={"head": head})
+
+
+def head_spec_for(recipe: Recipe, fam_plan, checkpoint: dict | None = None) -> "HeadSpec":
     from .head import HeadSpec
 
     return HeadSpec(
         hidden_dim=fam_plan.hidden_dim,
         emb_dim=fam_plan.emb_dim,
-        gru_hidden_dim=recipe.head.gru_hidden_dim,
-        rank=recipe.head.rank,
         vocab_size=fam_plan.vocab_size,
-        pure_prefix_len=recipe.head.pure_prefix_len,
+        **resolve_head_fields(recipe, checkpoint),
     )
 
 
@@ -108,8 +132,10 @@ def plan_graft(recipe: Recipe, *, name: str = "recipe") -> GraftPlan:
     from .target import TargetShape, target_config_dict
 
     tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
-    fam = family_module(recipe.drafter.family).plan(recipe.drafter, tshape)
-    spec = head_spec_for(recipe, fam)
+    module = family_module(recipe.drafter.family)
+    fam = module.plan(recipe.drafter, tshape)
+    declared = getattr(module, "checkpoint_head_fields", lambda _d: {})(recipe.drafter)
+    spec = head_spec_for(recipe, fam, declared)
     t = recipe.target
     source = "random (seed %d)" % t.random.seed if t.random else (t.path or f"asset {t.asset}")
     return GraftPlan(
@@ -152,17 +178,20 @@ def build_head(recipe: Recipe, adapter, head_tensors: dict | None = None):
     from .checkpoint import check_tensors
     from .head import DominoHead, HeadSpec
 
+    # A checkpoint whose config declares a Domino head (adapters set checkpoint_head_fields)
+    # must supply all of it: a missing head never degrades to a fresh one (SpecForge's
+    # substring-tolerant loader lets a bundle without `embed_proj.*` load silently).
+    declared = getattr(adapter, "checkpoint_head_fields", None) or {}
     spec = HeadSpec(
         hidden_dim=adapter.hidden_dim,
         emb_dim=adapter.emb_dim,
-        gru_hidden_dim=recipe.head.gru_hidden_dim,
-        rank=recipe.head.rank,
         vocab_size=adapter.vocab_size,
-        pure_prefix_len=recipe.head.pure_prefix_len,
+        **resolve_head_fields(recipe, declared),
     )
     torch.manual_seed(recipe.head.seed)
     head = DominoHead(spec, zero_init_w2=recipe.head.zero_init_w2)
-    if head_tensors:
+    if head_tensors or declared:
+        head_tensors = head_tensors or {}
         check_tensors(head_tensors, spec.tensor_shapes(), source="drafter checkpoint (Domino head)")
         head.load_state_dict({k: v.float() for k, v in head_tensors.items()}, strict=True)
     return head

@@ -1,0 +1,26 @@
+"""`domino-graft export [RUN] [-o BUNDLE] [--format native|hf] [--dtype bf16|fp16|fp32] [--dry-run]`."""
+
+from __future__ import annotations
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", nargs="?", metavar="RUN", help="run directory (default: the most recent one)")
+    p.add_argument("-o", "--out", metavar="BUNDLE", help="bundle folder (default: bundles/<run>-<format>-<dtype>)")
+    p.add_argument("--format", choices=("native", "hf"), help="native: SGLang/vLLM DFlash layout; "
+                   "hf: transformers remote code (default: the recipe's export.format)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="weights dtype (default: the recipe's export.dtype)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where to run the self-check (default: the recipe's)")
+    p.add_argument("--dry-run", action="store_true", help="print the bundle's tensors and config from configs alone")
+
+
+def run(args) -> int:
+    if args.dry_run:
+        from ..export import plan_bundle
+        from ..rundir import resolve_run, run_recipe
+
+        print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype).format_text())
+        return 0
+    from ..export import export_run
+
+    export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device)
+    return 0
