@@ -14,6 +14,8 @@ import importlib
 
 FAMILY_MODULES = {
     "dflash": "domino_graft.adapters.dflash",
+    "medusa": "domino_graft.adapters.medusa",
+    "pard": "domino_graft.adapters.pard",
 }
 
 

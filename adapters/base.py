@@ -85,6 +85,13 @@ class DrafterAdapter(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def slot_base_logits(self, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Base logits of flattened rows: hidden [N, Dh], slots [N] (0-based slot of each row).
+
+        Trainers flatten [blocks, K] into rows and chunk them; families with one LM head for
+        every slot (DFlash, PARD) ignore `slots`, Medusa has one LM head per slot."""
+        return self.base_logits(hidden)
+
     def context_length(self) -> int:
         raise NotImplementedError
 
