@@ -105,27 +105,79 @@ class DFlashDrafter(Strict):
 
 
 class MedusaDrafter(Strict):
-    """Medusa-1 heads on the frozen target (FasterDecoding layout)."""
+    """Medusa-1 heads on the frozen target (FasterDecoding layout).
+
+    Head i (0-based) reads the target's final post-norm hidden state of the last verified
+    token t and predicts token t+2+i (the target's own LM head gives t+1, the anchor):
+    slot j = i+1, K = num_heads."""
 
     family: Literal["medusa"]
-    path: Optional[str] = None
+    path: Optional[str] = None  # FasterDecoding folder: config.json + medusa_lm_head.safetensors (or .pt)
+    config: Optional[str] = None  # a Medusa config.json, for planning when the weights are not there
     num_heads: int = Field(4, ge=1)
-    num_layers: int = Field(1, ge=1)
+    num_layers: int = Field(1, ge=1)  # ResBlocks per head
+    # Static tree in Medusa's "choices" notation: each path lists, per depth, the rank of the
+    # chosen token among its parent's (Domino-corrected) top-k, e.g. [[0], [0, 0], [1]].
+    # Every prefix of a path must itself be a path. None = chain decoding (top-1 per slot).
+    tree: Optional[list[list[int]]] = None
     seed: int = 0
 
-    _resolve_paths = field_validator("path")(_resolve)
+    _resolve_paths = field_validator("path", "config")(_resolve)
+
+    @field_validator("tree")
+    @classmethod
+    def _tree_is_a_tree(cls, tree, info: ValidationInfo):
+        if tree is None:
+            return tree
+        depth = info.data.get("num_heads", 4)
+        problems = []
+        if not tree:
+            problems.append("tree: [] has no nodes; give at least [[0]] or leave tree out for chain decoding")
+        seen = set()
+        for n, path in enumerate(tree):
+            key = tuple(path)
+            if not path:
+                problems.append(f"tree[{n}]: [] is empty; every path names at least one rank")
+            elif any(r < 0 for r in path):
+                problems.append(f"tree[{n}]: {path} has a negative rank; valid ranks are 0, 1, 2, ...")
+            elif len(path) > depth:
+                problems.append(f"tree[{n}]: {path} is {len(path)} deep; valid: at most num_heads = {depth}")
+            elif key in seen:
+                problems.append(f"tree[{n}]: {path} appears twice")
+            seen.add(key)
+        for n, path in enumerate(tree):
+            if len(path) > 1 and tuple(path[:-1]) not in seen:
+                problems.append(f"tree[{n}]: {path} has no parent {path[:-1]} in the tree; add it")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return tree
 
 
 class PardDrafter(Strict):
-    """PARD: a small causal LM drafting k tokens in one pass after pard_token x (k-1)."""
+    """PARD: a small causal LM drafting k tokens in one pass, from
+    [verified context, x_0, pard_token x (k-1)]; its own embedding and LM head.
+
+    Sources (at most one of path / random): `path`, an HF causal-LM folder (PARD checkpoints
+    carry `pard_token` in config.json); `random`, a fresh random LM of its own shape (its
+    vocabulary must be the target's); neither: a copy of the target's first `num_layers`
+    decoder layers with its embeddings, final norm and LM head (a warm start)."""
 
     family: Literal["pard"]
     path: Optional[str] = None
-    num_slots: int = Field(8, ge=2)
+    random: Optional[RandomModel] = None
+    num_layers: int = Field(2, ge=1)  # only for the copy-of-the-target start
+    num_slots: int = Field(8, ge=2)  # k proposals per forward
+    # default: the checkpoint's `pard_token`, else the last vocabulary row
     pard_token_id: Optional[int] = Field(None, ge=0)
     seed: int = 0
 
     _resolve_paths = field_validator("path")(_resolve)
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.path is not None and self.random is not None:
+            raise ValueError("give at most one of path, random (neither = copy the target's first num_layers layers)")
+        return self
 
 
 Drafter = Annotated[Union[DFlashDrafter, MedusaDrafter, PardDrafter], Field(discriminator="family")]
@@ -145,6 +197,8 @@ class Head(Strict):
 
 # ------------------------------------------------------------------------------- train
 class Data(Strict):
+    # Exactly one source at train time. No silent default: a real recipe that forgot its data
+    # must fail, not train on a toy task.
     path: Optional[str] = None  # jsonl / parquet / a saved datasets folder
     synthetic: Optional[Literal["copy", "arith"]] = None  # learnable toy tasks for tests
     max_length: int = Field(256, ge=8)
@@ -152,9 +206,20 @@ class Data(Strict):
 
     _resolve_paths = field_validator("path")(_resolve)
 
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.path is not None and self.synthetic is not None:
+            raise ValueError(
+                f"give one of train.data.path ({self.path!r}) or train.data.synthetic "
+                f"({self.synthetic!r}), not both; set the other to null"
+            )
+        return self
+
 
 class Train(Strict):
     max_steps: int = Field(100, ge=1)
+    # sequences per optimizer step over all ranks and micro-steps (so a run's numbers do not
+    # depend on the GPU count); must divide by grad_accum × world size
     batch_size: int = Field(4, ge=1)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(3e-4, gt=0)
@@ -169,11 +234,27 @@ class Train(Strict):
     backbone: Literal["frozen", "full", "lora"] = "full"
     backbone_only_steps: int = Field(0, ge=0)  # warm-up: train only the backbone
     lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = Field(32.0, gt=0)  # LoRA scaling = lora_alpha / lora_rank
     loss_chunk: int = Field(1024, ge=1)  # rows of [blocks·K, V] logits at a time
-    save_every: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"  # after warmup_steps, towards 0
+    max_grad_norm: float = Field(1.0, ge=0)  # 0 disables clipping
+    # online: target forward inside each step; offline: cache the target's captured features on
+    # disk once (RUN/features/), then train without the target's decoder layers.
+    features: Literal["online", "offline"] = "online"
+    save_every: int = Field(0, ge=0)  # 0: checkpoint only at the end
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    data: Data = Data(synthetic="copy")
+    data: Data = Data()
+
+    @model_validator(mode="after")
+    def _warmup_needs_backbone(self):
+        if self.backbone_only_steps and self.backbone == "frozen":
+            raise ValueError(
+                f"train.backbone_only_steps={self.backbone_only_steps} trains only the backbone, but "
+                "train.backbone is 'frozen': nothing would train; valid: train.backbone full or lora, "
+                "or train.backbone_only_steps=0"
+            )
+        return self
 
 
 class Export(Strict):
@@ -302,10 +383,21 @@ def apply_overrides(data: dict, overrides: list[str], *, source: str = "<overrid
                 problems.append(f"{key}: {p!r} is not a section")
                 break
         else:
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = _scalar(raw)
     if problems:
         raise RecipeError(source, problems)
     return data
+
+
+def _scalar(raw: str) -> Any:
+    """A YAML scalar, except that `1e-4` is a float: PyYAML follows YAML 1.1, which reads
+    exponent notation without a dot (`1e-4`, `3E5`) as a string."""
+    import re
+
+    value = yaml.safe_load(raw)
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
+        return float(value)
+    return value
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:

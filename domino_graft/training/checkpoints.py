@@ -1,0 +1,177 @@
+"""Training checkpoints (exact resume) and the final update of the run's weights.
+
+    RUN/checkpoints/step-N/         written atomically (a temp folder renamed into place)
+        model.safetensors           trainable tensors only (head + backbone or LoRA), by module path
+        optimizer.pt                AdamW state, keyed by parameter path (world-size independent)
+        trainer.pt                  LR scheduler state, RNG states of every rank
+        state.json                  step, λ, samples/tokens seen, what the checkpoint assumes
+
+Full (unsharded) state dicts via torch.distributed.checkpoint's helpers, so a checkpoint
+written by N ranks resumes on M ranks, and a single process uses the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..checkpoint import atomic_dir, atomic_write_json, check_tensors, load_tensors, save_tensors, sha256_file
+from ..rundir import now
+
+HEAD_PREFIX = "head."
+BACKBONE_PREFIX = "adapter.backbone."
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    for p in checkpoint_dir(run_dir).glob("step-*"):
+        tail = p.name.removeprefix("step-")
+        if tail.isdigit() and (p / "state.json").is_file():
+            out.append((int(tail), p))
+    return sorted(out)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def rng_state() -> dict:
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _options(info, *, trainable_only: bool) -> StateDictOptions:
+    # cpu_offload with full_state_dict gathers to rank 0 only: the other ranks get empty dicts.
+    return StateDictOptions(full_state_dict=True, cpu_offload=info.active, ignore_frozen_params=trainable_only)
+
+
+def save_checkpoint(run_dir: Path, step: int, module, optimizer, scheduler, info, state: dict, keep_last: int) -> Path:
+    """Collective: every rank calls it; rank 0 writes."""
+    msd, osd = get_state_dict(module, optimizer, options=_options(info, trainable_only=True))
+    rngs = info.gather_objects(rng_state())
+    final = checkpoint_dir(run_dir) / f"step-{step}"
+    if info.main:
+        with atomic_dir(final) as tmp:
+            save_tensors(tmp / "model.safetensors", msd, {"format": "domino-graft training checkpoint"})
+            torch.save(osd, tmp / "optimizer.pt")
+            torch.save({"scheduler": scheduler.state_dict(), "rng": rngs}, tmp / "trainer.pt")
+            atomic_write_json(tmp / "state.json", {**state, "step": step, "saved_at": now()})
+        prune(run_dir, keep_last)
+    info.barrier()
+    return final
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    found = list_checkpoints(run_dir)
+    for _, p in found[: max(0, len(found) - keep_last)]:
+        shutil.rmtree(p, ignore_errors=True)
+    # Temp folders of a checkpoint write that was killed mid-way.
+    for p in checkpoint_dir(run_dir).glob(".step-*.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
+    """Restore model, optimizer, scheduler and this rank's RNG; return state.json."""
+    state = json.loads((path / "state.json").read_text())
+    msd = load_tensors(path / "model.safetensors")
+    # A sharded parameter (DTensor) reports its global shape: the check needs no collective.
+    expected = {n: tuple(p.shape) for n, p in module.named_parameters() if p.requires_grad}
+    check_tensors(msd, expected, source=str(path / "model.safetensors"))
+    osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd,
+                   options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True))
+    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    scheduler.load_state_dict(trainer["scheduler"])
+    rngs = trainer["rng"]
+    if len(rngs) == info.world:
+        set_rng_state(rngs[info.rank])
+    else:  # a different world size: every rank takes rank 0's streams
+        set_rng_state(rngs[0])
+    return state
+
+
+# ------------------------------------------------------------------------ final weights
+def merge_lora(state: dict, scaling: float) -> dict:
+    """PEFT-injected names -> native names, with W + scaling · B @ A folded into each weight."""
+    out = {}
+    for name, t in state.items():
+        if ".lora_A." in name or ".lora_B." in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            stem = name.removesuffix(".base_layer.weight")
+            a = state[f"{stem}.lora_A.default.weight"].float()
+            b = state[f"{stem}.lora_B.default.weight"].float()
+            out[f"{stem}.weight"] = (t.float() + scaling * (b @ a)).to(t.dtype)
+        else:  # untouched tensors, including a wrapped layer's bias (`x.base_layer.bias`)
+            out[name.replace(".base_layer.", ".")] = t
+    return out
+
+
+def final_tensors(module, info, *, lora_scaling: float | None) -> tuple[dict, dict] | None:
+    """(head tensors, native backbone tensors) on rank 0; None elsewhere. Collective."""
+    msd, _ = get_state_dict(module, [], options=_options(info, trainable_only=False))
+    if not info.main:
+        return None
+    head = {k.removeprefix(HEAD_PREFIX): v for k, v in msd.items() if k.startswith(HEAD_PREFIX)}
+    backbone = {k.removeprefix(BACKBONE_PREFIX): v for k, v in msd.items() if k.startswith(BACKBONE_PREFIX)}
+    if lora_scaling is not None:
+        backbone = merge_lora(backbone, lora_scaling)
+    return head, backbone
+
+
+def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, backbone: dict | None,
+                       backbone_shapes: dict, drafter_dtype: torch.dtype, native_config: dict,
+                       training: dict) -> None:
+    """Replace RUN/head.safetensors (and RUN/drafter/ when the backbone trained), then the
+    manifest's checksums and `training` entry. Each file is replaced atomically and the
+    manifest last, so a crash in between leaves a manifest whose checksums flag the change."""
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    save_tensors(run_dir / "head.safetensors", {k: v.float() for k, v in head_tensors.items()},
+                 {"format": "domino-head", "spec": json.dumps(head_spec)})
+    files = dict(manifest.get("files", {}))
+    files["head.safetensors"] = sha256_file(run_dir / "head.safetensors")
+    if backbone is not None:
+        check_tensors(backbone, backbone_shapes, source="trained drafter backbone")
+        save_tensors(run_dir / "drafter" / "model.safetensors", {k: v.to(drafter_dtype) for k, v in backbone.items()},
+                     {"format": "pt"})
+        atomic_write_json(run_dir / "drafter" / "config.json", native_config)
+        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
+        manifest["drafter"] = {**manifest["drafter"], "weights": "drafter/", "reference": False}
+    elif (run_dir / "drafter" / "model.safetensors").is_file():
+        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
+    manifest["files"] = files
+    manifest["training"] = training
+    manifest["updated_at"] = now()
+    atomic_write_json(run_dir / "manifest.json", manifest)
