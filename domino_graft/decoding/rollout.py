@@ -68,8 +68,9 @@ def rollout(
     return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
 
 
-# name -> "module:attribute". Kernels register theirs here (lazily imported, so asking
-# for "torch" never imports Triton).
+# name -> "module:attribute" of a function with the signature above. Names not listed here
+# are looked up in domino_graft.kernels (make_rollout: "triton", "triton_pool"), imported
+# only when asked for, so "torch" never imports Triton.
 ROLLOUTS: dict[str, str] = {
     "torch": "domino_graft.decoding.rollout:rollout",
 }
@@ -80,8 +81,26 @@ def register_rollout(name: str, target: str) -> None:
     ROLLOUTS[name] = target
 
 
-def get_rollout(name: str) -> RolloutFn:
-    if name not in ROLLOUTS:
-        raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(ROLLOUTS)}")
-    module, attr = ROLLOUTS[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+def _kernel_names() -> tuple[str, ...]:
+    try:
+        from domino_graft.kernels import ROLLOUT_NAMES
+    except ImportError:
+        return ()
+    return tuple(n for n in ROLLOUT_NAMES if n not in ROLLOUTS)
+
+
+def rollout_names() -> tuple[str, ...]:
+    return tuple(ROLLOUTS) + _kernel_names()
+
+
+def get_rollout(name: str, head=None) -> RolloutFn:
+    """The rollout called `name`. Kernel rollouts are built per head (they precompute weight
+    layouts from it), so pass the head that will be used."""
+    if name in ROLLOUTS:
+        module, attr = ROLLOUTS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+    if name in _kernel_names():
+        from domino_graft.kernels import make_rollout
+
+        return make_rollout(name, head)
+    raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")

@@ -1,0 +1,299 @@
+"""`bench`: decode every prompt three ways and measure what speculation buys.
+
+    target alone      the baseline: autoregressive, on the same engine, caches and dtype
+    base drafter      speculative, Domino head off (the parallel drafter as it was)
+    domino drafter    speculative, Domino head on
+
+Modes are interleaved prompt by prompt, so drift in machine load hits all three alike.
+Metrics (DESIGN §5): tau = tokens per target forward after the prefill (accepted + bonus,
+averaged over all verify steps of all prompts); per-slot acceptance = accepted / reached
+per slot; tokens/s = generated tokens / wall time (prefill included, every mode);
+speedup = tokens/s over the baseline's tokens/s. Greedy runs also check that every
+speculative output equals the baseline token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+from .decoding import Engine, Sampling, encode_prompt, stop_token_ids
+
+MODES = ("target", "base", "domino")
+MODE_LABELS = {"target": "target alone", "base": "base drafter", "domino": "domino drafter"}
+RANDOM_PROMPTS = 8  # built-in prompt set for tokenizer-less (random) targets
+
+
+# ---------------------------------------------------------------------- prompts
+def read_prompts(path: str, *, limit: Optional[int] = None) -> list[dict]:
+    """JSONL, one object per line: {"prompt": str} | {"messages": [...]} | {"prompt_ids": [int]}
+    (optionally "raw": true to skip the chat template for that prompt)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--prompts: {str(p)!r} does not exist or is not a file")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"--prompts: {p}:{n}: not valid JSON ({e})") from None
+        keys = [k for k in ("prompt", "messages", "prompt_ids") if k in obj] if isinstance(obj, dict) else []
+        if len(keys) != 1:
+            raise ValueError(
+                f"--prompts: {p}:{n}: each line needs exactly one of \"prompt\", \"messages\", \"prompt_ids\" "
+                f"(got {sorted(obj) if isinstance(obj, dict) else type(obj).__name__})"
+            )
+        out.append({"source": f"{p.name}:{n}", **obj})
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise ValueError(f"--prompts: {p} holds no prompts")
+    return out
+
+
+def random_id_prompts(vocab_size: int, *, seed: int, reserved=(), count: int = RANDOM_PROMPTS) -> list[dict]:
+    """Deterministic token-id prompts (lengths 8..24) for targets without a tokenizer."""
+    import random
+
+    rng = random.Random(seed)
+    usable = [i for i in range(vocab_size) if i not in set(reserved)]
+    return [
+        {"source": f"random:{i}", "prompt_ids": [rng.choice(usable) for _ in range(rng.randint(8, 24))]}
+        for i in range(count)
+    ]
+
+
+def resolve_prompts(loaded, path: Optional[str], *, seed: int, limit: Optional[int]) -> list[dict]:
+    path = path or loaded.recipe.bench.prompts
+    if path:
+        return read_prompts(path, limit=limit)
+    if loaded.target.tokenizer is not None:
+        raise ValueError(
+            "--prompts: required for a target with a tokenizer (bench.prompts is not set in the recipe); give a "
+            "JSONL file with {\"prompt\": ...} or {\"messages\": [...]} lines"
+        )
+    prompts = random_id_prompts(loaded.target.shape.vocab_size, seed=seed, reserved=_reserved_ids(loaded))
+    return prompts[:limit] if limit is not None else prompts
+
+
+def _reserved_ids(loaded) -> set[int]:
+    ids = stop_token_ids(loaded.target)
+    mask = getattr(getattr(loaded.adapter, "cfg", None), "mask_token_id", None)
+    if mask is not None:
+        ids.add(int(mask))
+    return ids
+
+
+def encode(loaded, item: dict) -> list[int]:
+    return encode_prompt(
+        loaded.target,
+        prompt=item.get("prompt"),
+        messages=item.get("messages"),
+        prompt_ids=item.get("prompt_ids"),
+        raw=bool(item.get("raw", False)),
+        chat=loaded.recipe.target.chat,
+        reserved=_reserved_ids(loaded),
+        where=f"--prompts {item.get('source', '')}".strip(),
+    )
+
+
+# ------------------------------------------------------------------------ bench
+class _Tally:
+    def __init__(self, k: int):
+        self.tokens = 0
+        self.seconds = 0.0
+        self.steps = 0
+        self.step_tokens = 0
+        self.reached = [0] * k
+        self.accepted = [0] * k
+
+    def add(self, r) -> None:
+        self.tokens += len(r.tokens)
+        self.seconds += r.seconds
+        self.steps += r.decode_steps
+        self.step_tokens += sum(a + 1 for a in r.accepted) if r.accepted else r.decode_steps
+        for j, (n, a) in enumerate(zip(r.slot_reached, r.slot_accepted)):
+            self.reached[j] += n
+            self.accepted[j] += a
+
+    def tau(self) -> Optional[float]:
+        return self.step_tokens / self.steps if self.steps else None
+
+    def per_slot(self) -> list[Optional[float]]:
+        return [a / n if n else None for a, n in zip(self.accepted, self.reached)]
+
+    def tokens_per_s(self) -> Optional[float]:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+def run_bench(
+    loaded,
+    prompts: list[dict],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling,
+    rollout: str = "torch",
+    progress: bool = True,
+    warmup: bool = True,
+) -> dict:
+    from tqdm import tqdm
+
+    from .rundir import hardware, versions
+
+    target, adapter, head = loaded.target, loaded.adapter, loaded.head
+    engine = Engine(target, adapter, head, rollout=rollout, stop_ids=stop_token_ids(target))
+    encoded = [encode(loaded, item) for item in prompts]
+    k = adapter.num_slots
+    runs = {
+        "target": lambda ids, i: engine.target_only(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed_offset=i),
+        "base": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                                                  use_head=False, seed_offset=i),
+        "domino": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                                                    use_head=True, seed_offset=i),
+    }
+    if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
+        for mode in MODES:
+            runs[mode](encoded[0], -1)
+    tallies = {m: _Tally(k) for m in MODES}
+    identical = {"base": True, "domino": True}
+    per_prompt = []
+    bar = tqdm(total=len(encoded) * len(MODES), desc="bench", unit="decode", disable=not progress, leave=False)
+    for i, ids in enumerate(encoded):
+        row = {"source": prompts[i].get("source"), "prompt_tokens": len(ids)}
+        results = {}
+        for mode in MODES:
+            bar.set_postfix_str(f"prompt {i + 1}/{len(encoded)} {mode}")
+            results[mode] = runs[mode](ids, i)
+            tallies[mode].add(results[mode])
+            bar.update(1)
+        for mode in ("base", "domino"):
+            identical[mode] &= results[mode].tokens == results["target"].tokens
+        row["new_tokens"] = {m: len(results[m].tokens) for m in MODES}
+        row["tau"] = {m: results[m].tau for m in ("base", "domino")}
+        if sampling.greedy:
+            row["identical_to_target"] = {m: results[m].tokens == results["target"].tokens for m in ("base", "domino")}
+        per_prompt.append(row)
+    bar.close()
+
+    base_tps = tallies["target"].tokens_per_s()
+
+    def speedup(mode):
+        tps = tallies[mode].tokens_per_s()
+        return tps / base_tps if tps and base_tps else None
+
+    notes = []
+    if not sampling.greedy:
+        notes.append(
+            "identical_to_target is null: at temperature > 0 speculative sampling matches the target's output "
+            "distribution, not its token sequence (different random draws), so outputs are not compared token for token"
+        )
+    if head is not None and head.is_identity():
+        notes.append("the Domino head is the identity (W2 = 0, untrained): grafted and base drafters propose the same")
+    run = loaded.manifest
+    return {
+        "tau": tallies["domino"].tau(),
+        "per_slot_acceptance": tallies["domino"].per_slot(),
+        "tokens_per_s": tallies["domino"].tokens_per_s(),
+        "target_tokens_per_s": base_tps,
+        "speedup": speedup("domino"),
+        "identical_to_target": identical["domino"] if sampling.greedy else None,
+        "base": {
+            "tau": tallies["base"].tau(),
+            "per_slot_acceptance": tallies["base"].per_slot(),
+            "tokens_per_s": tallies["base"].tokens_per_s(),
+            "speedup": speedup("base"),
+            "identical_to_target": identical["base"] if sampling.greedy else None,
+        },
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": sampling.seed,
+        "max_new_tokens": max_new_tokens,
+        "num_prompts": len(encoded),
+        "num_slots": k,
+        "new_tokens": {m: tallies[m].tokens for m in MODES},
+        "target_forwards": {m: tallies[m].steps + len(encoded) for m in MODES},
+        "rollout": rollout,
+        "run": {
+            "path": str(Path(loaded.path).resolve()),
+            "kind": run.get("kind"),
+            "created_at": run.get("created_at"),
+            "git_sha": run.get("git_sha"),
+            "target": run.get("target"),
+            "drafter": run.get("drafter"),
+        },
+        "recipe": {"name": loaded.recipe.name, "drafter_family": loaded.recipe.drafter.family},
+        "hardware": hardware(),
+        "versions": versions(),
+        "notes": notes,
+        "per_prompt": per_prompt,
+    }
+
+
+# ---------------------------------------------------------------------- output
+def _f(x, fmt: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def format_report(rep: dict) -> str:
+    mode = "greedy" if rep["temperature"] == 0 else f"temperature {rep['temperature']:g}"
+    lines = [
+        f"bench {rep['recipe']['name'] or ''}  {rep['num_prompts']} prompts, max {rep['max_new_tokens']} new tokens, "
+        f"{mode}, {rep['hardware'].get('device')}",
+        f"  {'':<16}{'tau':>7}{'tokens/s':>11}{'speedup':>9}{'identical':>11}",
+        f"  {MODE_LABELS['target']:<16}{1.0:>7.2f}{_f(rep['target_tokens_per_s'], '.1f'):>11}{'1.00x':>9}{'-':>11}",
+    ]
+    for label, d in ((MODE_LABELS["base"], rep["base"]), (MODE_LABELS["domino"], rep)):
+        ident = {True: "yes", False: "NO", None: "n/a"}[d["identical_to_target"]]
+        sp = _f(d["speedup"], ".2f") + "x" if d["speedup"] is not None else "-"
+        lines.append(f"  {label:<16}{_f(d['tau'], '.2f'):>7}{_f(d['tokens_per_s'], '.1f'):>11}{sp:>9}{ident:>11}")
+    k = len(rep["per_slot_acceptance"])
+    lines.append("  acceptance by slot " + "".join(f"{j:>6}" for j in range(1, k + 1)))
+    for label, d in (("base", rep["base"]), ("domino", rep)):
+        lines.append(f"  {label:<19}" + "".join(f"{_f(a, '.2f'):>6}" for a in d["per_slot_acceptance"]))
+    for note in rep.get("notes", []):
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def check_plot_available() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise RuntimeError("--plot: matplotlib is not installed; `pip install matplotlib`, or run without --plot") from None
+
+
+def plot_acceptance(rep: dict, path: str) -> None:
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    k = len(rep["per_slot_acceptance"])
+    slots = list(range(1, k + 1))
+    nan = float("nan")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for label, d, marker in (("base drafter", rep["base"], "o"), ("domino drafter", rep, "s")):
+        ys = [nan if a is None else a for a in d["per_slot_acceptance"]]
+        ax.plot(slots, ys, marker=marker, label=f"{label} (tau {_f(d['tau'], '.2f')})")
+    ax.set_xlabel("slot j (given slots < j accepted)")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.02)
+    ax.set_xticks(slots)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{rep['recipe']['name'] or 'bench'}: acceptance by slot, T={rep['temperature']:g}")
+    fig.tight_layout()
+    import io
+
+    from .checkpoint import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

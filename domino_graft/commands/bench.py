@@ -1,0 +1,59 @@
+"""`domino-graft bench [RUN_OR_BUNDLE] --prompts FILE.jsonl ...`: target alone vs base vs Domino."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", nargs="?", metavar="RUN_OR_BUNDLE", help="run dir or bundle (default: the latest run)")
+    p.add_argument("--prompts", metavar="FILE.jsonl",
+                   help='one JSON object per line: {"prompt": ...}, {"messages": [...]} or {"prompt_ids": [...]} '
+                        "(default: recipe bench.prompts; random id prompts for tokenizer-less targets)")
+    p.add_argument("--max-new-tokens", type=int, help="default: recipe bench.max_new_tokens")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: recipe bench.temperature)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, help="default: recipe bench.seed")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically)")
+    p.add_argument("--plot", metavar="PNG", help="plot acceptance by slot, base vs Domino (needs matplotlib)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--rollout", default="torch", help="rollout implementation: torch (default) or a kernel rollout (triton, triton_pool)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from ..benchmark import check_plot_available, format_report, plot_acceptance, resolve_prompts, run_bench
+    from ..checkpoint import atomic_write_json
+    from ..decoding import Sampling, rollout_names
+    from ..loading import load_run_or_bundle
+    from .generate import pick_device
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
+    if args.plot:
+        check_plot_available()  # fail before minutes of decoding, not after
+    if args.rollout not in rollout_names():
+        raise ValueError(f"--rollout: {args.rollout!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
+    loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
+    b = loaded.recipe.bench
+    seed = b.seed if args.seed is None else args.seed
+    sampling = Sampling(
+        temperature=b.temperature if args.temperature is None else args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=seed,
+    )
+    max_new = b.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
+    if max_new < 1:
+        raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
+    prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
+    report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=args.rollout,
+                       progress=not args.no_progress and sys.stderr.isatty())
+    print(format_report(report))
+    if args.json:
+        atomic_write_json(args.json, report)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_acceptance(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

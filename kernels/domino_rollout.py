@@ -1,0 +1,434 @@
+"""`make_rollout`: the Domino-head rollout as a drop-in, eager or fused, with CUDA graphs.
+
+Every rollout has the decoding signature
+
+    rollout(head, block, anchor, embed, *, temperature, top_k, top_p, generator, use_head=True)
+        -> (draft_ids [B, K] int64, q [B, K, V] fp32 or None)
+
+and the semantics of `reference.reference_rollout`. Names:
+
+* "torch"        the eager reference (one `DominoHead.step` per slot);
+* "triton"       fused, full vocabulary: table-lookup GRU, W1 split into one batched W1a GEMM
+                 plus W1b per step, W2 GEMV + base add + running argmax without materialising
+                 logits (greedy), exact over all V tokens with fp32 accumulation;
+* "triton_pool"  the same on the top-`pool_size` base candidates of each corrected slot
+                 (0 = full vocabulary). Under sampling q is the pool distribution.
+
+On CUDA the fused rollout is captured once per static shape (B, K, dtypes, sampling knobs) in a
+CUDA graph and replayed; the randomness (one uniform per slot) is drawn outside the graph.
+On the CPU without TRITON_INTERPRET=1, or any other device, the Triton names fall back to
+the PyTorch path with the same semantics (pool included) and say so once.
+
+Greedy results of "triton" equal the reference token for token in fp32 (up to fp32 near-ties
+of ~1e-6). In bf16/fp16 the fused path accumulates in fp32 and never rounds the logits to 16
+bits, so it can break near-ties that the eager path (which rounds base + delta to bf16, often
+creating exact ties) resolves by lowest id: it is the more precise of the two.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .reference import draw_uniforms, filtered_probs, inverse_cdf, is_sampling, reference_rollout
+
+ROLLOUT_NAMES = ("torch", "triton", "triton_pool")
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_unavailable_reason(device: torch.device) -> Optional[str]:
+    """None if the Triton path can run on `device`, else why not."""
+    if device.type not in ("cuda", "cpu"):
+        return f"no Triton path for device {device.type!r}"
+    if device.type == "cpu" and not _interpreting():
+        return "CPU tensors need TRITON_INTERPRET=1 for Triton"
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the install
+        return f"triton is not importable ({exc})"
+    return None
+
+
+@dataclass
+class KernelConfig:
+    """Launch constants, chosen on the H200 by bench/head_latency.py's sweeps (Qwen3-8B shapes,
+    bf16; bench/results/head_latency_h200.json "w2_sweep", "gru_sweep", "pool_sweep",
+    "pool_select_sweep"). The interpreter ignores them except for program counts."""
+
+    # w2_argmax with the next step's W_hh programs, batch 1 (final run, 2026-11-30): (block_v 64,
+    # block_r 256, 4 warps, 2 stages, 2 programs/SM) 24.9 us = 3.39 TB/s; 3 stages 26.0; 3/SM 25.1;
+    # (128, 256, 4, 3, 1) 27.5; (128, 256, 8, 3, 1) 27.9; (128, 256, 8, 2, 1) 28.4.
+    w2_block_v: int = 64
+    w2_block_r: int = 256
+    w2_warps: int = 4
+    w2_stages: int = 2
+    w2_programs_per_sm: int = 2
+    # batch > 16 (a 32-wide batch tile): (block_v, block_r, warps, stages, programs/SM); None = the
+    # settings above. Batch 32: (64, 256, 4, 2, 2) 33.6 us; (128, 256, 4, 3, 1) 34.6; (128, 256, 8, 3, 1)
+    # 36.4; (64, 256, 4, 3, 2) 45.6.
+    w2_large_batch: Optional[tuple] = (64, 256, 4, 2, 2)
+    # gru_step (token from 264 partials, W_hh·S precomputed), batch 1: block_g 32: 2.89 us; 16: 3.01; 64: 3.18.
+    # (The first gru_step, W_hh·S inline, took 8.3 us at any block shape: hence whh_gemv.)
+    gru_block_g: int = 32
+    gh_block: int = 32  # W_hh rows per whh_gemv program: 3G=3072 -> 96 programs
+    gh_block_k: int = 256
+    # pool_argmax with W_hh programs, batch 1, P=2048: block_p 16 at 4 programs/SM: 3.90 us;
+    # 2/SM: 3.92; block 32: 4.46; block 8: 4.96.
+    pool_block_p: int = 16
+    pool_warps: int = 4
+    pool_programs_per_sm: int = 4
+    # candidate selection (exact in all three): "topk" = torch.topk over [B, K-1, V]; "topk2" =
+    # two-stage top-k over pool_chunks slices, then their union; "sort" = a full descending sort.
+    # [B, 14, 151936] -> 2048: topk 89 us (B=1) / 601 us (B=32); sort 159 / 2664; topk2 (4 chunks)
+    # 277 / 783. torch.topk wins, and it is half of the pool rollout's time at batch 1.
+    pool_select: str = "topk"
+    pool_chunks: int = 8
+
+
+@dataclass
+class _Prepared:
+    """Weights in the layout the kernels read, built once per (device, dtype)."""
+
+    table: torch.Tensor  # [Vt, 3G] = E_all @ W_ih^T
+    whh: torch.Tensor  # [3G, G]
+    w1a: torch.Tensor  # [r, H]
+    w1b: torch.Tensor  # [r, G]
+    w2: torch.Tensor  # [V, r]
+
+
+def build_gru_table(embedding_weight: torch.Tensor, w_ih: torch.Tensor, rows_per_chunk: int = 8192) -> torch.Tensor:
+    """table[v] = W_ih · E[v] for every token: the GRU's input projection as a row lookup.
+
+    Exact for a bias-free GRU. Computed in fp32, stored in W_ih's dtype ([V, 3G]: 0.93 GB in
+    bf16 for Qwen3-8B, the price of reading 6 KB instead of 25 MB per step).
+    """
+    out = torch.empty(embedding_weight.shape[0], w_ih.shape[0], dtype=w_ih.dtype, device=w_ih.device)
+    w = w_ih.float().t()
+    for s in range(0, embedding_weight.shape[0], rows_per_chunk):
+        e = embedding_weight[s:s + rows_per_chunk].to(device=w_ih.device, dtype=torch.float32)
+        out[s:s + rows_per_chunk] = (e @ w).to(w_ih.dtype)
+    return out
+
+
+class TorchRollout:
+    """The eager reference behind the common signature (pool semantics when pool_size > 0)."""
+
+    name = "torch"
+
+    def __init__(self, head, pool_size: int = 0):
+        self.head = head
+        self.pool_size = int(pool_size)
+
+    def __call__(self, head, block, anchor, embed, *, temperature=0.0, top_k=0, top_p=1.0, generator=None,
+                 use_head=True):
+        return reference_rollout(head if head is not None else self.head, block, anchor, embed,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                                 use_head=use_head, pool_size=self.pool_size)
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    hidden: torch.Tensor
+    base: torch.Tensor
+    anchor: torch.Tensor
+    uniforms: Optional[torch.Tensor]
+    ids: torch.Tensor
+    q: Optional[torch.Tensor]
+
+
+class CudaGraphRollout:
+    """Capture a rollout body per static shape and replay it.
+
+    `body(hidden, base, anchor, uniforms, temperature, top_k, top_p, use_head) -> (ids, q)` must be
+    free of host syncs and allocate its outputs inside. Each (B, K, dtypes, knobs) key gets its own
+    graph and private memory pool (graphs are never replayed out of capture order on a shared pool).
+    Inputs are copied into the graph's static buffers at every call: a [B, K, V] copy of the base
+    logits, included in every timing we report.
+    """
+
+    def __init__(self, body: Callable, *, max_graphs: int = 64):
+        self.body = body
+        self.max_graphs = max_graphs
+        self._graphs: dict = {}
+
+    def __call__(self, block, anchor, *, temperature=0.0, top_k=0, top_p=1.0, generator=None, use_head=True):
+        hidden, base = block.hidden, block.base_logits
+        sampling = is_sampling(temperature)
+        key = (tuple(hidden.shape), hidden.dtype, tuple(base.shape), base.dtype, base.device, anchor.dtype,
+               float(temperature) if sampling else 0.0, top_k if sampling else 0, top_p if sampling else 1.0,
+               bool(use_head))
+        g = self._graphs.get(key)
+        if g is None:
+            if len(self._graphs) >= self.max_graphs:
+                self._graphs.clear()
+            g = self._graphs[key] = self._capture(hidden, base, anchor, sampling, temperature, top_k, top_p, use_head)
+        g.hidden.copy_(hidden)
+        g.base.copy_(base)
+        g.anchor.copy_(anchor)
+        if sampling:
+            g.uniforms.copy_(draw_uniforms(base.shape[0], base.shape[1], generator, base.device))
+        g.graph.replay()
+        return g.ids.clone(), (g.q.clone() if g.q is not None else None)
+
+    def _capture(self, hidden, base, anchor, sampling, temperature, top_k, top_p, use_head) -> _Graph:
+        s_hidden, s_base, s_anchor = hidden.clone(), base.clone(), anchor.clone()
+        s_u = torch.rand(base.shape[:2], device=base.device) if sampling else None
+
+        def run():
+            return self.body(s_hidden, s_base, s_anchor, s_u, temperature, top_k, top_p, use_head)
+
+        side = torch.cuda.Stream(device=base.device)
+        side.wait_stream(torch.cuda.current_stream(base.device))
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(base.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ids, q = run()
+        return _Graph(graph, s_hidden, s_base, s_anchor, s_u, ids, q)
+
+
+class FusedRollout:
+    """The Triton rollout ("triton" with pool_size=0, "triton_pool" otherwise)."""
+
+    def __init__(self, head, embedding_weight: Optional[torch.Tensor] = None, *, pool_size: int = 0,
+                 cuda_graphs: bool = True, config: Optional[KernelConfig] = None):
+        self.head = head
+        self.embedding_weight = embedding_weight
+        self.pool_size = int(pool_size)
+        self.name = "triton_pool" if self.pool_size else "triton"
+        self.config = config or KernelConfig()
+        self.cuda_graphs = cuda_graphs
+        self._prepared: dict = {}
+        self._graphs = CudaGraphRollout(self._body)
+
+    def refresh(self) -> None:
+        """Drop the derived weights (table, splits) and graphs: call after the head's weights change."""
+        self._prepared.clear()
+        self._graphs = CudaGraphRollout(self._body)
+
+    # ---------------------------------------------------------------- the drop-in
+    def __call__(self, head, block, anchor, embed, *, temperature=0.0, top_k=0, top_p=1.0, generator=None,
+                 use_head=True):
+        if head is not None and head is not self.head:
+            raise ValueError(f"{self.name} rollout was built for another DominoHead; make a new one with make_rollout")
+        device = block.base_logits.device
+        reason = triton_unavailable_reason(device)
+        if reason is not None or not use_head:
+            if reason is not None:
+                _warn_once(f"make_rollout({self.name!r}): {reason}; using the PyTorch path")
+            return reference_rollout(self.head, block, anchor, embed, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, generator=generator, use_head=use_head, pool_size=self.pool_size)
+        self._ensure_prepared(device, embed, block.base_logits.shape[-1])
+        if device.type == "cuda" and self.cuda_graphs and not _interpreting():
+            return self._graphs(block, anchor, temperature=temperature, top_k=top_k, top_p=top_p,
+                                generator=generator, use_head=use_head)
+        u = None
+        if is_sampling(temperature):
+            u = draw_uniforms(block.base_logits.shape[0], block.base_logits.shape[1], generator, device)
+        return self._body(block.hidden, block.base_logits, anchor, u, temperature, top_k, top_p, use_head)
+
+    # ---------------------------------------------------------------- preparation
+    def _ensure_prepared(self, device, embed, vocab: int) -> _Prepared:
+        key = (device, self.head.prefix_gru.weight_hh_l0.dtype)
+        if key in self._prepared:
+            return self._prepared[key]
+        head = self.head
+        spec = head.spec
+        emb = self.embedding_weight
+        with torch.no_grad():
+            if emb is None:  # no table given: read the embedding through the decoder's own callable
+                emb = embed(torch.arange(vocab, device=device))
+            w_ih = head.prefix_gru.weight_ih_l0.detach().to(device)
+            w1 = head.embed_proj[0].weight.detach().to(device)
+            prep = _Prepared(
+                table=build_gru_table(emb, w_ih),
+                whh=head.prefix_gru.weight_hh_l0.detach().to(device).contiguous(),
+                w1a=w1[:, :spec.hidden_dim].contiguous(),
+                w1b=w1[:, spec.hidden_dim:].contiguous(),
+                w2=head.embed_proj[2].weight.detach().to(device).contiguous(),
+            )
+        self._prepared[key] = prep
+        return prep
+
+    def _sm_count(self, device) -> int:
+        if device.type == "cuda" and not _interpreting():
+            return torch.cuda.get_device_properties(device).multi_processor_count
+        return 2  # interpreter: a few programs still exercise the two-stage reduction
+
+    # ---------------------------------------------------------------- the launch sequence
+    @torch.no_grad()
+    def _body(self, hidden, base, anchor, uniforms, temperature, top_k, top_p, use_head):
+        from . import triton_rollout as tr
+
+        cfg = self.config
+        device = base.device
+        prep = self._ensure_prepared(device, None, base.shape[-1])
+        wdt = prep.whh.dtype
+        bsz, k, vocab = base.shape
+        g = prep.whh.shape[1]
+        r = prep.w2.shape[1]
+        pure = min(self.head.spec.pure_prefix_len, k)
+        sampling = is_sampling(temperature)
+        if base.stride(-1) != 1:
+            base = base.contiguous()
+        anchor = anchor.to(torch.int64).contiguous()
+        sms = self._sm_count(device)
+
+        states = torch.empty(k + 1, bsz, g, device=device, dtype=wdt)
+        states[0].zero_()
+        # z pre-activations of every slot: W1a·H_j for all slots in one GEMM; each GRU step adds W1b·S_j
+        zacc = torch.zeros(k, bsz, r, device=device, dtype=torch.float32)
+        if k > pure:
+            zacc[pure:] = F.linear(hidden[:, pure:].to(wdt), prep.w1a).transpose(0, 1)
+
+        pool = min(self.pool_size, vocab) if self.pool_size else 0
+        if pool and k > pure:
+            pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
+            pool_vals = pool_vals.float()
+            np_pool = max(1, min(triton_cdiv(pool, cfg.pool_block_p),
+                                 triton_cdiv(cfg.pool_programs_per_sm * sms, bsz)))
+            pv_pool = torch.empty(bsz, np_pool, device=device, dtype=torch.float32)
+            pi_pool = torch.empty(bsz, np_pool, device=device, dtype=torch.int32)
+            pool_logits = torch.empty(bsz, pool, device=device, dtype=torch.float32) if sampling else None
+        w2v, w2r, w2w, w2s, w2p = (cfg.w2_large_batch if bsz > 16 and cfg.w2_large_batch else
+                                   (cfg.w2_block_v, cfg.w2_block_r, cfg.w2_warps, cfg.w2_stages, cfg.w2_programs_per_sm))
+        np_full = tr.w2_programs(vocab, w2v, w2p * sms)
+        pv_full = torch.empty(bsz, np_full, device=device, dtype=torch.float32)
+        pi_full = torch.empty(bsz, np_full, device=device, dtype=torch.int32)
+
+        draft = torch.empty(bsz, k, device=device, dtype=torch.int64)
+        tok = torch.empty(k, bsz, device=device, dtype=torch.int64) if sampling else None  # drawn tokens, per slot
+        q = torch.empty(bsz, k, vocab, device=device, dtype=torch.float32) if sampling else None
+        logits = torch.empty(vocab, bsz, device=device, dtype=torch.float32) if sampling else None  # [V, B]
+
+        gh = torch.empty(bsz, 3 * g, device=device, dtype=torch.float32)  # W_hh·S_{j-1} for step j
+        last = None  # partials of the previous slot (greedy)
+        for j in range(1, k + 1):
+            corrected = j > pure
+            step = dict(table=prep.table, h_prev=states[j - 1], h_out=states[j], block_g=cfg.gru_block_g,
+                        gh=gh if j > 1 else None)  # S_0 = 0: no recurrent term at step 1
+            if corrected:
+                step.update(w1b=prep.w1b, zacc=zacc[j - 1])
+            # slot j's scoring kernel also computes W_hh·S_j for step j+1 (not needed after the last)
+            nxt = dict(gh=(states[j], prep.whh, gh) if j < k else None, block_gh=cfg.gh_block,
+                       gh_block_k=cfg.gh_block_k)
+            if j == 1:
+                tr.gru_step(tok=anchor, **step)
+            elif sampling:
+                tr.gru_step(tok=tok[j - 2], **step)
+            else:
+                tr.gru_step(partials=last, draft=draft, draft_col=j - 2, **step)
+
+            base_j = base[:, j - 1]
+            if not corrected:
+                if sampling:
+                    if nxt["gh"] is not None:
+                        tr.whh_gemv(h=states[j], whh=prep.whh, gh=gh, block_gh=cfg.gh_block,
+                                    gh_block_k=cfg.gh_block_k)
+                    self._sample(filtered_probs(base_j, temperature, top_k, top_p), None, uniforms, q, tok, j)
+                else:
+                    tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, block_v=w2v, num_warps=w2w,
+                                 num_stages=w2s, **nxt)
+                    last = (pv_full, pi_full)
+            elif pool:
+                c = j - pure - 1
+                tr.pool_argmax(ids=pool_ids[:, c], vals=pool_vals[:, c], zacc=zacc[j - 1], w2=prep.w2,
+                               pval=pv_pool, pidx=pi_pool, logits=pool_logits, block_p=cfg.pool_block_p,
+                               block_r=w2r, num_warps=cfg.pool_warps, **nxt)
+                last = (pv_pool, pi_pool)
+                if sampling:
+                    self._sample(filtered_probs(pool_logits, temperature, top_k, top_p), pool_ids[:, c],
+                                 uniforms, q, tok, j)
+            else:
+                tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, zacc=zacc[j - 1], w2=prep.w2, logits=logits,
+                             block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, **nxt)
+                last = (pv_full, pi_full)
+                if sampling:
+                    self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)
+        if sampling:
+            return tok.t().contiguous(), q
+        tr.argmax_finalize(pval=last[0], pidx=last[1], draft=draft, draft_col=k - 1)
+        return draft, q
+
+    @staticmethod
+    def _sample(probs, ids, uniforms, q, tok, j):
+        """Draw slot j from probs (over the pool when ids is given) and record q_j densely."""
+        pos = inverse_cdf(probs, uniforms[:, j - 1])
+        if ids is None:
+            q[:, j - 1] = probs
+            tok[j - 1] = pos
+        else:
+            q[:, j - 1].zero_()
+            q[:, j - 1].scatter_(-1, ids, probs)
+            tok[j - 1] = ids.gather(-1, pos[:, None]).squeeze(-1)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pool_candidates(base: torch.Tensor, pool: int, method: str = "topk", chunks: int = 8):
+    """The top-`pool` entries of base [..., V] along the last dim: (values, ids), unsorted.
+
+    "topk2" is exact too: every global top-`pool` entry is in the top-`pool` of its chunk. It
+    trades one long radix select per row for `chunks` shorter ones plus one over their union.
+    Ties at the boundary are resolved as torch.topk resolves them (unspecified).
+    """
+    vocab = base.shape[-1]
+    if method == "sort":  # one segmented radix sort (cub) instead of a radix select per row
+        vals, ids = torch.sort(base, dim=-1, descending=True)
+        return vals[..., :pool], ids[..., :pool]
+    size = triton_cdiv(vocab, chunks)
+    if method == "topk" or size < 2 * pool:
+        top = torch.topk(base, pool, dim=-1, sorted=False)
+        return top.values, top.indices
+    if method != "topk2":
+        raise ValueError(f"pool_select {method!r}: valid: topk, topk2, sort")
+    n_full = vocab // size
+    head = base[..., : n_full * size].unflatten(-1, (n_full, size))
+    top = torch.topk(head, pool, dim=-1, sorted=False)
+    offsets = torch.arange(n_full, device=base.device)[:, None] * size
+    vals, ids = [top.values.flatten(-2)], [(top.indices + offsets).flatten(-2)]
+    if n_full * size < vocab:  # the ragged tail (shorter than a chunk): keep all of it
+        tail = base[..., n_full * size:]
+        vals.append(tail)
+        ids.append(torch.arange(n_full * size, vocab, device=base.device).expand(tail.shape))
+    vals, ids = torch.cat(vals, -1), torch.cat(ids, -1)
+    top = torch.topk(vals, pool, dim=-1, sorted=False)
+    return top.values, ids.gather(-1, top.indices)
+
+
+def make_rollout(name: str, head, embedding_weight: Optional[torch.Tensor] = None, *, pool_size: int = 2048,
+                 cuda_graphs: bool = True, config: Optional[KernelConfig] = None):
+    """Build a rollout callable by name ("torch" | "triton" | "triton_pool"); see the module docstring.
+
+    embedding_weight [V, E] is the table the GRU reads (the target's input embedding for DFlash);
+    without it the fused path builds its table from `embed(arange(V))` at the first call.
+    pool_size only applies to "triton_pool" (0 = full vocabulary).
+    """
+    if name == "torch":
+        return TorchRollout(head)
+    if name == "triton":
+        return FusedRollout(head, embedding_weight, pool_size=0, cuda_graphs=cuda_graphs, config=config)
+    if name == "triton_pool":
+        return FusedRollout(head, embedding_weight, pool_size=pool_size, cuda_graphs=cuda_graphs, config=config)
+    raise ValueError(f"unknown rollout {name!r}; valid: {', '.join(ROLLOUT_NAMES)}")

@@ -1,0 +1,166 @@
+"""Eager reference of the Domino-head rollout, and the sampling helpers every path shares.
+
+This is the semantics the fused Triton path (`domino_rollout.py`) is tested against; it is
+built from `DominoHead.step` and nothing else, so the head module stays the single source
+of truth for the arithmetic:
+
+    S_0 = 0;  for j = 1..K:  S_j = GRUCell(E(x_{j-1}), S_{j-1})   (x_0 = anchor, x_j = d_j)
+    final_j = base_j                          if j <= pure_prefix_len (or use_head=False)
+            = base_j + W2·SiLU(W1·[H_j; S_j])  otherwise
+    greedy:   d_j = argmax final_j            (exact ties: the lowest token id wins)
+    sampling: q_j = softmax(filter(final_j / T)),  d_j ~ q_j
+
+Candidate pool (pool_size > 0): a corrected slot only scores the top-`pool_size` base
+candidates of that slot; the draft is the best of those, and under sampling q_j is the
+pool distribution scattered into a dense [V] vector (zeros elsewhere). Verification reads
+q, so speculative sampling stays exact. Slots within the pure prefix are not pooled.
+
+Sampling draws one uniform per (row, slot) up front and inverts the CDF; drawing them
+before the loop is what lets a CUDA graph replay the whole rollout (no RNG inside).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+_BIG_ID = torch.iinfo(torch.int64).max
+
+
+def argmax_lowest_id(values: torch.Tensor, ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Position of the maximum along the last dim; exact ties go to the lowest token id.
+
+    Without `ids` the positions are the ids, and torch.argmax already returns the first
+    maximal index (documented behaviour). With `ids` (an unsorted candidate pool) the tie is
+    broken on the id, not the position.
+    """
+    if ids is None:
+        return values.argmax(dim=-1)
+    best = values.amax(dim=-1, keepdim=True)
+    cand = torch.where(values == best, ids, torch.full_like(ids, _BIG_ID))
+    best_id = cand.amin(dim=-1, keepdim=True)
+    return (ids == best_id).to(torch.int8).argmax(dim=-1)
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: Optional[int] = 0,
+                   top_p: Optional[float] = 1.0) -> torch.Tensor:
+    """softmax(filter(logits / T)) along the last dim, in fp32; static shapes (graph-safe).
+
+    This is `domino_graft.decoding.sampling.warp`, the one warper every decoding path shares
+    (imported lazily: this package must import without the decoding package). The local copy
+    below, with the same semantics, only serves trees where that module is absent.
+    """
+    try:
+        from domino_graft.decoding.sampling import warp
+    except ImportError:
+        warp = _warp
+    return warp(logits, float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
+
+
+def _warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    x = logits.float() / temperature
+    v = x.shape[-1]
+    if 0 < top_k < v:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        probs = sorted_x.softmax(-1)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p  # the first token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x.softmax(-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row of probs [N, M] from uniforms u [N] in [0, 1).
+
+    Returns the first index whose CDF exceeds u·total. The CDF only rises at entries of
+    positive probability, so the result always has q > 0 (the clamp keeps u·total strictly
+    under the total, which fp rounding could otherwise reach).
+    """
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[..., -1:]
+    target = torch.minimum(u.to(cdf.dtype)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True)
+    return idx.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+def draw_uniforms(batch: int, slots: int, generator: Optional[torch.Generator], device) -> torch.Tensor:
+    """The rollout's randomness: one uniform per (row, slot), drawn on the generator's device."""
+    gen_device = generator.device if generator is not None else torch.device(device)
+    return torch.rand((batch, slots), generator=generator, device=gen_device).to(device)
+
+
+def is_sampling(temperature: Optional[float]) -> bool:
+    return temperature is not None and temperature > 0
+
+
+@torch.no_grad()
+def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor], *,
+                      temperature: float = 0.0, top_k: Optional[int] = 0, top_p: Optional[float] = 1.0,
+                      generator: Optional[torch.Generator] = None, use_head: bool = True, pool_size: int = 0,
+                      uniforms: Optional[torch.Tensor] = None):
+    """Eager incremental rollout: one `DominoHead.step` per slot. Returns (draft_ids [B,K], q [B,K,V] | None)."""
+    hidden, base = block.hidden, block.base_logits
+    bsz, k, vocab = base.shape
+    sampling = is_sampling(temperature)
+    if sampling and uniforms is None:
+        uniforms = draw_uniforms(bsz, k, generator, base.device)
+    pure = head.spec.pure_prefix_len
+    pool = min(int(pool_size), vocab) if pool_size else 0
+    state = head.init_state(bsz, device=base.device) if use_head else None
+    x = anchor
+    drafts, qs = [], []
+    for j in range(1, k + 1):
+        base_j = base[:, j - 1]
+        if use_head:
+            final, state = head.step(state, embed(x), hidden[:, j - 1], base_j)
+        else:
+            final = base_j
+        pooled = pool and use_head and j > pure
+        if pooled:
+            ids = torch.topk(base_j, pool, dim=-1, sorted=False).indices
+            vals = final.gather(-1, ids).float()
+        if not sampling:
+            if pooled:
+                d = ids.gather(-1, argmax_lowest_id(vals, ids)[:, None]).squeeze(-1)
+            else:
+                d = argmax_lowest_id(final)
+        elif pooled:
+            p = filtered_probs(vals, temperature, top_k, top_p)
+            d = ids.gather(-1, inverse_cdf(p, uniforms[:, j - 1])[:, None]).squeeze(-1)
+            qs.append(torch.zeros(bsz, vocab, device=base.device).scatter_(-1, ids, p))
+        else:
+            p = filtered_probs(final, temperature, top_k, top_p)
+            d = inverse_cdf(p, uniforms[:, j - 1])
+            qs.append(p)
+        drafts.append(d)
+        x = d
+    draft_ids = torch.stack(drafts, dim=1)
+    return draft_ids, (torch.stack(qs, dim=1) if sampling else None)
+
+
+@torch.no_grad()
+def teacher_forced_logits(head, block, anchor: torch.Tensor, embed, draft_ids: torch.Tensor,
+                          use_head: bool = True) -> torch.Tensor:
+    """final_j for every slot given a fixed draft (x_j = draft_ids[:, j-1]): [B, K, V].
+
+    Lets tests check a rollout's q against the reference on the prefix that rollout drew.
+    """
+    if not use_head:
+        return block.base_logits
+    bsz, k, _ = block.base_logits.shape
+    state = head.init_state(bsz, device=block.base_logits.device)
+    xs = torch.cat([anchor[:, None], draft_ids[:, :-1]], dim=1)
+    out = []
+    for j in range(1, k + 1):
+        final, state = head.step(state, embed(xs[:, j - 1]), block.hidden[:, j - 1], block.base_logits[:, j - 1])
+        out.append(final)
+    return torch.stack(out, dim=1)
+
+
+def dense_embed(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda ids: F.embedding(ids, weight)

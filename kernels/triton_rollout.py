@@ -1,0 +1,418 @@
+"""Triton kernels of the Domino-head rollout, and their thin launch wrappers.
+
+Imported lazily by `domino_rollout.py` (only when a CUDA tensor, or TRITON_INTERPRET=1,
+asks for it), so importing `domino_graft.kernels` never needs Triton, and a test module can
+set TRITON_INTERPRET before the @triton.jit decorators below run.
+
+Ops (each has the same name in kernel, wrapper, test and benchmark):
+
+* `gru_step`    S_j = GRUCell(table[x_{j-1}], S_{j-1}) for a slice of G per program. The input
+                projection is a row of the precomputed table E_all·W_ih^T (exact for a bias-free
+                GRU); the recurrent product W_hh·S_{j-1} arrives precomputed (`whh_gemv`, below).
+                x_{j-1} is read from a token buffer, or reduced on the fly from the previous
+                slot's argmax partials (stage 2 of that reduction, done redundantly by every
+                program: a few hundred floats, cheaper than another launch). It also adds
+                W1b[:, slice]·S_j[slice] into the slot's fp32 pre-activation zacc (initialised
+                to W1a·H_j by one batched GEMM up front), so z = SiLU(W1·[H;S]) needs no kernel.
+* `whh_gemv`    W_hh·S_j, which does not depend on the token about to be drafted: it runs as
+                extra programs of slot j's scoring kernel (below), off the critical path.
+* `w2_argmax`   logits = base + W2·SiLU(zacc) over a contiguous V range per program, fp32,
+                never written out (unless sampling needs them); a running argmax per row
+                leaves one (value, id) partial per program (stage 1 of the reduction).
+* `pool_argmax` the same over a candidate pool: gathers the pool's W2 rows (ids from a top-k
+                of the base logits) and base values.
+* `argmax_finalize` stage 2 for the last slot: partials -> draft id.
+
+So a greedy step is two launches: gru_step(j) -> w2_argmax(j) (+ whh_gemv for step j+1).
+
+Ties: every reduction keeps the largest value and, among equal values, the lowest token id,
+the same rule as `reference.argmax_lowest_id` (and torch.argmax).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_BIG = tl.constexpr(2**31 - 1)  # "no id" for the min-id tie-break; larger than any vocabulary
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    # tanh via the logistic function (no libdevice: the interpreter has none). Absolute
+    # error ~1e-7 in fp32, well inside the GRU's tolerance.
+    return 2.0 * _sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _reduce_partials(pval_ptr, pidx_ptr, b, bmask, NP, BLOCK_NP: tl.constexpr):
+    """Stage 2 of the argmax: (value, id) partials [B, NP] -> best id per row.
+
+    One load wave (BLOCK_NP >= NP): a loop over NP chunks put one L2 round trip per chunk on
+    the critical path of every step.
+    """
+    n = tl.arange(0, BLOCK_NP)
+    m2 = bmask[None, :] & (n < NP)[:, None]
+    pv = tl.load(pval_ptr + b[None, :] * NP + n[:, None], mask=m2, other=float("-inf"))
+    pi = tl.load(pidx_ptr + b[None, :] * NP + n[:, None], mask=m2, other=_BIG)
+    best = tl.max(pv, 0)
+    return tl.min(tl.where(pv == best[None, :], pi, _BIG), 0)
+
+
+@triton.jit
+def _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_GH: tl.constexpr,
+              GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """gh[b, rows] = W_hh[rows] · S[b] for BLOCK_GH of the 3G rows (fp32 out).
+
+    Runs as extra programs of the previous slot's scoring kernel: W_hh·S_{j-1} does not depend
+    on the token drafted at slot j-1, so it leaves the step's critical path (the GRU step that
+    did it inline took 8.3 us at Qwen3-8B shapes, batch 1, on the H200: bench w2/gru sweeps).
+    """
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    rows = pid * BLOCK_GH + tl.arange(0, BLOCK_GH)
+    rmask = rows < 3 * G
+    acc = tl.zeros((BLOCK_GH, BLOCK_B), dtype=tl.float32)
+    for k0 in range(0, G, GH_BLOCK_K):
+        kk = k0 + tl.arange(0, GH_BLOCK_K)
+        kmask = kk < G
+        h_t = tl.load(h_ptr + b[None, :] * G + kk[:, None], mask=bmask[None, :] & kmask[:, None], other=0.0)
+        w = tl.load(whh_ptr + rows[:, None] * G + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0,
+                    eviction_policy="evict_last")  # read every step: keep it in L2 while W2 streams past
+        acc += tl.dot(w, h_t, input_precision=DOT_PRECISION)
+    tl.store(gh_ptr + b[None, :] * (3 * G) + rows[:, None], acc, mask=rmask[:, None] & bmask[None, :])
+
+
+@triton.jit
+def _whh_gemv_kernel(h_ptr, whh_ptr, gh_ptr, B, G: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_GH: tl.constexpr,
+                     GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    _whh_gemv(tl.program_id(0), h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
+
+
+# G and R are compile-time constants (one compile per head shape): with a runtime R the
+# masks along r hid the 16-byte alignment and ptxas got 2-byte loads for W2 (PTX, sm_90).
+#
+# Layout note: every matrix product is computed transposed, weights as the left operand
+# ([rows of W, k] @ [k, batch]), because the batch (1..32) is the small dimension: the weight
+# tile then feeds the tensor cores as the large M side and the accumulators stay small.
+# The first version (batch on the left) used 255 registers a thread and spilled (ptxas, sm_90).
+
+
+@triton.jit
+def _gru_step_kernel(
+    tok_ptr, pval_ptr, pidx_ptr, NP, draft_ptr, draft_stride, draft_col,
+    table_ptr, gh_ptr, h_prev_ptr, h_out_ptr, w1b_ptr, zacc_ptr,
+    B, G: tl.constexpr, R: tl.constexpr,
+    TOKEN_FROM_PARTIALS: tl.constexpr, HAS_GH: tl.constexpr, ADD_Z: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_NP: tl.constexpr, BLOCK_R: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    g = pid * BLOCK_G + tl.arange(0, BLOCK_G)
+    gmask = g < G
+    m2 = gmask[:, None] & bmask[None, :]
+    # everything that does not depend on the token is loaded first, so its latency overlaps
+    if HAS_GH:  # W_hh·S_{j-1}, precomputed by the previous scoring kernel; S_0 = 0 needs none
+        gh = gh_ptr + b[None, :] * (3 * G) + g[:, None]
+        gh_r = tl.load(gh, mask=m2, other=0.0)
+        gh_z = tl.load(gh + G, mask=m2, other=0.0)
+        gh_n = tl.load(gh + 2 * G, mask=m2, other=0.0)
+        h_old = tl.load(h_prev_ptr + b[None, :] * G + g[:, None], mask=m2, other=0.0)
+    if ADD_Z:
+        rr = tl.arange(0, BLOCK_R)
+        rmask = rr < R
+        w1b = tl.load(w1b_ptr + rr[:, None] * G + g[None, :], mask=rmask[:, None] & gmask[None, :], other=0.0)
+    if TOKEN_FROM_PARTIALS:
+        tok = _reduce_partials(pval_ptr, pidx_ptr, b, bmask, NP, BLOCK_NP)
+        # the previous slot's draft id: written once, by program 0
+        tl.store(draft_ptr + b * draft_stride + draft_col, tok.to(tl.int64), mask=bmask & ((b * 0 + pid) == 0))
+        tok = tl.where(bmask, tok, 0)  # padded rows: keep their (masked) table reads in bounds
+    else:
+        tok = tl.load(tok_ptr + b, mask=bmask, other=0)
+    tok = tok.to(tl.int64)
+
+    row = table_ptr + tok[None, :] * (3 * G) + g[:, None]
+    gi_r = tl.load(row, mask=m2, other=0.0).to(tl.float32)
+    gi_z = tl.load(row + G, mask=m2, other=0.0).to(tl.float32)
+    gi_n = tl.load(row + 2 * G, mask=m2, other=0.0).to(tl.float32)
+    # torch GRUCell, gate order (r, z, n), no biases
+    if HAS_GH:
+        r = _sigmoid(gi_r + gh_r)
+        z = _sigmoid(gi_z + gh_z)
+        n = _tanh(gi_n + r * gh_n)
+        h_new = (1.0 - z) * n + z * h_old.to(tl.float32)
+    else:
+        z = _sigmoid(gi_z)
+        h_new = (1.0 - z) * _tanh(gi_n)
+    h_new = tl.where(m2, h_new, 0.0).to(h_out_ptr.dtype.element_ty)  # [BLOCK_G, BLOCK_B], zero outside
+    tl.store(h_out_ptr + b[None, :] * G + g[:, None], h_new, mask=m2)
+
+    if ADD_Z:
+        part = tl.dot(w1b, h_new, input_precision=DOT_PRECISION)  # [BLOCK_R, BLOCK_B]
+        # relaxed: the kernel boundary orders these adds before their reader
+        tl.atomic_add(zacc_ptr + b[None, :] * R + rr[:, None], part, mask=rmask[:, None] & bmask[None, :],
+                      sem="relaxed")
+
+
+@triton.jit
+def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+              B, V, R: tl.constexpr, v_per_prog, NP,
+              HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr,
+              BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    best_val = tl.full((BLOCK_B,), float("-inf"), tl.float32)
+    best_idx = tl.full((BLOCK_B,), _BIG, tl.int32)
+    v_start = pid * v_per_prog
+    v_end = tl.minimum(v_start + v_per_prog, V)
+    for v0 in range(v_start, v_end, BLOCK_V):
+        v = v0 + tl.arange(0, BLOCK_V)
+        vmask = v < v_end
+        m2 = vmask[:, None] & bmask[None, :]
+        logits = tl.load(base_ptr + b[None, :] * base_stride_b + v[:, None], mask=m2, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)  # [BLOCK_V, BLOCK_B]
+        if HAS_DELTA:
+            acc = tl.zeros((BLOCK_V, BLOCK_B), dtype=tl.float32)
+            for c in tl.static_range(R_CHUNKS):
+                rr = c * BLOCK_R + tl.arange(0, BLOCK_R)
+                rmask = rr < R
+                zp = tl.load(zacc_ptr + b[None, :] * R + rr[:, None], mask=rmask[:, None] & bmask[None, :], other=0.0)
+                w = tl.load(w2_ptr + v[:, None].to(tl.int64) * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
+                            other=0.0, eviction_policy="evict_first")  # [BLOCK_V, BLOCK_R]
+                z = (zp * _sigmoid(zp)).to(w.dtype)  # SiLU, then the weights' dtype for the dot
+                acc += tl.dot(w, z, input_precision=DOT_PRECISION)
+            logits += acc
+        logits = tl.where(m2, logits, float("-inf"))
+        if WRITE_LOGITS:
+            tl.store(logits_ptr + v[:, None] * B + b[None, :], logits, mask=m2)  # [V, B]: the tile's own layout
+        cmax = tl.max(logits, 0)
+        cidx = tl.min(tl.where(logits == cmax[None, :], v[:, None], _BIG), 0)
+        better = (cmax > best_val) | ((cmax == best_val) & (cidx < best_idx))
+        best_val = tl.where(better, cmax, best_val)
+        best_idx = tl.where(better, cidx, best_idx)
+    tl.store(pval_ptr + b * NP + pid, best_val, mask=bmask)
+    tl.store(pidx_ptr + b * NP + pid, best_idx, mask=bmask)
+
+
+@triton.jit
+def _w2_argmax_kernel(
+    base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+    h_ptr, whh_ptr, gh_ptr, NGH,
+    B, V, R: tl.constexpr, v_per_prog, NP, G: tl.constexpr,
+    HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
+    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if HAS_GH:
+        # the first NGH programs compute the next step's W_hh·S (they start first, alongside the scan)
+        if pid < NGH:
+            _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
+        else:
+            _w2_score(pid - NGH, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
+                      DOT_PRECISION)
+    else:
+        _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                  B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
+                  DOT_PRECISION)
+
+
+@triton.jit
+def _pool_score(pid, b, ids_ptr, vals_ptr, pool_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                P, R: tl.constexpr, p_per_prog, NP,
+                WRITE_LOGITS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr):
+    best_val = tl.full((1,), float("-inf"), tl.float32)
+    best_idx = tl.full((1,), _BIG, tl.int32)
+    p_start = pid * p_per_prog
+    p_end = tl.minimum(p_start + p_per_prog, P)
+    for p0 in range(p_start, p_end, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        pmask = p < p_end
+        ids = tl.load(ids_ptr + b * pool_stride_b + p, mask=pmask, other=0)
+        logits = tl.load(vals_ptr + b * pool_stride_b + p, mask=pmask, other=0.0).to(tl.float32)
+        for c in tl.static_range(R_CHUNKS):
+            rr = c * BLOCK_R + tl.arange(0, BLOCK_R)
+            rmask = rr < R
+            zp = tl.load(zacc_ptr + b * R + rr, mask=rmask, other=0.0)
+            w = tl.load(w2_ptr + ids[:, None].to(tl.int64) * R + rr[None, :], mask=pmask[:, None] & rmask[None, :],
+                        other=0.0)
+            # round z to the weights' dtype like the full-vocab dot does, then accumulate in fp32
+            z = (zp * _sigmoid(zp)).to(w.dtype).to(tl.float32)
+            logits += tl.sum(w.to(tl.float32) * z[None, :], 1)
+        logits = tl.where(pmask, logits, float("-inf"))
+        if WRITE_LOGITS:
+            tl.store(logits_ptr + b * P + p, logits, mask=pmask)
+        cmax = tl.max(logits, 0)
+        cidx = tl.min(tl.where(logits == cmax, ids.to(tl.int32), _BIG), 0)
+        better = (cmax > best_val) | ((cmax == best_val) & (cidx < best_idx))
+        best_val = tl.where(better, cmax, best_val)
+        best_idx = tl.where(better, cidx, best_idx)
+    o = tl.arange(0, 1)
+    tl.store(pval_ptr + b * NP + pid + o, best_val)
+    tl.store(pidx_ptr + b * NP + pid + o, best_idx)
+
+
+@triton.jit
+def _pool_argmax_kernel(
+    ids_ptr, vals_ptr, pool_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+    h_ptr, whh_ptr, gh_ptr, NGH,
+    B, P, R: tl.constexpr, p_per_prog, NP, G: tl.constexpr,
+    WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
+    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # 1-D grid: [NGH W_hh programs][B x NP scoring programs]; rows gather different W2 rows, so
+    # each scoring program serves one row
+    pid = tl.program_id(0)
+    if HAS_GH:
+        if pid < NGH:
+            _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
+        else:
+            q = pid - NGH
+            _pool_score(q % NP, q // NP, ids_ptr, vals_ptr, pool_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr,
+                        logits_ptr, P, R, p_per_prog, NP, WRITE_LOGITS, BLOCK_P, BLOCK_R, R_CHUNKS)
+    else:
+        _pool_score(pid % NP, pid // NP, ids_ptr, vals_ptr, pool_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr,
+                    logits_ptr, P, R, p_per_prog, NP, WRITE_LOGITS, BLOCK_P, BLOCK_R, R_CHUNKS)
+
+
+@triton.jit
+def _argmax_finalize_kernel(pval_ptr, pidx_ptr, NP, draft_ptr, draft_stride, draft_col, B,
+                            BLOCK_B: tl.constexpr, BLOCK_NP: tl.constexpr):
+    b = tl.arange(0, BLOCK_B)
+    bmask = b < B
+    tok = _reduce_partials(pval_ptr, pidx_ptr, b, bmask, NP, BLOCK_NP)
+    tl.store(draft_ptr + b * draft_stride + draft_col, tok.to(tl.int64), mask=bmask)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(int(n)))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 weights: true fp32 dots (Triton's default for fp32 is tf32, ~3e-4 relative).
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _gh_args(gh, bsz, block_gh, gh_block_k):
+    """(h, whh, out) -> kernel args for the fused W_hh·S programs; None -> disabled."""
+    if gh is None:
+        return dict(args=(None, None, None, 0), g=1, has=False, n=0, block_gh=16, block_k=16)
+    h, whh, out = gh
+    g = h.shape[1]
+    n = triton.cdiv(3 * g, block_gh)
+    return dict(args=(h, whh, out, n), g=g, has=True, n=n, block_gh=block_gh, block_k=min(gh_block_k, _pow2(g)))
+
+
+def whh_gemv(*, h, whh, gh, block_gh=32, gh_block_k=256, num_warps=4):
+    """gh [B, 3G] fp32 = S [B, G] · W_hh^T, alone (sampling mode's pure slots have no scoring kernel)."""
+    bsz, g = h.shape
+    _whh_gemv_kernel[(triton.cdiv(3 * g, block_gh),)](
+        h, whh, gh, bsz, G=g, BLOCK_B=_pow2(bsz), BLOCK_GH=block_gh, GH_BLOCK_K=min(gh_block_k, _pow2(g)),
+        DOT_PRECISION=dot_precision(whh.dtype), num_warps=num_warps)
+
+
+def gru_step(*, table, h_prev, h_out, gh=None, tok=None, partials=None, draft=None, draft_col=0,
+             w1b=None, zacc=None, block_g=16, num_warps=None):
+    """One GRU step for all rows; see the module docstring. Shapes: table [Vt, 3G], gh [B, 3G] fp32
+    (W_hh·S_{j-1}; None when S_{j-1} = 0), h_prev/h_out [B, G] (weight dtype), tok [B] int,
+    partials=(pval, pidx) [B, NP], draft [B, K] int64, w1b [r, G], zacc [B, r] fp32 (accumulated into)."""
+    bsz, g = h_prev.shape
+    from_partials = partials is not None
+    pval, pidx = partials if from_partials else (h_prev, h_prev)
+    np_ = pval.shape[1] if from_partials else 1
+    add_z = zacc is not None
+    r = w1b.shape[0] if add_z else 1
+    block_b, block_np = _pow2(bsz), _pow2(np_, 2) if from_partials else 2
+    if num_warps is None:
+        # the one-wave partial tile is [BLOCK_NP, BLOCK_B] fp32 + int32: keep it <= 64 registers a thread
+        num_warps = max(4, min(16, block_b * block_np * 2 // (64 * 32)))
+    _gru_step_kernel[(triton.cdiv(g, block_g),)](
+        tok if tok is not None else h_prev, pval, pidx, np_,
+        draft if draft is not None else h_prev, draft.stride(0) if draft is not None else 0, draft_col,
+        table, gh if gh is not None else h_prev, h_prev, h_out, w1b if add_z else h_prev,
+        zacc if add_z else h_prev,
+        bsz, G=g, R=r,
+        TOKEN_FROM_PARTIALS=from_partials, HAS_GH=gh is not None, ADD_Z=add_z,
+        BLOCK_B=block_b, BLOCK_G=block_g, BLOCK_NP=block_np, BLOCK_R=_pow2(r),
+        DOT_PRECISION=dot_precision(table.dtype), num_warps=num_warps,
+    )
+
+
+def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, block_v=128, block_r=128,
+              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256):
+    """Fused base + W2·SiLU(zacc) and stage-1 argmax. base [B, V] (row stride free, last dim
+    contiguous), zacc [B, r] fp32, w2 [V, r], pval/pidx [B, NP] (NP = scoring programs, set by the
+    caller), logits [V, B] fp32 (optional, for sampling; note the layout), gh = (S [B, G], W_hh,
+    out [B, 3G] fp32): also compute the next step's W_hh·S in extra programs."""
+    bsz, v = base.shape
+    np_ = pval.shape[1]
+    has_delta = w2 is not None
+    r = w2.shape[1] if has_delta else 1
+    br = min(block_r, _pow2(r))
+    if logits is not None or (has_delta and w2.element_size() > 2):
+        # fp32 tiles or the extra logits store: 3 stages of [128, 256] tiles would need up to
+        # 278 KB of shared memory, over sm_90's 227 KB (ptxas report); halve the tile, 2 stages
+        block_v, num_stages = min(block_v, 64), min(num_stages, 2)
+    if has_delta and w2.element_size() > 2:
+        br = min(br, 64)  # fp32 "ieee" dots run on FMA units: [64, 256] tiles spilled 5-14 KB of stack
+    v_per_prog = triton.cdiv(triton.cdiv(v, np_), block_v) * block_v
+    ga = _gh_args(gh, bsz, block_gh, gh_block_k)
+    wdt = w2.dtype if has_delta else (gh[1].dtype if gh is not None else torch.float32)
+    _w2_argmax_kernel[(np_ + ga["n"],)](
+        base, base.stride(0), zacc if has_delta else base, w2 if has_delta else base, pval, pidx,
+        logits if logits is not None else pval,
+        *(a if a is not None else pval for a in ga["args"][:3]), ga["args"][3],
+        bsz, v, R=r, v_per_prog=v_per_prog, NP=np_, G=ga["g"],
+        HAS_DELTA=has_delta, WRITE_LOGITS=logits is not None, HAS_GH=ga["has"],
+        BLOCK_B=_pow2(bsz), BLOCK_V=block_v, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
+        BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(wdt),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def w2_programs(vocab: int, block_v: int, target: int) -> int:
+    """Scoring programs for `w2_argmax`: ~`target` (a multiple of the SM count), never more than tiles."""
+    return max(1, min(target, triton.cdiv(vocab, block_v)))
+
+
+def pool_argmax(*, ids, vals, zacc, w2, pval, pidx, logits=None, gh=None, block_p=32, block_r=128, num_warps=4,
+                block_gh=32, gh_block_k=256):
+    """Pool scoring: ids/vals [B, P] (the slot's candidates and their base logits; same strides),
+    zacc [B, r] fp32, w2 [V, r]; pval/pidx [B, NP] with NP programs per row; gh as in w2_argmax."""
+    bsz, p = ids.shape
+    np_ = pval.shape[1]
+    p_per_prog = triton.cdiv(triton.cdiv(p, np_), block_p) * block_p
+    r = w2.shape[1]
+    br = min(block_r, _pow2(r))
+    ga = _gh_args(gh, bsz, block_gh, gh_block_k)
+    _pool_argmax_kernel[(np_ * bsz + ga["n"],)](
+        ids, vals, ids.stride(0), zacc, w2, pval, pidx, logits if logits is not None else pval,
+        *(a if a is not None else pval for a in ga["args"][:3]), ga["args"][3],
+        bsz, p, R=r, p_per_prog=p_per_prog, NP=np_, G=ga["g"],
+        WRITE_LOGITS=logits is not None, HAS_GH=ga["has"], BLOCK_B=_pow2(bsz),
+        BLOCK_P=block_p, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
+        BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(w2.dtype),
+        num_warps=num_warps,
+    )
+
+
+def argmax_finalize(*, pval, pidx, draft, draft_col):
+    bsz, np_ = pval.shape
+    block_b, block_np = _pow2(bsz), _pow2(np_, 2)
+    _argmax_finalize_kernel[(1,)](pval, pidx, np_, draft, draft.stride(0), draft_col, bsz,
+                                  BLOCK_B=block_b, BLOCK_NP=block_np,
+                                  num_warps=max(4, min(16, block_b * block_np * 2 // (64 * 32))))
