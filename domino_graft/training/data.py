@@ -94,9 +94,20 @@ def synthetic_examples(kind: str, *, num_samples: int, max_length: int, vocab_si
 # ------------------------------------------------------------------------------ files
 def read_records(path: str) -> list[dict]:
     """Rows of a jsonl / json / parquet file or a saved `datasets` folder."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".jsonl":
+        # plain JSON lines need no `datasets` (absent on some GPU images), and a bad line
+        # is reported with its number
+        rows = []
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise ValueError(f"train.data.path: {path}:{n} is not valid JSON ({e})") from None
+        return rows
     import datasets
 
-    p = Path(path)
     if p.is_dir():
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):

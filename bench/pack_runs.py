@@ -1,0 +1,70 @@
+"""Move trained run dirs between machines within a transfer limit (the GPU tool returns at most
+8 files of 16 MiB, 64 MiB in all).
+
+  pack   WORK OUT   weights of WORK/{base,domino,headonly} as bf16 shards (<= 15 MiB each) + a
+                    tar.gz of every small file (recipes, manifests, metrics, training data)
+  unpack SRC WORK   rebuild the run dirs (fp32 tensors from the bf16 shards)
+
+bf16 is the precision bundles ship in (export.dtype), so the evaluated drafters are the
+deployable ones. The headonly run's drafter is the frozen base drafter: stored once.
+"""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+RUNS = ("base", "domino", "headonly")
+SHARD = 15 * 2**20
+WEIGHTS = ("head.safetensors", "drafter/model.safetensors")
+
+
+def pack(work: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for run in RUNS:
+        for f in WEIGHTS:
+            p = work / run / f
+            if p.exists() and not (run == "headonly" and f.startswith("drafter")):
+                for k, v in load_file(str(p)).items():
+                    tensors[f"{run}|{f}|{k}"] = v.to(torch.bfloat16).contiguous()
+    shard, size, n = {}, 0, 0
+    for k, v in tensors.items():
+        b = v.numel() * v.element_size()
+        if shard and size + b > SHARD:
+            save_file(shard, str(out / f"weights.{n}.safetensors"))
+            shard, size, n = {}, 0, n + 1
+        shard[k], size = v, size + b
+    if shard:
+        save_file(shard, str(out / f"weights.{n}.safetensors"))
+    with tarfile.open(out / "runs_meta.tar.gz", "w:gz") as tar:
+        for p in sorted(work.rglob("*")):
+            if p.is_file() and p.suffix in (".json", ".yaml", ".jsonl", ".log") and "checkpoints" not in p.parts \
+                    and "features" not in p.parts:
+                tar.add(p, arcname=str(p.relative_to(work)))
+
+
+def unpack(src: Path, work: Path) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(src / "runs_meta.tar.gz") as tar:
+        tar.extractall(work, filter="data")
+    files: dict[tuple[str, str], dict] = {}
+    for shard in sorted(src.glob("weights.*.safetensors")):
+        for k, v in load_file(str(shard)).items():
+            run, f, name = k.split("|")
+            files.setdefault((run, f), {})[name] = v.float()
+    files[("headonly", "drafter/model.safetensors")] = files[("base", "drafter/model.safetensors")]
+    for (run, f), state in files.items():
+        dest = work / run / f
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(dest))
+    print(f"unpacked {len(files)} weight files into {work}")
+
+
+if __name__ == "__main__":
+    cmd, a, b = sys.argv[1:4]
+    (pack if cmd == "pack" else unpack)(Path(a), Path(b))
