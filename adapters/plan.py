@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -27,10 +28,8 @@ class FamilyPlan:
 
     @property
     def backbone_parameters(self) -> int:
-        total = 0
-        for shape in self.backbone_tensors.values():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        return count_parameters(self.backbone_tensors)
+
+
+def count_parameters(shapes: dict[str, tuple[int, ...]]) -> int:
+    return sum(math.prod(shape) for shape in shapes.values())

@@ -7,6 +7,7 @@ removing the graft gives back the untouched drafter, bit for bit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .recipe import Recipe
@@ -23,13 +24,9 @@ class GraftPlan:
 
     @property
     def head_parameters(self) -> int:
-        total = 0
-        for shape in self.head_tensors.values():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        from .adapters.plan import count_parameters
+
+        return count_parameters(self.head_tensors)
 
     @property
     def share_of_backbone(self) -> float:
@@ -76,10 +73,7 @@ class GraftPlan:
             lines.append(f"    {h.name:<12} {h.shape:<22} {h.source}")
         lines.append("  Domino head tensors")
         for name, shape in self.head_tensors.items():
-            n = 1
-            for s in shape:
-                n *= s
-            lines.append(f"    {name:<26} {str(list(shape)):<16} {n:>14,}")
+            lines.append(f"    {name:<26} {str(list(shape)):<16} {math.prod(shape):>14,}")
         lines.append(
             f"  head parameters {self.head_parameters:,} "
             f"(+{100 * self.share_of_backbone:.2f}% of the backbone's {d.backbone_parameters:,})"

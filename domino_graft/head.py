@@ -14,6 +14,7 @@ uncorrected (their proposal is the plain base argmax).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -49,13 +50,7 @@ class HeadSpec:
         }
 
     def num_parameters(self) -> int:
-        total = 0
-        for shape in self.tensor_shapes().values():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        return sum(math.prod(shape) for shape in self.tensor_shapes().values())
 
     def to_dict(self) -> dict:
         return asdict(self)

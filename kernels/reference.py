@@ -48,30 +48,12 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: Optional[int
                    top_p: Optional[float] = 1.0) -> torch.Tensor:
     """softmax(filter(logits / T)) along the last dim, in fp32; static shapes (graph-safe).
 
-    This is `domino_graft.decoding.sampling.warp`, the one warper every decoding path shares
-    (imported lazily: this package must import without the decoding package). The local copy
-    below, with the same semantics, only serves trees where that module is absent.
+    This is `domino_graft.decoding.sampling.warp`, the one warper every decoding path shares,
+    so the fused kernels and the engine can never filter differently.
     """
-    try:
-        from domino_graft.decoding.sampling import warp
-    except ImportError:
-        warp = _warp
+    from domino_graft.decoding.sampling import warp
+
     return warp(logits, float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
-
-
-def _warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    x = logits.float() / temperature
-    v = x.shape[-1]
-    if 0 < top_k < v:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        probs = sorted_x.softmax(-1)
-        drop_sorted = (probs.cumsum(-1) - probs) >= top_p  # the first token always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    return x.softmax(-1)
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -22,20 +22,12 @@ import torch
 
 
 def read_prompts(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"--prompts: {path!r} does not exist")
+    """The prompt file `bench` reads, plus a unique id per line (ids make regeneration resumable)."""
+    from ..benchmark import read_prompts as read_prompt_file
+
     out = []
-    for n, line in enumerate(p.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"--prompts: {path} line {n + 1} is not JSON ({e})") from None
-        if not any(k in rec for k in ("messages", "prompt", "prompt_ids")):
-            raise ValueError(f"--prompts: {path} line {n + 1} has keys {sorted(rec)}; valid: messages | prompt | prompt_ids")
-        rec = dict(rec)
+    for n, rec in enumerate(read_prompt_file(path)):
+        rec = {k: v for k, v in rec.items() if k != "source"}
         rec["id"] = str(rec.get("id", n))
         out.append(rec)
     ids = [r["id"] for r in out]
