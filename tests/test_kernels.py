@@ -531,11 +531,3 @@ class TestGPU:
         for name, a, b in zip(("loss", "grad z", "grad W2", "grad base"), *outs):
             rel = ((a - b).norm() / b.norm()).item()
             assert rel < 1e-2, f"head_ce bf16 {name}: relative error {rel:.2e}"
-
-
-def test_local_warp_copy_matches_decoding_warp():
-    """kernels.reference._warp is only a fallback for trees without the decoding package: keep it identical."""
-    sampling = pytest.importorskip("domino_graft.decoding.sampling")
-    x = torch.randn(4, 97) * 3
-    for t, k, p in [(0.7, 0, 1.0), (1.0, 10, 1.0), (1.3, 0, 0.8), (0.5, 20, 0.5)]:
-        assert torch.equal(K.reference._warp(x, t, k, p), sampling.warp(x, t, k, p))
