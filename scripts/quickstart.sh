@@ -15,14 +15,14 @@ mkdir -p data
 
 domino-graft fetch smollm2-135m-instruct gsm8k gsm8k-symbolic
 domino-graft apply recipes/smollm2_dflash.yaml -o "$RUN" \
-  train.data.path="$PWD/$DATA" train.data.num_samples=24 train.max_steps=60 train.save_every=30
+  train.data.path="$PWD/$DATA" train.data.num_samples=16 train.max_steps=40 train.save_every=20
 
 # training prompts are GSM-Symbolic variants, never the GSM8K test questions bench uses
-head -n 24 "$(domino-graft fetch gsm8k-symbolic --path)/prompts.jsonl" > data/smollm2_quickstart_prompts.jsonl
+head -n 16 "$(domino-graft fetch gsm8k-symbolic --path)/prompts.jsonl" > data/smollm2_quickstart_prompts.jsonl
 domino-graft regenerate "$RUN" --prompts data/smollm2_quickstart_prompts.jsonl -o "$DATA" \
-  --max-new-tokens 128 --batch-size 8
+  --max-new-tokens 96 --batch-size 8
 
 domino-graft train "$RUN"              # prints per-slot accuracy, base vs Domino-corrected
-domino-graft bench "$RUN" --limit 3 --max-new-tokens 48 --json "$RUN/bench.json"
+domino-graft bench "$RUN" --limit 2 --max-new-tokens 32 --json "$RUN/bench.json"
 domino-graft export "$RUN"
 domino-graft generate "$RUN" --prompt "What is 12 times 7? Answer briefly." --max-new-tokens 40
