@@ -162,3 +162,18 @@ def test_head_that_does_not_fit_the_drafter_is_refused():
         Graft(adapter, wrong)
     randomize_head(head)
     assert not head.is_identity()
+
+
+def test_apply_cli_takes_overrides_after_flags(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "domino_graft", "apply", str(REPO / "recipes" / "tiny_dflash.yaml"), "-o", str(out),
+         "head.rank=4"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    resolved = json.loads((out / "recipe.resolved.json").read_text())
+    assert resolved["head"]["rank"] == 4
+    bad = subprocess.run([sys.executable, "-m", "domino_graft", "apply", str(REPO / "recipes" / "tiny_dflash.yaml"),
+                          "head.rank=x", "--dry-run"], cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 1 and "head.rank: 'x'" in bad.stderr

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 
 def add_arguments(p) -> None:
-    p.add_argument("recipe", metavar="RECIPE")
+    from .train import allow_intermixed
+
+    allow_intermixed(p)  # `apply R -o X k=v` as well as `apply R k=v -o X`
     p.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory (default: runs/<recipe stem>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan from configs alone; load nothing")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, re-validated")
+    p.add_argument("items", nargs="+", metavar="RECIPE [KEY=VALUE ...]", help="the recipe, then overrides (re-validated)")
 
 
 def run(args) -> int:
     from ..apply import apply_recipe
+    from .train import split_run_and_overrides
 
-    apply_recipe(args.recipe, args.out, dry_run=args.dry_run, overrides=args.overrides)
+    recipe, overrides = split_run_and_overrides(args.items, "RECIPE")
+    if recipe is None:
+        raise ValueError("RECIPE: missing; give a recipe YAML file, e.g. recipes/tiny_dflash.yaml")
+    apply_recipe(recipe, args.out, dry_run=args.dry_run, overrides=overrides)
     return 0
