@@ -25,6 +25,22 @@ import torch
 from torch import nn
 
 
+def read_config_json(path: str, field: str, hint: str = "") -> dict:
+    """config.json of a checkpoint folder (or the file itself), with errors naming the recipe field."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"{field}: no config.json at {str(p)!r}{hint}")
+    try:
+        return json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{field}: {str(p)!r} is not valid JSON ({e})") from None
+
+
 @dataclass
 class DraftBlock:
     """The output of one backbone forward: K proposal slots.

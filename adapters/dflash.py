@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftBlock, DrafterAdapter, TrainingBlocks
+from .base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
 
 ARCHITECTURE = "DFlashDraftModel"
 BACKBONE_PREFIXES = ("layers.", "norm.", "fc.", "hidden_norm.")
@@ -480,28 +480,13 @@ def backbone_tensor_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ------------------------------------------------------------------ recipe -> drafter
-def _read_json(path: str, field: str) -> dict:
-    import json
-    from pathlib import Path
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{field}: no config.json at {str(p)!r}")
-    try:
-        return json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"{field}: {str(p)!r} is not valid JSON ({e})") from None
-
-
 def config_from_recipe(d, tshape) -> DFlashConfig:
     """The drafter's config: from its checkpoint (drafter.path / drafter.config) or fresh
     from recipe settings and the target's shape. Explicit recipe settings that contradict
     a checkpoint are errors, never silently overridden."""
     source = d.path or d.config
     if source is not None:
-        cfg = DFlashConfig.from_native(_read_json(source, "drafter.path" if d.path else "drafter.config"))
+        cfg = DFlashConfig.from_native(read_config_json(source, "drafter.path" if d.path else "drafter.config"))
         conflicts = []
         for name in ("block_size", "target_layer_ids", "mask_token_id", "shift_label"):
             # None = "the default", never a contradiction (a run's resolved recipe lists every field)
@@ -637,7 +622,7 @@ def checkpoint_head_fields(d) -> dict:
     """The Domino head declared by the checkpoint at drafter.path (from its config alone)."""
     if d.path is None:
         return {}
-    return domino_head_fields(_read_json(d.path, "drafter.path"), f"{d.path}/config.json")
+    return domino_head_fields(read_config_json(d.path, "drafter.path"), f"{d.path}/config.json")
 
 
 def build(d, target):

@@ -24,7 +24,6 @@ Facts of the family (DESIGN §2-§3), kept in this one module:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftBlock, DrafterAdapter, TrainingBlocks
+from .base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
 MEDUSA2_PREFIX = "medusa_head."
@@ -272,25 +271,13 @@ class MedusaAdapter(DrafterAdapter):
 
 
 # ------------------------------------------------------------------ recipe -> drafter
-def _read_config(path: str, field_name: str) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"{field_name}: no config.json at {str(p)!r}")
-    try:
-        return json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"{field_name}: {str(p)!r} is not valid JSON ({e})") from None
-
-
 def config_from_recipe(d, tshape) -> MedusaConfig:
     """From the checkpoint (drafter.path / drafter.config) or fresh from the recipe. Recipe
     settings that contradict a checkpoint are errors, never silently overridden."""
     source = d.path or d.config
     if source is not None:
         field_name = "drafter.path" if d.path else "drafter.config"
-        cfg = MedusaConfig.from_native(_read_config(source, field_name), tshape, field_name)
+        cfg = MedusaConfig.from_native(read_config_json(source, field_name), tshape, field_name)
         conflicts = []
         for name, theirs in (("num_heads", cfg.num_heads), ("num_layers", cfg.num_layers)):
             if name in d.model_fields_set and getattr(d, name) != theirs:

@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .base import DraftBlock, DrafterAdapter, TrainingBlocks
+from .base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
 
 CONFIG_TOKEN_KEYS = ("pard_token", "pard_token_id")
 SLOTS_KEY = "pard_num_slots"  # k this drafter (and its Domino head) was trained for
@@ -83,23 +83,13 @@ def _cut_config(cfg, num_layers: int):
     return cfg
 
 
-def _read_json(folder: str) -> dict:
-    p = Path(folder) / "config.json" if Path(folder).is_dir() else Path(folder)
-    if not p.is_file():
-        raise FileNotFoundError(f"drafter.path: no config.json at {str(p)!r}; PARD needs a Hugging Face causal-LM folder")
-    try:
-        return json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"drafter.path: {str(p)!r} is not valid JSON ({e})") from None
-
-
 def resolve(d, tshape, target_config=None):
     """-> (HF config of the drafter, pard token id, k, how it starts). `target_config` (the
     loaded target's HF config) makes the copy-of-the-target start exact; planning passes
     None and rebuilds the architecture from the target's shape."""
     problems = []
     if d.path is not None:
-        raw = _read_json(d.path)
+        raw = read_config_json(d.path, "drafter.path", "; PARD needs a Hugging Face causal-LM folder")
         cfg = _hf_config_from_dict(raw, "drafter.path")
         start = f"checkpoint {d.path}"
         theirs = next((raw[k] for k in CONFIG_TOKEN_KEYS if raw.get(k) is not None), None)
