@@ -208,3 +208,28 @@ def test_tree_travels_with_the_heads(tmp_path):
     assert loaded.tree == [[0], [1], [0, 0]] and loaded.topology == "tree"
     d2 = d.model_copy(update={"tree": [[0]]})
     assert medusa.build(d2, target)[0].tree == [[0]]
+
+
+def test_faster_decoding_folder_named_by_a_recipe_is_grafted_and_decodes_losslessly(tmp_path):
+    """Issue 7: `drafter.path` -> a FasterDecoding Medusa-1 folder; greedy speculation == the target."""
+    from domino_graft.apply import apply_recipe
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.rundir import load_run
+    from tests.conftest import randomize_head
+
+    _, _, adapter, _ = _tiny()
+    _randomize(adapter, seed=3)
+    folder = _faster_decoding_folder(tmp_path, adapter)
+    _, run_dir = apply_recipe(str(REPO / "recipes" / "tiny_medusa.yaml"), str(tmp_path / "run"),
+                              overrides=[f"drafter.path={folder}"], echo=lambda *_: None)
+    run = load_run(run_dir)
+    for k, v in adapter.backbone_state_dict().items():  # the imported heads, not fresh ones
+        assert torch.equal(run.adapter.backbone_state_dict()[k], v), k
+    randomize_head(run.head, seed=5)
+    engine = Engine(run.target, run.adapter, run.head, stop_ids=stop_token_ids(run.target))
+    for seed in range(3):
+        prompt = torch.randint(2, run.target.shape.vocab_size - 1, (7 + seed,),
+                               generator=torch.Generator().manual_seed(seed)).tolist()
+        ref = engine.target_only(prompt, max_new_tokens=24)
+        for use_head in (True, False):
+            assert engine.speculative(prompt, max_new_tokens=24, use_head=use_head).tokens == ref.tokens
