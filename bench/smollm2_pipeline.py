@@ -131,7 +131,7 @@ def stage_eval(work: Path, scale: dict, *, prompts_per_set: int, max_new_tokens:
     import torch
 
     from domino_graft.assets import asset_dir
-    from domino_graft.benchmark import _Tally, encode, read_prompts
+    from domino_graft.benchmark import Tally, encode, read_prompts
     from domino_graft.decoding.chat import stop_token_ids
     from domino_graft.decoding.engine import Engine
     from domino_graft.decoding.sampling import Sampling
@@ -156,7 +156,7 @@ def stage_eval(work: Path, scale: dict, *, prompts_per_set: int, max_new_tokens:
     for set_name, path in sets.items():
         items = read_prompts(str(path), limit=prompts_per_set)
         k = runs["base"].adapter.num_slots
-        tally = {m: _Tally(k) for m in ["target"] + [m for m, _, _ in modes]}
+        tally = {m: Tally(k) for m in ["target"] + [m for m, _, _ in modes]}
         identical = {m: True for m, _, _ in modes}
         for i, item in enumerate(items):
             ids = encode(runs["base"], item)

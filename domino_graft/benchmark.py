@@ -102,7 +102,7 @@ def encode(loaded, item: dict) -> list[int]:
 
 
 # ------------------------------------------------------------------------ bench
-class _Tally:
+class Tally:
     def __init__(self, k: int):
         self.tokens = 0
         self.seconds = 0.0
@@ -158,7 +158,7 @@ def run_bench(
     if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
         for mode in MODES:
             runs[mode](encoded[0], -1)
-    tallies = {m: _Tally(k) for m in MODES}
+    tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
     bar = tqdm(total=len(encoded) * len(MODES), desc="bench", unit="decode", disable=not progress, leave=False)
