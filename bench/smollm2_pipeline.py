@@ -17,8 +17,11 @@ Stages (each skipped when its output exists, so a run can be resumed or split ac
             over the target alone on the same engine, identical_to_target.
 
     python bench/smollm2_pipeline.py --work bench/work/smollm2 --stages data,train --scale gpu
-    python bench/smollm2_pipeline.py --work bench/work/smollm2 --stages eval --eval-prompts 24 \
-        --out bench/results/smollm2_cpu.json
+    python bench/smollm2_pipeline.py --work bench/work/smollm2 --stages eval --scale cpu \
+        --eval-prompts 12 --max-new-tokens 64 --out bench/results/smollm2_dflash_eval_cpu.json
+
+The committed result came from exactly these two steps: the first on the H200 through
+bench/smollm2_h200.sh (trained weights returned with bench/pack_runs.py, bf16), the second here.
 
 `--scale` sets the sizes (see SCALES); everything else comes from recipes/smollm2_dflash.yaml.
 """
