@@ -36,15 +36,6 @@ FAMILIES = ["dflash", "medusa", "pard"]
 pytestmark = pytest.mark.parametrize("family", FAMILIES)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models are all per-op overhead: on 2 shared cores, intra-op threads only contend.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def recipe_path(family: str) -> Path:
     return REPO / "recipes" / f"tiny_{family}.yaml"
 

@@ -28,16 +28,6 @@ from domino_graft.target import load_target
 from tests.conftest import REPO, randomize_head
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models are dominated by per-op overhead; with 2 shared cores, intra-op threads
-    # spin against each other and run 10-100x slower than one thread.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build(seed: int, *, arch="qwen3", vocab=61, tie=False, layers=2, block_size=4, shift=True, ppl=1,
           draft_layers=1, capture=None, head_scale=0.5, dtype="fp32", device="cpu"):
     data = {

@@ -29,15 +29,6 @@ QWEN = REPO / "recipes" / "dflash_qwen3_8b.yaml"
 ANCHORS = (5, 11, 17, 23)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: intra-op threads only add sync overhead (3x slower on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     """A tiny run whose head is randomised (W2 != 0), so a lost or mis-mapped head shows."""

@@ -21,14 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0, 0]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: intra-op threads only contend on 2 shared cores
-    yield
-    torch.set_num_threads(before)
-
-
 def _tiny(tree=TREE, head_seed=0):
     recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml", [f"drafter.tree={tree}"])
     target = load_target(recipe.target)

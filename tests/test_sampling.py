@@ -26,15 +26,6 @@ from tests.conftest import randomize_head
 ALPHA = 1e-3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models on 2 shared cores: one intra-op thread is 10-100x faster than two.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build(seed: int, *, vocab: int, ppl: int, block_size: int = 4, head_scale: float = 0.5):
     data = {
         "target": {"random": {
