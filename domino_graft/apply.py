@@ -48,7 +48,6 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
         adapter=graft.adapter,
         head=graft.head,
         target_identity=target.identity,
-        drafter_reference=None,
     )
     echo(f"wrote run dir {out_dir}" + (" (head loaded from the drafter checkpoint)" if head_tensors else ""))
     return plan, out_dir

@@ -5,8 +5,8 @@
     RUN/plan.json              the graft plan
     RUN/manifest.json          versions, git sha, target and drafter identity, file checksums
     RUN/head.safetensors       the Domino head (native tensor names)
-    RUN/drafter/               drafter weights + config in the family's native format
-                               (absent when the manifest references an existing checkpoint)
+    RUN/drafter/               drafter weights + config in the family's native format (always a
+                               copy: training rewrites them)
     RUN/checkpoints/step-N/    training checkpoints (atomic), RUN/metrics.jsonl
 """
 
@@ -99,7 +99,6 @@ def write_run_dir(
     adapter,
     head,
     target_identity: dict,
-    drafter_reference: Optional[str],
 ) -> Path:
     from .recipe import recipe_to_dict
 
@@ -110,11 +109,12 @@ def write_run_dir(
         atomic_write_json(tmp / "plan.json", plan)
         save_tensors(tmp / "head.safetensors", head.state_dict(), {"format": "domino-head", "spec": json.dumps(head.spec.to_dict())})
         files = {"head.safetensors": sha256_file(tmp / "head.safetensors")}
-        if drafter_reference is None:
-            (tmp / "drafter").mkdir()
-            save_tensors(tmp / "drafter" / "model.safetensors", adapter.backbone_state_dict(), {"format": "pt"})
-            atomic_write_json(tmp / "drafter" / "config.json", adapter.native_config())
-            files["drafter/model.safetensors"] = sha256_file(tmp / "drafter" / "model.safetensors")
+        # the drafter is always copied in: training rewrites it, and a run must not depend on
+        # a checkpoint folder elsewhere staying unchanged
+        (tmp / "drafter").mkdir()
+        save_tensors(tmp / "drafter" / "model.safetensors", adapter.backbone_state_dict(), {"format": "pt"})
+        atomic_write_json(tmp / "drafter" / "config.json", adapter.native_config())
+        files["drafter/model.safetensors"] = sha256_file(tmp / "drafter" / "model.safetensors")
         manifest = {
             "kind": "domino-graft run",
             "created_at": now(),
@@ -124,8 +124,8 @@ def write_run_dir(
             "target": target_identity,
             "drafter": {
                 "family": recipe.drafter.family,
-                "weights": "drafter/" if drafter_reference is None else drafter_reference,
-                "reference": drafter_reference is not None,
+                "weights": "drafter/",
+                "source": recipe.drafter.path or "fresh",
             },
             "head": head.spec.to_dict(),
             "files": files,
@@ -155,8 +155,7 @@ def run_recipe(run_dir: Path, overrides: list[str] | None = None) -> Recipe:
     return parse_recipe(data, source=f"{run_dir}/recipe.resolved.json")
 
 
-def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Optional[str] = None,
-             drafter_dir: Optional[str] = None) -> LoadedRun:
+def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Optional[str] = None) -> LoadedRun:
     """Rebuild target, drafter and head from a run dir (the weights it holds, strictly checked)."""
     from .adapters import family_module
     from .checkpoint import check_tensors, load_tensors
@@ -172,10 +171,7 @@ def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Opti
             f"{run_dir}: the target now loaded (config {target.identity.get('config_hash')}) is not the one this run "
             f"was grafted for (config {manifest['target'].get('config_hash')})"
         )
-    drafter_recipe = recipe.drafter
-    weights_dir = drafter_dir or (run_dir / "drafter" if not manifest["drafter"]["reference"] else None)
-    if weights_dir is not None:
-        drafter_recipe = drafter_recipe.model_copy(update={"path": str(weights_dir)})
+    drafter_recipe = recipe.drafter.model_copy(update={"path": str(run_dir / "drafter")})
     adapter, _ = family_module(recipe.drafter.family).build(drafter_recipe, target)
     head = build_head(recipe, adapter)
     state = load_tensors(head_file or run_dir / "head.safetensors")

@@ -168,7 +168,6 @@ def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, ba
                      {"format": "pt"})
         atomic_write_json(run_dir / "drafter" / "config.json", native_config)
         files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
-        manifest["drafter"] = {**manifest["drafter"], "weights": "drafter/", "reference": False}
     elif (run_dir / "drafter" / "model.safetensors").is_file():
         files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
     manifest["files"] = files
