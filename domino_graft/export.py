@@ -351,12 +351,12 @@ def default_bundle_dir(run_dir: Path, format: str, dtype: str) -> Path:
 
 
 def _kernel_choice(recipe_dict: dict) -> Optional[dict]:
-    """Kernel settings wherever the recipe keeps them (bench.head_kernel / pool_size today)."""
+    """Kernel settings wherever the recipe keeps them (bench.head_kernel / pool_size / pool_select today)."""
     found = {}
     for section, values in recipe_dict.items():
         if isinstance(values, dict):
             for k, v in values.items():
-                if "kernel" in k or k == "pool_size":
+                if "kernel" in k or k in ("pool_size", "pool_select"):
                     found[f"{section}.{k}"] = v
     return found or None
 

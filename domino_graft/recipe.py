@@ -274,6 +274,9 @@ class Bench(Strict):
     # back to "torch".
     head_kernel: Literal["torch", "triton", "triton_pool"] = "torch"
     pool_size: int = Field(2048, ge=0)  # 0 = full vocabulary; 2048 = SGLang's merged default
+    # triton_pool's candidates (kernels.KernelConfig.pool_select): "bucket" = the max of each of
+    # pool_size contiguous vocabulary buckets (one launch, approximate); "topk" = the exact top-k
+    pool_select: Literal["bucket", "topk"] = "bucket"
 
     _resolve_paths = field_validator("prompts")(_resolve)
 

@@ -11,8 +11,10 @@ and the semantics of `reference.reference_rollout`. Names:
 * "triton"       fused, full vocabulary: table-lookup GRU, W1 split into one batched W1a GEMM
                  plus W1b per step, W2 GEMV + base add + running argmax without materialising
                  logits (greedy), exact over all V tokens with fp32 accumulation;
-* "triton_pool"  the same on the top-`pool_size` base candidates of each corrected slot
-                 (0 = full vocabulary). Under sampling q is the pool distribution.
+* "triton_pool"  the same on `pool_size` base candidates of each corrected slot (0 = full
+                 vocabulary): the exact top-k, or (KernelConfig.pool_select="bucket") the max of
+                 each of `pool_size` contiguous V buckets, an approximate top-k in one launch.
+                 Under sampling q is the pool distribution.
 
 On CUDA the fused rollout is captured once per static shape (B, K, dtypes, sampling knobs) in a
 CUDA graph and replayed; the randomness (one uniform per slot) is drawn outside the graph.
@@ -35,7 +37,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from .reference import draw_uniforms, filtered_probs, inverse_cdf, is_sampling, reference_rollout
+from .reference import (POOL_SELECTS, bucket_candidates, draw_uniforms, filtered_probs, inverse_cdf, is_sampling,
+                        reference_rollout)
 
 ROLLOUT_NAMES = ("torch", "triton", "triton_pool")
 
@@ -97,8 +100,20 @@ class KernelConfig:
     # two-stage top-k over pool_chunks slices, then their union; "sort" = a full descending sort.
     # [B, 14, 151936] -> 2048: topk 89 us (B=1) / 601 us (B=32); sort 159 / 2664; topk2 (4 chunks)
     # 277 / 783. torch.topk wins, and it is half of the pool rollout's time at batch 1.
-    pool_select: str = "topk"
+    # "bucket" (approximate, one Triton launch, `triton_rollout.bucket_max`): the max of each of
+    # pool_size contiguous V buckets; contains the base argmax, misses a top-k token only when a
+    # higher one shares its bucket (random logits: ~63% of the top-2048, ~99% of the top-32).
+    # Lossless all the same (verification is exact; under sampling q is the pool distribution).
+    # Default: it reads [B, 14, V] once (~4 MB: a few us) where topk takes 89 us at batch 1;
+    # bench/head_latency.py times both ("fused_pool_ms" / "fused_pool_exact_ms") and reports recall.
+    pool_select: str = "bucket"
     pool_chunks: int = 8
+    # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
+    # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
+    # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
+    # ("l2_pin_sweep": 0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
+    # repetitions); 0.3 until measured.
+    w2_l2_pin_fraction: float = 0.3
 
 
 @dataclass
@@ -131,15 +146,16 @@ class TorchRollout:
 
     name = "torch"
 
-    def __init__(self, head, pool_size: int = 0):
+    def __init__(self, head, pool_size: int = 0, pool_select: str = "topk"):
         self.head = head
         self.pool_size = int(pool_size)
+        self.pool_select = pool_select
 
     def __call__(self, head, block, anchor, embed, *, temperature=0.0, top_k=0, top_p=1.0, generator=None,
                  use_head=True):
         return reference_rollout(head if head is not None else self.head, block, anchor, embed,
                                  temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
-                                 use_head=use_head, pool_size=self.pool_size)
+                                 use_head=use_head, pool_size=self.pool_size, pool_select=self.pool_select)
 
 
 @dataclass
@@ -216,6 +232,8 @@ class FusedRollout:
         self.pool_size = int(pool_size)
         self.name = "triton_pool" if self.pool_size else "triton"
         self.config = config or KernelConfig()
+        if self.config.pool_select not in POOL_SELECTS:
+            raise ValueError(f"KernelConfig.pool_select {self.config.pool_select!r}: valid: {', '.join(POOL_SELECTS)}")
         self.cuda_graphs = cuda_graphs
         self._prepared: dict = {}
         self._graphs = CudaGraphRollout(self._body)
@@ -236,7 +254,8 @@ class FusedRollout:
             if reason is not None:
                 _warn_once(f"make_rollout({self.name!r}): {reason}; using the PyTorch path")
             return reference_rollout(self.head, block, anchor, embed, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, generator=generator, use_head=use_head, pool_size=self.pool_size)
+                                     top_p=top_p, generator=generator, use_head=use_head, pool_size=self.pool_size,
+                                     pool_select=self.config.pool_select)
         self._ensure_prepared(device, embed, block.base_logits.shape[-1])
         if device.type == "cuda" and self.cuda_graphs and not _interpreting():
             return self._graphs(block, anchor, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -302,8 +321,11 @@ class FusedRollout:
 
         pool = min(self.pool_size, vocab) if self.pool_size else 0
         if pool and k > pure:
-            pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
-            pool_vals = pool_vals.float()
+            if cfg.pool_select == "bucket":
+                pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool)
+            else:
+                pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
+                pool_vals = pool_vals.float()
             np_pool = max(1, min(triton_cdiv(pool, cfg.pool_block_p),
                                  triton_cdiv(cfg.pool_programs_per_sm * sms, bsz)))
             pv_pool = torch.empty(bsz, np_pool, device=device, dtype=torch.float32)
@@ -312,6 +334,7 @@ class FusedRollout:
         w2v, w2r, w2w, w2s, w2p = (cfg.w2_large_batch if bsz > 16 and cfg.w2_large_batch else
                                    (cfg.w2_block_v, cfg.w2_block_r, cfg.w2_warps, cfg.w2_stages, cfg.w2_programs_per_sm))
         np_full = tr.w2_programs(vocab, w2v, w2p * sms)
+        pin = tr.l2_pin_programs(cfg.w2_l2_pin_fraction, np_full)
         pv_full = torch.empty(bsz, np_full, device=device, dtype=torch.float32)
         pi_full = torch.empty(bsz, np_full, device=device, dtype=torch.int32)
 
@@ -360,7 +383,7 @@ class FusedRollout:
                                  uniforms, q, tok, j)
             else:
                 tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, zacc=zacc[j - 1], w2=prep.w2, logits=logits,
-                             block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, **nxt)
+                             block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, pin_programs=pin, **nxt)
                 last = (pv_full, pi_full)
                 if sampling:
                     self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)
@@ -387,13 +410,16 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def pool_candidates(base: torch.Tensor, pool: int, method: str = "topk", chunks: int = 8):
-    """The top-`pool` entries of base [..., V] along the last dim: (values, ids), unsorted.
+    """The top-`pool` entries of base [..., V] along the last dim: (values, ids), unsorted
+    ("bucket": the approximate bucket maxima of `reference.bucket_candidates`, values fp32).
 
     "topk2" is exact too: every global top-`pool` entry is in the top-`pool` of its chunk. It
     trades one long radix select per row for `chunks` shorter ones plus one over their union.
     Ties at the boundary are resolved as torch.topk resolves them (unspecified).
     """
     vocab = base.shape[-1]
+    if method == "bucket":
+        return bucket_candidates(base, pool)
     if method == "sort":  # one segmented radix sort (cub) instead of a radix select per row
         vals, ids = torch.sort(base, dim=-1, descending=True)
         return vals[..., :pool], ids[..., :pool]
@@ -402,7 +428,7 @@ def pool_candidates(base: torch.Tensor, pool: int, method: str = "topk", chunks:
         top = torch.topk(base, pool, dim=-1, sorted=False)
         return top.values, top.indices
     if method != "topk2":
-        raise ValueError(f"pool_select {method!r}: valid: topk, topk2, sort")
+        raise ValueError(f"pool_select {method!r}: valid: {', '.join(POOL_SELECTS)}")
     n_full = vocab // size
     head = base[..., : n_full * size].unflatten(-1, (n_full, size))
     top = torch.topk(head, pool, dim=-1, sorted=False)

@@ -10,10 +10,13 @@ of truth for the arithmetic:
     greedy:   d_j = argmax final_j            (exact ties: the lowest token id wins)
     sampling: q_j = softmax(filter(final_j / T)),  d_j ~ q_j
 
-Candidate pool (pool_size > 0): a corrected slot only scores the top-`pool_size` base
-candidates of that slot; the draft is the best of those, and under sampling q_j is the
-pool distribution scattered into a dense [V] vector (zeros elsewhere). Verification reads
-q, so speculative sampling stays exact. Slots within the pure prefix are not pooled.
+Candidate pool (pool_size > 0): a corrected slot only scores `pool_size` base candidates of
+that slot; the draft is the best of those, and under sampling q_j is the pool distribution
+scattered into a dense [V] vector (zeros elsewhere). Verification reads q, so speculative
+sampling stays exact. Slots within the pure prefix are not pooled. The candidates
+(`pool_select`): "topk" = the exact top-`pool_size` base logits; "bucket" = the max of each of
+`pool_size` contiguous V buckets (`bucket_candidates`): approximate (a top token is missed only
+when a higher one shares its bucket), always containing the base argmax, and one cheap pass.
 
 Sampling draws one uniform per (row, slot) up front and inverts the CDF; drawing them
 before the loop is what lets a CUDA graph replay the whole rollout (no RNG inside).
@@ -42,6 +45,41 @@ def argmax_lowest_id(values: torch.Tensor, ids: Optional[torch.Tensor] = None) -
     cand = torch.where(values == best, ids, torch.full_like(ids, _BIG_ID))
     best_id = cand.amin(dim=-1, keepdim=True)
     return (ids == best_id).to(torch.int8).argmax(dim=-1)
+
+
+POOL_SELECTS = ("topk", "topk2", "sort", "bucket")  # all exact except "bucket"
+
+
+def bucket_bounds(vocab: int, pool: int, device=None):
+    """Bucket p = [starts[p], ends[p]) with starts[p] = p·V // P: P contiguous, non-empty buckets
+    (V >= P) whose sizes differ by at most one."""
+    p = torch.arange(pool + 1, device=device, dtype=torch.int64)
+    edges = p * vocab // pool
+    return edges[:-1], edges[1:]
+
+
+def bucket_candidates(base: torch.Tensor, pool: int):
+    """The max of each of `pool` contiguous buckets of base [..., V] -> (vals fp32, ids int64),
+    [..., pool], ids ascending; exact ties inside a bucket go to the lowest id. The PyTorch
+    definition of the fused `triton_rollout.bucket_max` (same values and ids)."""
+    vocab = base.shape[-1]
+    starts, ends = bucket_bounds(vocab, pool, base.device)
+    width = int((ends - starts).max())
+    idx = starts[:, None] + torch.arange(width, device=base.device)  # [P, width]
+    inside = idx < ends[:, None]
+    tiles = base[..., idx.clamp(max=vocab - 1)].float()  # [..., P, width]
+    tiles = tiles.masked_fill(~inside, float("-inf"))
+    pos = tiles.argmax(-1, keepdim=True)  # first maximum = lowest id (padding sits after real ids)
+    return tiles.gather(-1, pos).squeeze(-1), (starts[:, None] + pos).squeeze(-1)
+
+
+def pool_ids(base: torch.Tensor, pool: int, pool_select: str = "topk") -> torch.Tensor:
+    """Candidate ids [..., pool] of base [..., V] under `pool_select` (exact methods: a top-k)."""
+    if pool_select == "bucket":
+        return bucket_candidates(base, pool)[1]
+    if pool_select not in POOL_SELECTS:
+        raise ValueError(f"pool_select {pool_select!r}: valid: {', '.join(POOL_SELECTS)}")
+    return torch.topk(base, pool, dim=-1, sorted=False).indices
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_k: Optional[int] = 0,
@@ -84,7 +122,7 @@ def is_sampling(temperature: Optional[float]) -> bool:
 def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor], *,
                       temperature: float = 0.0, top_k: Optional[int] = 0, top_p: Optional[float] = 1.0,
                       generator: Optional[torch.Generator] = None, use_head: bool = True, pool_size: int = 0,
-                      uniforms: Optional[torch.Tensor] = None):
+                      uniforms: Optional[torch.Tensor] = None, pool_select: str = "topk"):
     """Eager incremental rollout: one `DominoHead.step` per slot. Returns (draft_ids [B,K], q [B,K,V] | None)."""
     hidden, base = block.hidden, block.base_logits
     bsz, k, vocab = base.shape
@@ -104,7 +142,7 @@ def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.
             final = base_j
         pooled = pool and use_head and j > pure
         if pooled:
-            ids = torch.topk(base_j, pool, dim=-1, sorted=False).indices
+            ids = pool_ids(base_j, pool, pool_select)
             vals = final.gather(-1, ids).float()
         if not sampling:
             if pooled:

@@ -167,7 +167,7 @@ def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr
               B, V, R: tl.constexpr, v_per_prog, NP,
               HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr,
               BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, PIN_W2: tl.constexpr):
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     best_val = tl.full((BLOCK_B,), float("-inf"), tl.float32)
@@ -186,8 +186,12 @@ def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr
                 rr = c * BLOCK_R + tl.arange(0, BLOCK_R)
                 rmask = rr < R
                 zp = tl.load(zacc_ptr + b[None, :] * R + rr[:, None], mask=rmask[:, None] & bmask[None, :], other=0.0)
-                w = tl.load(w2_ptr + v[:, None].to(tl.int64) * R + rr[None, :], mask=vmask[:, None] & rmask[None, :],
-                            other=0.0, eviction_policy="evict_first")  # [BLOCK_V, BLOCK_R]
+                w_ptrs = w2_ptr + v[:, None].to(tl.int64) * R + rr[None, :]
+                wmask = vmask[:, None] & rmask[None, :]
+                if PIN_W2:  # this program's rows stay in L2 for the next step (see _w2_score_split)
+                    w = tl.load(w_ptrs, mask=wmask, other=0.0, eviction_policy="evict_last")  # [BLOCK_V, BLOCK_R]
+                else:
+                    w = tl.load(w_ptrs, mask=wmask, other=0.0, eviction_policy="evict_first")
                 z = (zp * _sigmoid(zp)).to(w.dtype)  # SiLU, then the weights' dtype for the dot
                 acc += tl.dot(w, z, input_precision=DOT_PRECISION)
             logits += acc
@@ -204,11 +208,36 @@ def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr
 
 
 @triton.jit
+def _w2_score_split(spid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                    B, V, R: tl.constexpr, v_per_prog, NP,
+                    HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_PIN: tl.constexpr,
+                    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Scoring program `spid`: the first `pin_progs` programs (the first rows of W2) load W2 with
+    evict_last, the rest with evict_first. W2 (77.8 MB at Qwen3-8B shapes) is re-read at every
+    corrected step but does not fit the H200's L2 (~50 MB): streamed whole, each step evicts what
+    the next one needs; pinned in part, that part is served from L2 from the second step on."""
+    if HAS_PIN:
+        if spid < pin_progs:
+            _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
+                      DOT_PRECISION, True)
+        else:
+            _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
+                      DOT_PRECISION, False)
+    else:
+        _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                  B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
+                  DOT_PRECISION, False)
+
+
+@triton.jit
 def _w2_argmax_kernel(
     base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-    h_ptr, whh_ptr, gh_ptr, NGH,
+    h_ptr, whh_ptr, gh_ptr, NGH, pin_progs,
     B, V, R: tl.constexpr, v_per_prog, NP, G: tl.constexpr,
-    HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr,
+    HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr, HAS_PIN: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
     BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -218,13 +247,13 @@ def _w2_argmax_kernel(
         if pid < NGH:
             _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
         else:
-            _w2_score(pid - NGH, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
-                      DOT_PRECISION)
+            _w2_score_split(pid - NGH, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr,
+                            logits_ptr, B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B, BLOCK_V,
+                            BLOCK_R, R_CHUNKS, DOT_PRECISION)
     else:
-        _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                  B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
-                  DOT_PRECISION)
+        _w2_score_split(pid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
+                        B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B, BLOCK_V, BLOCK_R,
+                        R_CHUNKS, DOT_PRECISION)
 
 
 @triton.jit
@@ -295,6 +324,38 @@ def _argmax_finalize_kernel(pval_ptr, pidx_ptr, NP, draft_ptr, draft_stride, dra
     tl.store(draft_ptr + b * draft_stride + draft_col, tok.to(tl.int64), mask=bmask)
 
 
+@triton.jit
+def _bucket_max_kernel(base_ptr, stride_b, stride_k, NK, V, P, SMAX, vals_ptr, ids_ptr,
+                       BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Pool candidates of one row (b, k): the max of each of P contiguous V buckets.
+
+    Bucket p = [p·V // P, (p+1)·V // P): sizes differ by at most one, none is empty (V >= P).
+    Exact ties inside a bucket go to the lowest id (the tile scan runs in increasing id order
+    and only a strictly better value replaces the running best)."""
+    row = tl.program_id(0)
+    b = row // NK
+    k = row % NK
+    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = p < P
+    start = (p.to(tl.int64) * V) // P
+    end = ((p.to(tl.int64) + 1) * V) // P
+    src = base_ptr + b.to(tl.int64) * stride_b + k.to(tl.int64) * stride_k
+    best_val = tl.full((BLOCK_P,), float("-inf"), tl.float32)
+    best_idx = tl.full((BLOCK_P,), _BIG, tl.int64)
+    for s0 in range(0, SMAX, BLOCK_S):
+        idx = start[:, None] + s0 + tl.arange(0, BLOCK_S)[None, :]
+        m = pmask[:, None] & (idx < end[:, None])
+        x = tl.load(src + idx, mask=m, other=float("-inf")).to(tl.float32)  # [BLOCK_P, BLOCK_S]
+        cmax = tl.max(x, 1)
+        cidx = tl.min(tl.where(m & (x == cmax[:, None]), idx, _BIG), 1)
+        better = (cmax > best_val) | ((cmax == best_val) & (cidx < best_idx))
+        best_val = tl.where(better, cmax, best_val)
+        best_idx = tl.where(better, cidx, best_idx)
+    out = row.to(tl.int64) * P + p
+    tl.store(vals_ptr + out, best_val, mask=pmask)
+    tl.store(ids_ptr + out, best_idx, mask=pmask)
+
+
 # ----------------------------------------------------------------------------- wrappers
 
 
@@ -353,11 +414,12 @@ def gru_step(*, table, h_prev, h_out, gh=None, tok=None, partials=None, draft=No
 
 
 def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, block_v=128, block_r=128,
-              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256):
+              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256, pin_programs=0):
     """Fused base + W2·SiLU(zacc) and stage-1 argmax. base [B, V] (row stride free, last dim
     contiguous), zacc [B, r] fp32, w2 [V, r], pval/pidx [B, NP] (NP = scoring programs, set by the
     caller), logits [V, B] fp32 (optional, for sampling; note the layout), gh = (S [B, G], W_hh,
-    out [B, 3G] fp32): also compute the next step's W_hh·S in extra programs."""
+    out [B, 3G] fp32): also compute the next step's W_hh·S in extra programs. The first
+    `pin_programs` scoring programs keep their W2 rows in L2 (evict_last); see `l2_pin_programs`."""
     bsz, v = base.shape
     np_ = pval.shape[1]
     has_delta = w2 is not None
@@ -375,9 +437,10 @@ def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, blo
     _w2_argmax_kernel[(np_ + ga["n"],)](
         base, base.stride(0), zacc if has_delta else base, w2 if has_delta else base, pval, pidx,
         logits if logits is not None else pval,
-        *(a if a is not None else pval for a in ga["args"][:3]), ga["args"][3],
+        *(a if a is not None else pval for a in ga["args"][:3]), ga["args"][3], int(pin_programs),
         bsz, v, R=r, v_per_prog=v_per_prog, NP=np_, G=ga["g"],
         HAS_DELTA=has_delta, WRITE_LOGITS=logits is not None, HAS_GH=ga["has"],
+        HAS_PIN=has_delta and pin_programs > 0,
         BLOCK_B=_pow2(bsz), BLOCK_V=block_v, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
         BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(wdt),
         num_warps=num_warps, num_stages=num_stages,
@@ -387,6 +450,12 @@ def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, blo
 def w2_programs(vocab: int, block_v: int, target: int) -> int:
     """Scoring programs for `w2_argmax`: ~`target` (a multiple of the SM count), never more than tiles."""
     return max(1, min(target, triton.cdiv(vocab, block_v)))
+
+
+def l2_pin_programs(fraction: float, programs: int) -> int:
+    """Scoring programs (of `programs`, each a contiguous V range) whose W2 rows are pinned in L2:
+    the first `fraction` of W2, rounded to whole programs."""
+    return max(0, min(programs, round(float(fraction) * programs)))
 
 
 def pool_argmax(*, ids, vals, zacc, w2, pval, pidx, logits=None, gh=None, block_p=32, block_r=128, num_warps=4,
@@ -416,3 +485,25 @@ def argmax_finalize(*, pval, pidx, draft, draft_col):
     _argmax_finalize_kernel[(1,)](pval, pidx, np_, draft, draft.stride(0), draft_col, bsz,
                                   BLOCK_B=block_b, BLOCK_NP=block_np,
                                   num_warps=max(4, min(16, block_b * block_np * 2 // (64 * 32))))
+
+
+def bucket_max(base, pool: int, *, block_p: int = 16, block_s: int = 128, num_warps: int = 4):
+    """Approximate top-`pool` candidates of base [B, N, V] (last dim contiguous, other strides
+    free): the max of each of `pool` contiguous V buckets, ids ascending, in ONE launch.
+    -> (vals [B, N, pool] fp32, ids [B, N, pool] int64). Same result as
+    `reference.bucket_candidates` (the PyTorch definition), ties included."""
+    bsz, n, v = base.shape
+    if base.stride(-1) != 1:
+        base = base.contiguous()
+    if not 0 < pool <= v:
+        raise ValueError(f"bucket_max: pool {pool} must be in 1..V={v}")
+    vals = torch.empty(bsz, n, pool, device=base.device, dtype=torch.float32)
+    ids = torch.empty(bsz, n, pool, device=base.device, dtype=torch.int64)
+    if bsz * n == 0:
+        return vals, ids
+    smax = triton.cdiv(v, pool)  # the largest bucket
+    bs = min(block_s, _pow2(smax, 2))
+    _bucket_max_kernel[(bsz * n, triton.cdiv(pool, block_p))](
+        base, base.stride(0), base.stride(1), n, v, pool, smax, vals, ids,
+        BLOCK_P=block_p, BLOCK_S=bs, num_warps=num_warps)
+    return vals, ids

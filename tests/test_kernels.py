@@ -163,8 +163,9 @@ def test_gru_step(b, g, r, from_partials):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("b,v,r,programs", [(1, 97, 12, 1), (3, 1013, 12, 5)])
-def test_w2_argmax(b, v, r, programs):
+@pytest.mark.parametrize("b,v,r,programs,pin", [(1, 97, 12, 1, 0), (3, 1013, 12, 5, 2), (3, 1013, 12, 5, 5)])
+def test_w2_argmax(b, v, r, programs, pin):
+    """pin: leading programs that load W2 with evict_last (a second code path; same numbers)."""
     from domino_graft.kernels import triton_rollout as tr
 
     gen = torch.Generator().manual_seed(3)
@@ -178,7 +179,7 @@ def test_w2_argmax(b, v, r, programs):
     g = 20
     h, whh, gh = torch.randn(b, g, generator=gen), torch.randn(3 * g, g, generator=gen), torch.full((b, 3 * g), float("nan"))
     tr.w2_argmax(base=base, zacc=zacc, w2=w2, pval=pval, pidx=pidx, logits=logits, block_v=32, gh=(h, whh, gh),
-                 block_gh=16, gh_block_k=16)
+                 block_gh=16, gh_block_k=16, pin_programs=pin)
     assert_close(gh, h @ whh.t(), what="w2_argmax's whh_gemv programs")
     ref = base + torch.nn.functional.silu(zacc) @ w2.t()
     assert_close(logits.t(), ref, what="w2_argmax logits")
@@ -233,6 +234,65 @@ def test_pool_argmax():
     assert torch.equal(best, want), first_mismatches(best, want)
 
 
+def test_l2_pin_programs():
+    from domino_graft.kernels import triton_rollout as tr
+
+    assert [tr.l2_pin_programs(f, 264) for f in (0, 0.3, 0.45, 1.0, 2.0)] == [0, 79, 119, 264, 264]
+
+
+def _bucket_brute_force(base, pool):
+    """Per bucket, by definition: the largest value, lowest id among equals."""
+    v = base.shape[-1]
+    vals, ids = [], []
+    for p in range(pool):
+        lo, hi = p * v // pool, (p + 1) * v // pool
+        seg = base[..., lo:hi].double()
+        best = seg.amax(-1, keepdim=True)
+        first = (seg == best).double().argmax(-1)  # first maximal position
+        vals.append(best.squeeze(-1))
+        ids.append(first + lo)
+    return torch.stack(vals, -1), torch.stack(ids, -1)
+
+
+@pytest.mark.parametrize("v,pool", [(1013, 7), (97, 97), (97, 40), (300, 3)])
+def test_bucket_candidates_definition(v, pool):
+    """bucket_candidates: non-empty buckets differing by <= 1 in size (ragged), every bucket's max,
+    ties to the lowest id, the global argmax always in the pool."""
+    gen = torch.Generator().manual_seed(7)
+    base = torch.randn(2, 3, v, generator=gen).round(decimals=1)  # rounded: many exact ties
+    base[0, 0, v // 2: v // 2 + 5] = 9.0  # a tie at the global max, straddling a bucket edge for some pools
+    vals, ids = K.reference.bucket_candidates(base, pool)
+    starts, ends = K.reference.bucket_bounds(v, pool)
+    sizes = ends - starts
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1 and int(sizes.sum()) == v
+    want_vals, want_ids = _bucket_brute_force(base, pool)
+    assert torch.equal(ids, want_ids) and torch.equal(vals.double(), want_vals)
+    assert torch.equal(vals, base.gather(-1, ids))
+    top = base.argmax(-1, keepdim=True)  # torch.argmax: lowest id among the global maxima
+    assert (ids == top).any(-1).all(), "the global argmax must always be a candidate"
+    if pool == v:
+        assert torch.equal(ids, torch.arange(v).expand_as(ids))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,n,v,pool,block_s", [(1, 2, 1013, 7, 32), (3, 2, 97, 40, 128), (2, 1, 300, 300, 128)])
+def test_bucket_max(b, n, v, pool, block_s):
+    """The one-launch Triton bucket selection equals the PyTorch definition, ties and a strided
+    (slot-sliced) input included; block_s 32 < bucket size 145 exercises the multi-tile scan."""
+    from domino_graft.kernels import triton_rollout as tr
+
+    gen = torch.Generator().manual_seed(8)
+    full = torch.randn(b, n + 1, v, generator=gen).round(decimals=1)
+    full[:, 1:, 5:9] = 50.0  # an exact tie at the max of every row
+    base = full[:, 1:]  # the corrected slots: a non-contiguous view, as in the rollout
+    vals, ids = tr.bucket_max(base, pool, block_s=block_s)
+    ref_vals, ref_ids = K.reference.bucket_candidates(base, pool)
+    assert ids.dtype == torch.int64 and vals.dtype == torch.float32
+    assert torch.equal(ids, ref_ids), first_mismatches(ids, ref_ids)
+    assert torch.equal(vals, ref_vals)
+    assert (ids == 5).any(-1).all(), "the lowest id of the tied global maximum is in every pool"
+
+
 def test_pool_candidates_two_stage_is_exact():
     x = torch.randn(3, 2, 1013)
     for method, chunks in (("topk2", 4), ("topk2", 7), ("sort", 1)):
@@ -278,7 +338,8 @@ def test_domino_rollout_ties_lowest_id():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("pool,select", [(8, "topk"), (8, "topk2"), (0, "topk"), (5000, "topk")])
+@pytest.mark.parametrize("pool,select", [(8, "topk"), (8, "topk2"), (0, "topk"), (5000, "topk"), (8, "bucket"),
+                                         (5000, "bucket")])
 def test_domino_rollout_pool(pool, select):
     b, k, h, g, r, v = 3, 5, 24, 20, 12, 1013
     head = make_head(h, g, r, v, w2_scale=8.0)  # a strong head: its argmax often leaves a small pool
@@ -287,7 +348,7 @@ def test_domino_rollout_pool(pool, select):
     cfg = K.KernelConfig(pool_select=select)
     out, _ = K.make_rollout("triton_pool", head, emb, pool_size=pool, config=cfg)(head, block, anchor, embed)
     # same semantics as the eager pool reference, token for token
-    ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool)
+    ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool, pool_select=select)
     assert torch.equal(out, ref_pool), first_mismatches(out, ref_pool)
     # where the full-vocabulary argmax (on the pool draft's own prefix) lies in the pool, drafts agree
     logits = K.teacher_forced_logits(head, block, anchor, embed, out)
@@ -295,7 +356,7 @@ def test_domino_rollout_pool(pool, select):
     p_eff = min(pool, v) if pool else v
     in_pool = torch.zeros(b, k, dtype=torch.bool)
     for j in range(k):
-        ids = torch.topk(block.base_logits[:, j], p_eff, dim=-1).indices
+        ids = K.reference.pool_ids(block.base_logits[:, j], p_eff, select)
         in_pool[:, j] = (ids == full_best[:, j, None]).any(-1)
     in_pool[:, : head.spec.pure_prefix_len] = True  # pure-prefix slots are never pooled
     assert torch.equal(out[in_pool], full_best[in_pool])
@@ -307,18 +368,19 @@ def test_domino_rollout_pool(pool, select):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name,pool", [("triton", 0), ("triton_pool", 40)])
+@pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 40, "topk"),
+                                              ("triton_pool", 40, "bucket")])
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (50, 0.9)])
-def test_domino_rollout_sampling(name, pool, top_k, top_p):
+def test_domino_rollout_sampling(name, pool, select, top_k, top_p):
     b, k, h, g, r, v = 3, 4, 24, 20, 12, 1013
     head = make_head(h, g, r, v, w2_scale=2.0)
     emb, block, anchor = make_inputs(b, k, h, v)
     embed = K.reference.dense_embed(emb)
     kw = dict(temperature=0.7, top_k=top_k, top_p=top_p)
-    out, q = K.make_rollout(name, head, emb, pool_size=pool)(head, block, anchor, embed,
-                                                             generator=torch.Generator().manual_seed(5), **kw)
+    roll = K.make_rollout(name, head, emb, pool_size=pool, config=K.KernelConfig(pool_select=select))
+    out, q = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(5), **kw)
     ref, q_ref = K.reference_rollout(head, block, anchor, embed, generator=torch.Generator().manual_seed(5),
-                                     pool_size=pool, **kw)
+                                     pool_size=pool, pool_select=select, **kw)
     assert q.shape == (b, k, v) and q.dtype == torch.float32
     assert_close(q.sum(-1), torch.ones(b, k), atol=1e-5, what="q sums to 1")
     assert (q.gather(-1, out[..., None]) > 0).all(), "a drawn token has q = 0"
@@ -329,7 +391,7 @@ def test_domino_rollout_sampling(name, pool, top_k, top_p):
     logits = K.teacher_forced_logits(head, block, anchor, embed, out)
     for j in range(k):
         if pool and j >= head.spec.pure_prefix_len:
-            ids = torch.topk(block.base_logits[:, j], pool, dim=-1).indices
+            ids = K.reference.pool_ids(block.base_logits[:, j], pool, select)
             outside = torch.ones(b, v, dtype=torch.bool).scatter_(1, ids, False)
             assert (q[:, j][outside] == 0).all(), "pool q has mass outside the pool"
             want = torch.zeros(b, v).scatter_(1, ids, K.filtered_probs(logits[:, j].gather(1, ids), **kw))
@@ -382,6 +444,9 @@ def test_recipe_bench_head_kernel_fields():
     from domino_graft.recipe import Bench
 
     assert Bench().head_kernel == "torch" and Bench().pool_size == 2048
+    assert Bench().pool_select == K.KernelConfig().pool_select  # the recipe default is the kernel default
+    with pytest.raises(Exception):
+        Bench(pool_select="sorted")
     assert Bench(head_kernel="triton_pool", pool_size=0).pool_size == 0
     with pytest.raises(Exception):
         Bench(head_kernel="cuda")
@@ -467,20 +532,23 @@ class TestGPU:
         out, _ = K.make_rollout("triton", head, emb, cuda_graphs=graphs)(head, block, anchor, embed)
         assert torch.equal(out, ref), first_mismatches(out, ref)
         ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256)
-        for select in ("topk", "topk2", "sort"):
+        ref_bucket, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select="bucket")
+        for select in ("topk", "topk2", "sort", "bucket"):
+            want = ref_bucket if select == "bucket" else ref_pool
             roll = K.make_rollout("triton_pool", head, emb, pool_size=256, cuda_graphs=graphs,
                                   config=K.KernelConfig(pool_select=select))
             out_pool, _ = roll(head, block, anchor, embed)
-            assert torch.equal(out_pool, ref_pool), f"{select}: " + first_mismatches(out_pool, ref_pool)
+            assert torch.equal(out_pool, want), f"{select}: " + first_mismatches(out_pool, want)
 
-    @pytest.mark.parametrize("name,pool", [("triton", 0), ("triton_pool", 512)])
-    def test_fp32_sampling_graphed(self, name, pool):
+    @pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 512, "topk"),
+                                                  ("triton_pool", 512, "bucket")])
+    def test_fp32_sampling_graphed(self, name, pool, select):
         head, emb, block, anchor, embed = self._setup(4, 5, 256, 96, 64, 32000, torch.float32, w2_scale=2.0)
         kw = dict(temperature=0.8, top_k=0, top_p=0.95)
-        roll = K.make_rollout(name, head, emb, pool_size=pool)
+        roll = K.make_rollout(name, head, emb, pool_size=pool, config=K.KernelConfig(pool_select=select))
         for seed in (1, 2):  # second call replays the captured graph with fresh uniforms
             out, q = roll(head, block, anchor, embed, generator=torch.Generator("cuda").manual_seed(seed), **kw)
-            ref, q_ref = K.reference_rollout(head, block, anchor, embed, pool_size=pool,
+            ref, q_ref = K.reference_rollout(head, block, anchor, embed, pool_size=pool, pool_select=select,
                                              generator=torch.Generator("cuda").manual_seed(seed), **kw)
             assert torch.equal(out, ref), first_mismatches(out, ref)
             assert_close(q, q_ref, atol=1e-5, what="q")
@@ -511,7 +579,7 @@ class TestGPU:
         assert ((q > 0).sum(-1)[:, 1:] <= 2048).all()
         assert (q.gather(-1, out[..., None]) > 0).all()
         greedy, _ = roll(head, block, anchor, embed)
-        ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=2048)
+        ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=2048, pool_select=roll.config.pool_select)
         print(f"bf16 pool greedy agreement with eager pool reference: {(greedy == ref).float().mean().item():.3f}")
         assert (greedy[:, 0] == ref[:, 0]).all()
 
