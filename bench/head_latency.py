@@ -16,11 +16,19 @@ bf16, random non-zero weights, and batch 1/4/16/32, it times the head alone
   eager_ms            incremental: one DominoHead.step per slot (GRUCell + W1 + W2 + add + argmax)
   graph_ms            the same, captured in a CUDA graph
   fused_full_ms       make_rollout("triton"): fused kernels, full vocabulary, exact, CUDA graph
-  fused_pool_ms       make_rollout("triton_pool", pool_size=2048), CUDA graph
+  fused_pool_ms       make_rollout("triton_pool", pool_size=2048), CUDA graph, with the configured
+                      candidate selection (KernelConfig.pool_select, --pool-select); also per
+                      method: fused_pool_bucket_ms (approximate, one launch) and
+                      fused_pool_exact_ms (the fastest exact top-k of the pool_select sweep),
+                      with the bucket pool's recall of the exact top-2048 / top-32
   *_replay_ms         graph replay alone (the drop-in call adds a copy of the inputs into the
                       graph's static buffers: [B, K, V] base logits)
 
-each the median of per-call CUDA-event timings after warm-up. Floors:
+each the median of per-call CUDA-event timings after warm-up, with the L2 flushed (a 256 MB
+write, outside the timed events, as triton.testing.do_bench does) before every repetition: in
+decoding the target's forward runs between two rollouts, so no rollout finds the previous one's
+weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
+l2_pin_sweep, which times whole rollouts.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -29,6 +37,9 @@ each the median of per-call CUDA-event timings after warm-up. Floors:
                    recurrent weights per step, W1a once; table rows and states are negligible)
 
 read_bw is measured here: a sum over a 4 GiB bf16 tensor of random values (bytes read / time).
+
+`--smoke` runs everything at a tiny shape on the CPU (Triton interpreter, fp32, no CUDA graphs)
+in about a minute, to catch Python errors before a GPU run.
 """
 
 from __future__ import annotations
@@ -73,6 +84,8 @@ from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
 
 DEV = "cuda"
 DT = torch.bfloat16
+POOL = 2048  # SGLang's merged default
+L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's L2
 
 
 @dataclass
@@ -106,18 +119,52 @@ def smollm2_dims() -> dict:
 SHAPES = {
     "qwen3_8b": dict(h=4096, g=1024, r=256, v=151936, k=15, source="DESIGN §1"),
 }
+SMOKE_SHAPE = dict(h=32, g=24, r=16, v=1013, k=5, source="--smoke (tiny, CPU interpreter)")
+
+
+def use_smoke_mode() -> None:
+    """--smoke: the CPU, Triton's interpreter (set before triton is imported), fp32 (the
+    interpreter cannot do bf16 dots), a pool small enough to be a pool at V=1013."""
+    global DEV, DT, POOL
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    DEV, DT, POOL = "cpu", torch.float32, 64
+
+
+def on_gpu() -> bool:
+    return DEV == "cuda"
+
+
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if on_gpu() else 2
 
 
 # ----------------------------------------------------------------------------- timing
 
 
-def time_ms(fn, *, warmup=5, iters=50) -> float:
-    """Median of per-call CUDA-event timings (no sync between calls)."""
+_FLUSH: dict = {}
+
+
+def flush_l2() -> None:
+    """Evict the L2: write a buffer several times its size (what triton.testing.do_bench does)."""
+    if "buf" not in _FLUSH:
+        _FLUSH["buf"] = torch.empty(L2_FLUSH_BYTES // 4, device=DEV, dtype=torch.int32)
+    _FLUSH["buf"].zero_()
+
+
+def time_ms(fn, *, warmup=5, iters=50, flush=True) -> float:
+    """Median of per-call CUDA-event timings (no sync between calls); with `flush`, the L2 is
+    flushed before every timed call, outside its events."""
+    if not on_gpu():  # --smoke: the interpreter, a couple of wall-clock calls
+        return _time_cpu_ms(fn, iters=min(iters, 2))
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for s, e in ev:
+        if flush:
+            flush_l2()
         s.record()
         fn()
         e.record()
@@ -125,28 +172,46 @@ def time_ms(fn, *, warmup=5, iters=50) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
+def _time_cpu_ms(fn, iters=2) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
 def time_graphed_ms(fn, *, reps=20, iters=30) -> float:
-    """Per-call time of `fn` captured `reps` times in one CUDA graph (launch gaps of a graph)."""
+    """Per-call time of `fn` captured `reps` times in one CUDA graph (launch gaps of a graph),
+    back to back, without an L2 flush between calls."""
+    if not on_gpu():
+        return _time_cpu_ms(fn)
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(reps):
             fn()
-    return time_ms(g.replay, warmup=3, iters=iters) / reps
+    return time_ms(g.replay, warmup=3, iters=iters, flush=False) / reps
 
 
 def bandwidth() -> dict:
-    n = 2**31  # 4 GiB of bf16, far beyond the 60 MB L2
+    n = 2**31 if on_gpu() else 2**16  # 4 GiB of bf16, far beyond the 60 MB L2
     x = torch.randn(n, device=DEV, dtype=DT)
-    t_sum = time_ms(lambda: x.sum(), warmup=3, iters=20)
+    t_sum = time_ms(lambda: x.sum(), warmup=3, iters=20, flush=False)
     y = torch.empty_like(x)
-    t_copy = time_ms(lambda: y.copy_(x), warmup=3, iters=20)
+    t_copy = time_ms(lambda: y.copy_(x), warmup=3, iters=20, flush=False)
     out = dict(read_bw_gbps=x.numel() * 2 / t_sum / 1e6, copy_bw_gbps=2 * x.numel() * 2 / t_copy / 1e6,
                read_probe="torch.sum over 4 GiB bf16 (random)", copy_probe="copy_ of 4 GiB bf16, read+write counted")
     del x, y
-    torch.cuda.empty_cache()
+    empty_cache()
     return out
+
+
+def empty_cache() -> None:
+    if on_gpu():
+        empty_cache()
 
 
 # ----------------------------------------------------------------------------- problem
@@ -221,7 +286,7 @@ def sweep_w2(d: dict, head, batches=(1, 32)) -> list[dict]:
     rollout) over launch configs; gbps = (W2 + base row + W_hh) / t."""
     from domino_graft.kernels import triton_rollout as tr
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     w2 = head.embed_proj[2].weight.detach().contiguous()
     whh = head.prefix_gru.weight_hh_l0.detach().contiguous()
     v, r = w2.shape
@@ -259,7 +324,7 @@ def sweep_gru(d: dict, head, emb, batch=1) -> list[dict]:
     """gru_step as in the rollout: token from the previous slot's partials, W_hh·S precomputed."""
     from domino_graft.kernels import triton_rollout as tr
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     table = K.build_gru_table(emb, head.prefix_gru.weight_ih_l0.detach())
     w1b = head.embed_proj[0].weight.detach()[:, d["h"]:].contiguous()
     g = d["g"]
@@ -285,17 +350,25 @@ def sweep_gru(d: dict, head, emb, batch=1) -> list[dict]:
     return rows
 
 
-def sweep_pool_select(d: dict, batches=(1, 32), pool=2048) -> list[dict]:
-    """Candidate selection for all corrected slots at once: torch.topk vs the exact two-stage top-k."""
+def sweep_pool_select(d: dict, batches=(1, 32), pool=None) -> list[dict]:
+    """Candidate selection for all corrected slots at once: torch.topk vs the exact two-stage top-k
+    vs a full sort (exact), and the one-launch bucket maxima (approximate) at a few tile heights.
+    Unflushed: in the rollout the base logits were just copied into the graph's buffers (L2-hot)."""
+    from domino_graft.kernels import triton_rollout as tr
+
+    pool = pool or POOL
     rows = []
     for b in batches:
         base = (torch.randn(b, d["k"] - 1, d["v"], device=DEV) * 2).to(DT)
         # run 2: topk 89 us (B=1) / 599 us (B=32); topk2 with 4/8/16 chunks slower at both
-        for method, chunks in (("topk", 1), ("sort", 1), ("topk2", 4)):
-            fn = lambda: K.domino_rollout.pool_candidates(base, pool, method, chunks)  # noqa: E731
+        for method, chunks in (("topk", 1), ("sort", 1), ("topk2", 4), ("bucket", 8), ("bucket", 16), ("bucket", 32)):
+            if method == "bucket":  # chunks = buckets per program (block_p)
+                fn = lambda: tr.bucket_max(base, pool, block_p=chunks)  # noqa: E731
+            else:
+                fn = lambda: K.domino_rollout.pool_candidates(base, pool, method, chunks)  # noqa: E731
             row = dict(batch=b, method=method, chunks=chunks)
             try:
-                row.update(us=1000 * time_ms(fn, iters=30))
+                row.update(us=1000 * time_ms(fn, iters=30, flush=False))
             except Exception as exc:
                 row.update(error=repr(exc)[:300])
             rows.append(row)
@@ -303,10 +376,11 @@ def sweep_pool_select(d: dict, batches=(1, 32), pool=2048) -> list[dict]:
     return rows
 
 
-def sweep_pool(d: dict, head, batches=(1,), pool=2048) -> list[dict]:
+def sweep_pool(d: dict, head, batches=(1,), pool=None) -> list[dict]:
     from domino_graft.kernels import triton_rollout as tr
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
+    pool = pool or POOL
     w2 = head.embed_proj[2].weight.detach().contiguous()
     rows = []
     for b in batches:
@@ -334,11 +408,34 @@ def sweep_pool(d: dict, head, batches=(1,), pool=2048) -> list[dict]:
     return rows
 
 
-_POOL_SELECT: dict = {}  # batch -> {"pool_select", "pool_chunks"}, filled by the sweep
+def sweep_l2_pin(d: dict, head, emb, cfg, fractions=(0.0, 0.3, 0.45, 0.6), batch=1) -> list[dict]:
+    """The full-vocabulary rollout (CUDA graph, L2 flushed before every call) at each fraction of
+    W2 pinned in L2; pinning changes no arithmetic, so the drafts must equal the unpinned ones."""
+    block, anchor = make_block(d, batch)
+    embed = K.reference.dense_embed(emb)
+    rows, unpinned = [], None
+    for f in fractions:
+        row = dict(batch=batch, fraction=f)
+        try:
+            roll = K.make_rollout("triton", head, emb, config=dataclasses.replace(cfg, w2_l2_pin_fraction=f))
+            ids, _ = roll(head, block, anchor, embed)
+            unpinned = ids if unpinned is None else unpinned
+            row.update(ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
+                       same_drafts_as_first=bool(torch.equal(ids, unpinned)))
+            del roll
+        except Exception as exc:
+            row.update(error=repr(exc)[:300])
+        rows.append(row)
+        print("l2_pin_sweep", row, flush=True)
+        empty_cache()
+    return rows
+
+
+_POOL_SELECT: dict = {}  # batch -> {"pool_select", "pool_chunks"} of the fastest EXACT method, from the sweep
 
 
 def pool_select_for(b: int) -> dict:
-    """The fastest candidate selection measured at the nearest swept batch (1 or 32)."""
+    """The fastest exact candidate selection measured at the nearest swept batch (1 or 32)."""
     if not _POOL_SELECT:
         return {}
     near = min(_POOL_SELECT, key=lambda x: abs(math.log2(x) - math.log2(b)))
@@ -394,11 +491,12 @@ def measure(name: str, d: dict, batches, bw: dict, cfg, errors: list) -> dict:
             except Exception:
                 pass
             run("eager_ms", lambda: K.reference_rollout(head, block, anchor, embed), warmup=2, iters=slow_iters)
-            graphed = K.CudaGraphRollout(torch_body)
-            run("graph_ms", lambda: graphed(block, anchor), iters=50)
-            if graphed._graphs:
-                run("graph_replay_ms", next(iter(graphed._graphs.values())).graph.replay, iters=50)
-            del graphed
+            if on_gpu():  # (--smoke: no CUDA graphs on the CPU)
+                graphed = K.CudaGraphRollout(torch_body)
+                run("graph_ms", lambda: graphed(block, anchor), iters=50)
+                if graphed._graphs:
+                    run("graph_replay_ms", next(iter(graphed._graphs.values())).graph.replay, iters=50)
+                del graphed
 
             fused = K.make_rollout("triton", head, emb, config=cfg)
             run("fused_full_ms", lambda: fused(head, block, anchor, embed), iters=100)
@@ -413,25 +511,64 @@ def measure(name: str, d: dict, batches, bw: dict, cfg, errors: list) -> dict:
             run("fused_full_nograph_ms", lambda: unfused_launch(head, block, anchor, embed), iters=20)
             del fused, unfused_launch
 
-            pcfg = dataclasses.replace(cfg, **pool_select_for(b))
-            row["pool_select"] = f"{pcfg.pool_select}/{pcfg.pool_chunks}"
-            pool = K.make_rollout("triton_pool", head, emb, pool_size=2048, config=pcfg)
-            run("fused_pool_ms", lambda: pool(head, block, anchor, embed), iters=100)
-            if pool._graphs._graphs:
-                run("fused_pool_replay_ms", next(iter(pool._graphs._graphs.values())).graph.replay, iters=100)
-            try:
-                ids, _ = pool(head, block, anchor, embed)
-                ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=2048)
-                row["fused_pool_token_agreement_vs_eager_pool"] = float((ids == ref_pool).float().mean())
-                row["pool_token_agreement_vs_full_eager"] = float((ids == ref_ids).float().mean())
-            except Exception:
-                errors.append(f"{name} B={b} pool agreement: {traceback.format_exc(limit=3)}")
-            del pool
+            measure_pool(row, run, head, emb, block, anchor, ref_ids, cfg, b, min(POOL, d["v"]),
+                         lambda what: errors.append(f"{name} B={b} {what}: {traceback.format_exc(limit=3)}"))
         out["batches"][str(b)] = row
         print(name, b, {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in row.items()}, flush=True)
         del block
-        torch.cuda.empty_cache()
+        empty_cache()
     return out
+
+
+def bucket_recall(base: torch.Tensor, pool: int, top: int) -> float:
+    """Mean fraction of each row's exact top-`top` base tokens that the bucket pool contains."""
+    ids = K.reference.bucket_candidates(base, pool)[1]
+    member = torch.zeros(base.shape, dtype=torch.bool, device=base.device).scatter_(-1, ids, True)
+    return float(member.gather(-1, torch.topk(base.float(), top, dim=-1).indices).float().mean())
+
+
+def measure_pool(row: dict, run, head, emb, block, anchor, ref_ids, cfg, b: int, pool: int, on_error) -> None:
+    """fused_pool_bucket_ms and fused_pool_exact_ms (the fastest exact selection of the sweep),
+    their token agreement with the eager pool reference of the same selection and with the
+    full-vocabulary eager rollout; fused_pool_ms (and the unprefixed agreement keys) repeat the
+    configured method's (cfg.pool_select). Recall: the bucket pool vs the exact top-k of the
+    corrected slots' base logits."""
+    embed = K.reference.dense_embed(emb)
+    exact = dataclasses.replace(cfg, **pool_select_for(b))
+    if exact.pool_select == "bucket":
+        exact = dataclasses.replace(exact, pool_select="topk")
+    variants = {"bucket": dataclasses.replace(cfg, pool_select="bucket"), "exact": exact}
+    default = "bucket" if cfg.pool_select == "bucket" else "exact"
+    for method, pcfg in variants.items():
+        try:
+            roll = K.make_rollout("triton_pool", head, emb, pool_size=pool, config=pcfg)
+        except Exception:
+            on_error(f"pool {method}")
+            continue
+        run(f"fused_pool_{method}_ms", lambda: roll(head, block, anchor, embed), iters=100)
+        if roll._graphs._graphs:
+            run(f"fused_pool_{method}_replay_ms", next(iter(roll._graphs._graphs.values())).graph.replay, iters=100)
+        try:
+            ids, _ = roll(head, block, anchor, embed)
+            ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool, pool_select=pcfg.pool_select)
+            row[f"pool_{method}_token_agreement_vs_eager_pool"] = float((ids == ref_pool).float().mean())
+            row[f"pool_{method}_token_agreement_vs_full_eager"] = float((ids == ref_ids).float().mean())
+        except Exception:
+            on_error(f"pool {method} agreement")
+        del roll
+    row["pool_exact_select"] = f"{exact.pool_select}/{exact.pool_chunks}"
+    row["pool_select"] = "bucket" if default == "bucket" else row["pool_exact_select"]
+    for src, dst in ((f"fused_pool_{default}_ms", "fused_pool_ms"), (f"fused_pool_{default}_replay_ms", "fused_pool_replay_ms"),
+                     (f"pool_{default}_token_agreement_vs_eager_pool", "fused_pool_token_agreement_vs_eager_pool"),
+                     (f"pool_{default}_token_agreement_vs_full_eager", "pool_token_agreement_vs_full_eager")):
+        if src in row:
+            row[dst] = row[src]
+    try:
+        corrected = block.base_logits[:, 1:]
+        row[f"pool_bucket_recall_top{pool}"] = bucket_recall(corrected, pool, pool)
+        row["pool_bucket_recall_top32"] = bucket_recall(corrected, pool, min(32, pool))
+    except Exception:
+        on_error("bucket recall")
 
 
 def head_ce_memory(errors: list) -> dict:
@@ -464,36 +601,58 @@ def main():
     ap.add_argument("--batches", default="1,4,16,32")
     ap.add_argument("--shapes", default="qwen3_8b,smollm2,smollm2_k15")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-config sweeps, use KernelConfig()")
+    ap.add_argument("--pool-select", default=None, choices=["bucket", "topk"],
+                    help="the pool rollout's candidate selection behind fused_pool_ms (default: KernelConfig's)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny shape on the CPU through the Triton interpreter (fp32): checks the script, times nothing real")
     args = ap.parse_args()
+    if args.smoke:
+        use_smoke_mode()
+        if args.out == ap.get_default("out"):
+            args.out = "/tmp/head_latency_smoke.json"
     import triton
 
     t0 = time.time()
-    batches = [int(x) for x in args.batches.split(",")]
-    sm = smollm2_dims()
-    # the recipe's own block (its block_size) and, for comparison with Qwen3-8B, block 16 (K=15)
-    shapes = dict(SHAPES, smollm2=sm, smollm2_k15=dict(sm, k=15, source=sm["source"] + ", K forced to 15"))
+    batches = [int(x) for x in args.batches.split(",")] if not args.smoke else [1, 3]
+    if args.smoke:
+        shapes, shape_names, sweep_shape = {"tiny": SMOKE_SHAPE}, ["tiny"], SMOKE_SHAPE
+    else:
+        sm = smollm2_dims()
+        # the recipe's own block (its block_size) and, for comparison with Qwen3-8B, block 16 (K=15)
+        shapes = dict(SHAPES, smollm2=sm, smollm2_k15=dict(sm, k=15, source=sm["source"] + ", K forced to 15"))
+        shape_names, sweep_shape = args.shapes.split(","), SHAPES["qwen3_8b"]
     errors: list[str] = []
     res = dict(
-        op="domino_rollout", device=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
+        op="domino_rollout", device=torch.cuda.get_device_name(0) if on_gpu() else "cpu (TRITON_INTERPRET=1)",
+        torch=torch.__version__, triton=triton.__version__,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command="PYTHONPATH=. python bench/head_latency.py " + " ".join(sys.argv[1:]), dtype="bf16",
-        sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        command="PYTHONPATH=. python bench/head_latency.py " + " ".join(sys.argv[1:]),
+        dtype="bf16" if DT == torch.bfloat16 else str(DT).replace("torch.", ""),
+        sms=sm_count(), pool_size=POOL,
+        l2_flush_between_reps=on_gpu(),
+        l2_flush="a %d MB write before every timed call of every end-to-end variant (eager, graph, fused_full, "
+                 "fused_pool) and in l2_pin_sweep, outside the timed events; single-kernel sweeps unflushed"
+                 % (L2_FLUSH_BYTES >> 20),
         notes=("head only (base LM head excluded); graphed timings include copying the block into the graph's "
-               "static buffers; SmolLM2 head weights (~8 MB) fit in the 60 MB L2, so its repeated-call "
-               "timings can beat an HBM floor"),
+               "static buffers; SmolLM2 head weights (~8 MB) fit in the 60 MB L2, but with the L2 flushed before "
+               "every call no variant reuses the previous call's cache; random weights and random base logits: "
+               "the bucket pool's recall (pool_bucket_recall_*) and the token agreement numbers are properties "
+               "of these random logits, not of a trained drafter's (whose mass concentrates on few tokens)"),
     )
     res.update(bandwidth())
     print("bandwidth", res["read_bw_gbps"], res["copy_bw_gbps"], flush=True)
 
     cfg = K.KernelConfig()
+    if args.pool_select:
+        cfg.pool_select = args.pool_select
     if not args.no_sweep:
-        d = SHAPES["qwen3_8b"]
+        d = sweep_shape
         head, emb = make_problem(d, 1)
         try:
             res["w2_sweep"] = sweep_w2(d, head)
             res["gru_sweep"] = sweep_gru(d, head, emb)
             res["pool_sweep"] = sweep_pool(d, head)
-            res["pool_select_sweep"] = sweep_pool_select(d)
+            res["pool_select_sweep"] = sweep_pool_select(d, batches=(1, 32) if on_gpu() else (1, 3))
             # choose on the batch-1 rows (the latency case), keep the defaults where nothing ran
             w = best(res["w2_sweep"], "ms", lambda r: r["batch"] == 1)
             if w:
@@ -505,27 +664,34 @@ def main():
             gsel = best(res["gru_sweep"], "us")
             if gsel:
                 cfg.gru_block_g = gsel["block_g"]
-            for bb in (1, 32):
-                ps = best(res["pool_select_sweep"], "us", lambda r: r["batch"] == bb)
+            for bb in {r["batch"] for r in res["pool_select_sweep"]}:
+                # the exact methods compete for fused_pool_exact_ms; the bucket rows pick its tile
+                ps = best(res["pool_select_sweep"], "us", lambda r: r["batch"] == bb and r["method"] != "bucket")
                 if ps:
                     _POOL_SELECT[bb] = dict(pool_select=ps["method"], pool_chunks=max(ps["chunks"], 2))
-            if 1 in _POOL_SELECT:
-                cfg = dataclasses.replace(cfg, **_POOL_SELECT[1])
+            ps = best(res["pool_select_sweep"], "us", lambda r: r["batch"] == 1 and r["method"] == "bucket")
+            if ps:
+                cfg.pool_bucket_block_p = ps["chunks"]
             p = best(res["pool_sweep"], "us", lambda r: r["batch"] == 1 and "block_p" in r)
             if p:
                 cfg.pool_block_p, cfg.pool_warps, cfg.pool_programs_per_sm = p["block_p"], p["warps"], p["programs_per_sm"]
+            # last: whole rollouts with the launch configs chosen above
+            res["l2_pin_sweep"] = sweep_l2_pin(d, head, emb, cfg)
+            pin = best(res["l2_pin_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
+            if pin:
+                cfg.w2_l2_pin_fraction = pin["fraction"]
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
         del head, emb
-        torch.cuda.empty_cache()
+        empty_cache()
     res["kernel_config"] = asdict(cfg)
     print("config", res["kernel_config"], flush=True)
 
     res["shapes"] = {}
-    for name in args.shapes.split(","):
+    for name in shape_names:
         res["shapes"][name] = measure(name, shapes[name], batches, res, cfg, errors)
         json.dump(res, open(args.out, "w"), indent=1)  # partial results survive a later failure
-    res["head_ce"] = head_ce_memory(errors)
+    res["head_ce"] = head_ce_memory(errors) if on_gpu() else {}
 
     q = res["shapes"].get("qwen3_8b", {}).get("batches", {}).get("1", {})
     if q.get("fused_full_ms") and q.get("graph_ms"):

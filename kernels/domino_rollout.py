@@ -108,6 +108,7 @@ class KernelConfig:
     # bench/head_latency.py times both ("fused_pool_ms" / "fused_pool_exact_ms") and reports recall.
     pool_select: str = "bucket"
     pool_chunks: int = 8
+    pool_bucket_block_p: int = 16  # buckets per bucket_max program (bench "pool_select_sweep", method bucket)
     # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
     # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
     # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
@@ -322,7 +323,7 @@ class FusedRollout:
         pool = min(self.pool_size, vocab) if self.pool_size else 0
         if pool and k > pure:
             if cfg.pool_select == "bucket":
-                pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool)
+                pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool, block_p=cfg.pool_bucket_block_p)
             else:
                 pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
                 pool_vals = pool_vals.float()
