@@ -66,7 +66,7 @@ def code_prompts(count: int, *, seed: int = 0) -> list[dict]:
     found = stdlib_functions()
     rng = random.Random(seed)
     rng.shuffle(found)
-    out, seen = [], set()
+    out, seen, ids = [], set(), set()
     for module, sig, doc in found:
         if len(out) >= count:
             break
@@ -77,8 +77,11 @@ def code_prompts(count: int, *, seed: int = 0) -> list[dict]:
             text = f"Write a Python function with this signature:\n\n{sig}\n\nIt should do the following:\n{doc}"
         else:
             text = _stub(sig, doc)
-        out.append({"id": f"stdlib/{module}/{sig.split('(')[0][4:]}",
-                    "messages": [{"role": "user", "content": text}]})
+        rid = f"stdlib/{module}/{sig.split('(')[0][4:]}"
+        if rid in ids:  # same name, other signature (methods of two classes): ids must be unique
+            rid = f"{rid}#{len(out)}"
+        ids.add(rid)
+        out.append({"id": rid, "messages": [{"role": "user", "content": text}]})
     return out
 
 

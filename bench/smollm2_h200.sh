@@ -57,6 +57,7 @@ collect() {
 
 case "$PHASE" in
   train)
+    [ -f "$WORK/train.regen.jsonl" ] || rm -f "$WORK/train_prompts.jsonl"
     timeout 240 $PIPE --stages data 2>&1 | grep -v "Loading weights" | tee "$WORK/data.log"
     train_all 540
     grep -h "trained to\|τ est\|Error\|error" "$WORK"/train_*.log
