@@ -431,6 +431,75 @@ def sweep_l2_pin(d: dict, head, emb, cfg, fractions=(0.0, 0.3, 0.45, 0.6), batch
     return rows
 
 
+def probe_pool_persistent(cfg, batches=(1, 4), pool=None) -> list[dict]:
+    """Child-process half of `pool_persistent_probe`: the greedy pool rollout at Qwen3-8B shapes,
+    multi-launch vs one persistent launch (same selection), timed with the L2 flushed; drafts
+    compared token for token, the kernel's error flag read back."""
+    d = SHAPES["qwen3_8b"]
+    pool = pool or POOL
+    head, emb = make_problem(d, 1)
+    embed = K.reference.dense_embed(emb)
+    rows = []
+    for b in batches:
+        block, anchor = make_block(d, b)
+        row = dict(batch=b, pool_select=cfg.pool_select)
+        multi = K.make_rollout("triton_pool", head, emb, pool_size=pool,
+                               config=dataclasses.replace(cfg, pool_persistent=False))
+        pers = K.make_rollout("triton_pool", head, emb, pool_size=pool,
+                              config=dataclasses.replace(cfg, pool_persistent=True, pool_persistent_max_batch=b))
+        want, _ = multi(head, block, anchor, embed)
+        got, _ = pers(head, block, anchor, embed)
+        row["error_flag"] = int(pers.persistent_error.item())
+        row["token_agreement_with_multi_launch"] = float((got == want).float().mean())
+        row["multi_launch_ms"] = time_ms(lambda: multi(head, block, anchor, embed), iters=100)
+        row["persistent_ms"] = time_ms(lambda: pers(head, block, anchor, embed), iters=100)
+        got, _ = pers(head, block, anchor, embed)  # after 100+ replays: still agrees, flag still clear
+        row["error_flag"] = max(row["error_flag"], int(pers.persistent_error.item()))
+        row["agrees_after_replays"] = bool(torch.equal(got, want))
+        rows.append(row)
+        print("pool_persistent_probe", row, flush=True)
+        del multi, pers, block
+        empty_cache()
+    return rows
+
+
+def pool_persistent_probe(cfg, timeout_s=240) -> dict:
+    """Run `probe_pool_persistent` in a child process: a persistent kernel that faults would
+    poison this process's CUDA context, one whose barrier never passes could stall it; the child
+    takes either down alone (its failure is recorded, the multi-launch path stays the default)."""
+    import subprocess
+    import tempfile
+
+    out = dict(batches=[], ran_in="subprocess")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--persistent-probe", "--out", str(path),
+               "--probe-config", json.dumps(asdict(cfg))]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            out["returncode"] = proc.returncode
+            if proc.returncode != 0 or not path.exists():
+                out["error"] = (proc.stdout[-1500:] + proc.stderr[-3000:]) or "no output"
+            else:
+                out["batches"] = json.loads(path.read_text())
+        except subprocess.TimeoutExpired:
+            out["error"] = f"timed out after {timeout_s} s"
+    return out
+
+
+def persistent_verdict(probe: dict):
+    """The largest probed batch up to which the persistent launch was faster, agreed token for
+    token and never set its error flag (None: keep the multi-launch path)."""
+    ok = None
+    for row in sorted(probe.get("batches", []), key=lambda r: r["batch"]):
+        good = (row.get("error_flag") == 0 and row.get("token_agreement_with_multi_launch") == 1.0
+                and row.get("agrees_after_replays") and row["persistent_ms"] < row["multi_launch_ms"])
+        if not good:
+            break
+        ok = row["batch"]
+    return ok
+
+
 _POOL_SELECT: dict = {}  # batch -> {"pool_select", "pool_chunks"} of the fastest EXACT method, from the sweep
 
 
@@ -550,6 +619,8 @@ def measure_pool(row: dict, run, head, emb, block, anchor, ref_ids, cfg, b: int,
             run(f"fused_pool_{method}_replay_ms", next(iter(roll._graphs._graphs.values())).graph.replay, iters=100)
         try:
             ids, _ = roll(head, block, anchor, embed)
+            if getattr(roll, "persistent_error", None) is not None:  # the persistent launch ran (cfg.pool_persistent)
+                row[f"pool_{method}_persistent_error_flag"] = int(roll.persistent_error.item())
             ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool, pool_select=pcfg.pool_select)
             row[f"pool_{method}_token_agreement_vs_eager_pool"] = float((ids == ref_pool).float().mean())
             row[f"pool_{method}_token_agreement_vs_full_eager"] = float((ids == ref_ids).float().mean())
@@ -605,7 +676,13 @@ def main():
                     help="the pool rollout's candidate selection behind fused_pool_ms (default: KernelConfig's)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shape on the CPU through the Triton interpreter (fp32): checks the script, times nothing real")
+    ap.add_argument("--persistent-probe", action="store_true", help=argparse.SUPPRESS)  # child of pool_persistent_probe
+    ap.add_argument("--probe-config", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.persistent_probe:
+        cfg = K.KernelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.probe_config).items()})
+        json.dump(probe_pool_persistent(cfg), open(args.out, "w"), indent=1)
+        return
     if args.smoke:
         use_smoke_mode()
         if args.out == ap.get_default("out"):
@@ -680,6 +757,13 @@ def main():
             pin = best(res["l2_pin_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
             if pin:
                 cfg.w2_l2_pin_fraction = pin["fraction"]
+            if on_gpu():  # the persistent pool rollout: adopted only if faster and identical
+                res["pool_persistent_probe"] = pool_persistent_probe(cfg)
+                if "error" in res["pool_persistent_probe"]:
+                    errors.append(f"pool_persistent_probe: {res['pool_persistent_probe']['error']}")
+                upto = persistent_verdict(res["pool_persistent_probe"])
+                if upto:
+                    cfg.pool_persistent, cfg.pool_persistent_max_batch = True, upto
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
         del head, emb

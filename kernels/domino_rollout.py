@@ -115,6 +115,13 @@ class KernelConfig:
     # ("l2_pin_sweep": 0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
     # repetitions); 0.3 until measured.
     w2_l2_pin_fraction: float = 0.3
+    # Greedy pool rollouts at batch <= pool_persistent_max_batch on CUDA as ONE persistent launch
+    # (`triton_rollout.pool_rollout_persistent`: a software grid barrier between the GRU and the
+    # scoring phase of every step) instead of two launches a step. Off until measured:
+    # bench/head_latency.py ("pool_persistent_probe", run in a subprocess) turns it on when it is
+    # faster, agrees token for token with the multi-launch path and never trips its error flag.
+    pool_persistent: bool = False
+    pool_persistent_max_batch: int = 4
 
 
 @dataclass
@@ -326,7 +333,10 @@ class FusedRollout:
                 pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool, block_p=cfg.pool_bucket_block_p)
             else:
                 pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
-                pool_vals = pool_vals.float()
+                pool_vals = pool_vals.float().contiguous()
+                pool_ids = pool_ids.contiguous()
+            if self._use_persistent(device, bsz, sampling):
+                return self._pool_persistent(tr, prep, base, anchor, zacc, pool_vals, pool_ids, pure, sms), None
             np_pool = max(1, min(triton_cdiv(pool, cfg.pool_block_p),
                                  triton_cdiv(cfg.pool_programs_per_sm * sms, bsz)))
             pv_pool = torch.empty(bsz, np_pool, device=device, dtype=torch.float32)
@@ -392,6 +402,35 @@ class FusedRollout:
             return tok.t().contiguous(), q
         tr.argmax_finalize(pval=last[0], pidx=last[1], draft=draft, draft_col=k - 1)
         return draft, q
+
+    def _use_persistent(self, device, bsz: int, sampling: bool) -> bool:
+        cfg = self.config
+        return (cfg.pool_persistent and not sampling and bsz <= cfg.pool_persistent_max_batch
+                and device.type == "cuda" and not _interpreting())  # a spin barrier deadlocks in the interpreter
+
+    def _pool_persistent(self, tr, prep, base, anchor, zacc, pool_vals, pool_ids, pure: int, sms: int):
+        """Greedy pool drafts from one persistent launch. Leaves its error flag in
+        `self.persistent_error` (int32 [1], inside the graph's memory when graphed): non-zero means
+        a grid barrier timed out and the drafts are void (the bench checks it)."""
+        bsz, k, _ = base.shape
+        g = prep.whh.shape[1]
+        nprog, block_g = tr.persistent_programs(g, sms)
+        draft = torch.empty(bsz, k, device=base.device, dtype=torch.int64)
+        toks = torch.empty(bsz, pure + 1, device=base.device, dtype=torch.int64)
+        toks[:, 0] = anchor
+        if pure:  # pure slots: the plain base argmax (lowest id on ties), known before any GRU step
+            draft[:, :pure] = base[:, :pure].argmax(-1)
+            toks[:, 1:] = draft[:, :pure]
+        states = torch.empty(k + 1, bsz, g, device=base.device, dtype=prep.whh.dtype)
+        pval = torch.empty(k + 1, bsz, nprog, device=base.device, dtype=torch.float32)
+        pidx = torch.empty(k + 1, bsz, nprog, device=base.device, dtype=torch.int32)
+        sync = torch.zeros(2, device=base.device, dtype=torch.int32)  # [barrier counter, error flag]
+        tr.pool_rollout_persistent(toks=toks, table=prep.table, whh=prep.whh, w1b=prep.w1b, w2=prep.w2,
+                                   ids=pool_ids, vals=pool_vals, zacc=zacc, states=states, pval=pval, pidx=pidx,
+                                   draft=draft, bar=sync[0:1], err=sync[1:2], pure=pure, block_g=block_g,
+                                   block_p=self.config.pool_block_p)
+        self.persistent_error = sync[1:2]
+        return draft
 
     @staticmethod
     def _sample(probs, ids, uniforms, q, tok, j):
