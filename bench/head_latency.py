@@ -463,7 +463,7 @@ def probe_pool_persistent(cfg, batches=(1, 4), pool=None) -> list[dict]:
     return rows
 
 
-def pool_persistent_probe(cfg, timeout_s=240) -> dict:
+def pool_persistent_probe(cfg, timeout_s=150) -> dict:
     """Run `probe_pool_persistent` in a child process: a persistent kernel that faults would
     poison this process's CUDA context, one whose barrier never passes could stall it; the child
     takes either down alone (its failure is recorded, the multi-launch path stays the default)."""
