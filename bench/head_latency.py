@@ -211,7 +211,7 @@ def bandwidth() -> dict:
 
 def empty_cache() -> None:
     if on_gpu():
-        empty_cache()
+        torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------- problem

@@ -274,9 +274,10 @@ class Bench(Strict):
     # back to "torch".
     head_kernel: Literal["torch", "triton", "triton_pool"] = "torch"
     pool_size: int = Field(2048, ge=0)  # 0 = full vocabulary; 2048 = SGLang's merged default
-    # triton_pool's candidates (kernels.KernelConfig.pool_select): "bucket" = the max of each of
-    # pool_size contiguous vocabulary buckets (one launch, approximate); "topk" = the exact top-k
-    pool_select: Literal["bucket", "topk"] = "bucket"
+    # triton_pool's candidates (kernels.KernelConfig.pool_select): "topk" = the exact top-k;
+    # "bucket" = the max of each of pool_size contiguous vocabulary buckets (one launch,
+    # approximate; not faster end to end on the H200, see bench/results/head_latency_h200.json)
+    pool_select: Literal["topk", "bucket"] = "topk"
 
     _resolve_paths = field_validator("prompts")(_resolve)
 

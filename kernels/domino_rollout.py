@@ -104,20 +104,26 @@ class KernelConfig:
     # pool_size contiguous V buckets; contains the base argmax, misses a top-k token only when a
     # higher one shares its bucket (random logits: ~63% of the top-2048, ~99% of the top-32).
     # Lossless all the same (verification is exact; under sampling q is the pool distribution).
-    # Default: it reads [B, 14, V] once (~4 MB: a few us) where topk takes 89 us at batch 1;
-    # bench/head_latency.py times both ("fused_pool_ms" / "fused_pool_exact_ms") and reports recall.
-    pool_select: str = "bucket"
+    # Measured on the H200 (head_latency_h200.json, Qwen3-8B, batch 1, L2 flushed): the bucket
+    # kernel alone 73-83 us (one program per bucket block: latency-bound), topk 126 us; whole
+    # pool rollout 0.225 ms (bucket) vs 0.211 ms (exact topk). Not faster end to end and only
+    # approximate, so the exact top-k stays the default; "bucket" remains an option.
+    pool_select: str = "topk"
     pool_chunks: int = 8
     pool_bucket_block_p: int = 16  # buckets per bucket_max program (bench "pool_select_sweep", method bucket)
     # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
     # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
     # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
     # ("l2_pin_sweep": 0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
-    # repetitions); 0.3 until measured.
-    w2_l2_pin_fraction: float = 0.3
+    # repetitions). Measured on the H200, batch 1: 0 -> 0.448 ms, 0.3 -> 0.576, 0.45 -> 0.577,
+    # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off.
+    w2_l2_pin_fraction: float = 0.0
     # Greedy pool rollouts at batch <= pool_persistent_max_batch on CUDA as ONE persistent launch
     # (`triton_rollout.pool_rollout_persistent`: a software grid barrier between the GRU and the
-    # scoring phase of every step) instead of two launches a step. Off until measured:
+    # scoring phase of every step) instead of two launches a step. Measured on the H200
+    # (Qwen3-8B, bucket pool): correct (same tokens, no error flag) but slower, 0.432 ms vs
+    # 0.224 ms at batch 1 and 0.897 vs 0.476 at batch 4 (the two grid barriers a step cost more
+    # than the launches they replace), so it stays off:
     # bench/head_latency.py ("pool_persistent_probe", run in a subprocess) turns it on when it is
     # faster, agrees token for token with the multi-launch path and never trips its error flag.
     pool_persistent: bool = False
