@@ -1,7 +1,7 @@
-"""Plots of a smollm2_pipeline.py eval result: tau per eval set and acceptance by slot,
-base vs Domino vs head-only.
+"""Plots of bench/results/smollm2_h200.json: per drafter family, tau per eval set (greedy and
+temperature 1) and greedy acceptance by slot, base vs Domino vs head-only.
 
-    python bench/plot_smollm2.py bench/results/smollm2_dflash_eval_cpu.json bench/results/smollm2_dflash.png
+    python bench/plot_smollm2.py bench/results/smollm2_h200.json bench/results/smollm2_h200.png
 """
 
 from __future__ import annotations
@@ -14,32 +14,38 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODES = (("base", "base DFlash"), ("domino", "DFlash + Domino"), ("headonly", "base + head-only Domino"))
+VARIANTS = (("base", "base"), ("domino", "+ Domino (same budget)"), ("headonly", "base + head-only Domino"))
+SETS = ("humaneval", "gsm8k")
 
 
 def main(src: str, out: str) -> None:
-    rep = json.load(open(src))["dflash"]
-    sets = list(rep)
-    fig, axes = plt.subplots(1, 1 + len(sets), figsize=(4.2 * (1 + len(sets)), 3.6))
-    width = 0.8 / len(MODES)
-    for i, (mode, label) in enumerate(MODES):
-        taus = [rep[s]["detail"][mode]["tau"] for s in sets]
-        axes[0].bar([x + i * width for x in range(len(sets))], taus, width, label=label)
-    axes[0].set_xticks([x + width for x in range(len(sets))], sets)
-    axes[0].set_ylabel("tau (tokens per target forward)")
-    axes[0].set_title("tau, greedy")
-    axes[0].legend(fontsize=7)
-    for ax, s in zip(axes[1:], sets):
-        for mode, label in MODES:
-            acc = rep[s]["detail"][mode]["per_slot_acceptance"]
-            ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], marker="o", label=label)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("slot j (given slots < j accepted)")
-        ax.set_title(f"{s}: acceptance by slot ({rep[s]['num_prompts']} prompts)")
-        ax.grid(alpha=0.3)
-    fig.suptitle("SmolLM2-135M-Instruct target, DFlash drafters (block 8)", fontsize=10)
+    rep = json.load(open(src))
+    fams = [f for f in ("dflash", "medusa") if f in rep]
+    fig, axes = plt.subplots(len(fams), 1 + len(SETS), figsize=(13, 3.6 * len(fams)), squeeze=False)
+    width = 0.8 / len(VARIANTS)
+    for row, fam in zip(axes, fams):
+        r = rep[fam]
+        labels = [f"{s}\ngreedy" for s in SETS] + [f"{s}\nT=1" for s in SETS]
+        for i, (v, label) in enumerate(VARIANTS):
+            taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in SETS]
+            row[0].bar([x + i * width for x in range(len(labels))], taus, width, label=label)
+        row[0].set_xticks([x + width for x in range(len(labels))], labels, fontsize=8)
+        row[0].set_ylabel("tau (tokens per target forward)")
+        row[0].set_title(f"{fam}: tau")
+        row[0].legend(fontsize=7)
+        for ax, s in zip(row[1:], SETS):
+            for v, label in VARIANTS:
+                acc = r[s]["per_slot_acceptance"][v]
+                ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], marker="o", label=label)
+            ax.set_xticks(range(1, len(acc) + 1))
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel("slot j (given slots < j accepted)")
+            ax.set_title(f"{fam}, {s}: greedy acceptance by slot ({r[s]['num_prompts_greedy']} prompts)", fontsize=9)
+            ax.grid(alpha=0.3)
+    fig.suptitle("SmolLM2-135M-Instruct target on one H200: drafters trained from scratch, chain verification",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
 
 
 if __name__ == "__main__":

@@ -4,20 +4,25 @@
 #
 # The GPU image has no package registry: run ../shared/gpu/prepare.sh here first (fills .whl/,
 # .stage/a, .stage/b), copy the prompt-set assets into .stage/b/assets, snapshot the committed
-# code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes | tar -x -C .snap),
+# code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes | tar -x -C .snap;
+# git rev-parse HEAD > .snap/GIT_SHA),
 # then, back to back:
 #   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
 #   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train
 #   call 3 (carry .snap):                  bash .snap/bench/smollm2_h200.sh eval
-#   call 4 (optional, carry .snap):        bash .snap/bench/smollm2_h200.sh eval   (resumes unfinished shards)
-# Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT.
+#   call 4 (optional, carry .snap):        bash .snap/bench/smollm2_h200.sh resume (more prompts)
+# Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
+#   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
+#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report
+# rebuilds bench/results/smollm2_h200.json from those records.
 set -uo pipefail
-PHASE=${1:?usage: smollm2_h200.sh train|eval}
+PHASE=${1:?usage: smollm2_h200.sh train|eval|resume}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code snapshot (or the checkout)
 WORK=/tmp/work
 OUTDIR=${OUT:-/tmp/out}
 mkdir -p "$WORK" "$OUTDIR"
 export PYTHONUNBUFFERED=1 DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/wheels
+export DG_GIT_SHA=$(cat "$(dirname "$0")/../GIT_SHA" 2>/dev/null)
 
 if [ ! -d /tmp/site/pydantic ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -40,19 +45,34 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }
 train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each)
   local limit=$1
   for n in dflash_base dflash_domino medusa_base medusa_domino; do
-    timeout "$(left "$limit")" $PIPE --stages train --only $n > "$WORK/train_$n.log" 2>&1 &
+    timeout "$(left "$limit")" $PIPE --stages train --only $n >> "$WORK/train_$n.log" 2>&1 &
     eval "pid_$n=$!"
   done
-  wait "$pid_dflash_base"; timeout "$(left "$limit")" $PIPE --stages train --only dflash_headonly > "$WORK/train_dflash_headonly.log" 2>&1 &
-  wait "$pid_medusa_base"; timeout "$(left "$limit")" $PIPE --stages train --only medusa_headonly > "$WORK/train_medusa_headonly.log" 2>&1 &
+  wait "$pid_dflash_base"; timeout "$(left "$limit")" $PIPE --stages train --only dflash_headonly >> "$WORK/train_dflash_headonly.log" 2>&1 &
+  wait "$pid_medusa_base"; timeout "$(left "$limit")" $PIPE --stages train --only medusa_headonly >> "$WORK/train_medusa_headonly.log" 2>&1 &
   wait
 }
 
-collect() {
-  cp "$WORK"/*.log "$OUTDIR/" 2>/dev/null
-  mkdir -p "$OUTDIR/eval" && cp "$WORK"/eval/*.jsonl "$OUTDIR/eval/" 2>/dev/null
-  for r in "$WORK"/*_*/; do n=$(basename "$r"); [ -f "$r/metrics.jsonl" ] && cp "$r/metrics.jsonl" "$OUTDIR/metrics_$n.jsonl"; done
-  ls -la "$OUTDIR" | head -40
+collect() {  # one archive: $OUT returns at most 8 files
+  (cd "$WORK" && tar czf "$OUTDIR/smollm2_h200_records.tgz" eval data.json environment.json training_*.json *.log 2>/dev/null)
+  ls -la "$OUTDIR"
+}
+
+shards() {  # tau / identity: untimed shards in parallel; temperature 1 on the first prompts of each set
+  for i in $(seq 0 9); do
+    $PIPE --stages eval --kind greedy --shard $i/10 --max-new-tokens 96 --budget-s "$1" >> "$WORK/eval_greedy_$i.log" 2>&1 &
+  done
+  for i in 0 1; do
+    $PIPE --stages eval --kind t1 --shard $i/2 --max-per-set 30 --max-new-tokens 96 --budget-s "$1" >> "$WORK/eval_t1_$i.log" 2>&1 &
+  done
+  wait
+  grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log
+}
+
+report() {
+  $PIPE --stages report --max-new-tokens 96 --out "$WORK/smollm2_h200.json" 2>&1 | tail -2
+  cp "$WORK/smollm2_h200.json" "$OUTDIR/"
+  collect
 }
 
 case "$PHASE" in
@@ -69,17 +89,10 @@ case "$PHASE" in
     $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left 330) - 30 )) \
       > "$WORK/eval_timing.log" 2>&1
     tail -2 "$WORK/eval_timing.log"
-    # tau / identity: shards in parallel (untimed); temperature 1 on the first prompts of each set
-    B=$(( $(left 540) - 20 ))
-    for i in $(seq 0 9); do
-      $PIPE --stages eval --kind greedy --shard $i/10 --max-new-tokens 96 --budget-s $B > "$WORK/eval_greedy_$i.log" 2>&1 &
-    done
-    for i in 0 1; do
-      $PIPE --stages eval --kind t1 --shard $i/2 --max-per-set 30 --max-new-tokens 96 --budget-s $B > "$WORK/eval_t1_$i.log" 2>&1 &
-    done
-    wait
-    grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log
-    $PIPE --stages report --max-new-tokens 96 --out "$OUTDIR/smollm2_h200.json" 2>&1 | tail -2
-    collect ;;
-  *) echo "unknown phase $PHASE (valid: train, eval)"; exit 2 ;;
+    shards $(( $(left 540) - 20 ))
+    report ;;
+  resume)  # more greedy / t1 prompts after `eval` (each shard skips the prompts it finished)
+    shards 440
+    report ;;
+  *) echo "unknown phase $PHASE (valid: train, eval, resume)"; exit 2 ;;
 esac

