@@ -136,7 +136,7 @@ def run_bench(
     *,
     max_new_tokens: int,
     sampling: Sampling,
-    rollout: str = "torch",
+    rollout: str | dict = "torch",
     progress: bool = True,
     warmup: bool = True,
 ) -> dict:
@@ -145,7 +145,9 @@ def run_bench(
     from .rundir import hardware, versions
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
-    engine = Engine(target, adapter, head, rollout=rollout, stop_ids=stop_token_ids(target))
+    choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
+    engine = Engine(target, adapter, head, rollout=choice["name"], stop_ids=stop_token_ids(target),
+                    pool_size=choice.get("pool_size"), pool_select=choice.get("pool_select"))
     encoded = [encode(loaded, item) for item in prompts]
     k = adapter.num_slots
     runs = {
@@ -217,7 +219,7 @@ def run_bench(
         "num_slots": k,
         "new_tokens": {m: tallies[m].tokens for m in MODES},
         "target_forwards": {m: tallies[m].steps + len(encoded) for m in MODES},
-        "rollout": rollout,
+        "rollout": choice,
         "run": {
             "path": str(Path(loaded.path).resolve()),
             "kind": run.get("kind"),

@@ -313,6 +313,25 @@ def test_kernel_rollout_is_a_drop_in():
         assert engine.speculative(prompt, max_new_tokens=20).tokens == ref.tokens
 
 
+def test_recipe_kernel_choice_reaches_the_rollout():
+    """bench.head_kernel / pool_size / pool_select pick and configure the rollout; --rollout overrides the name."""
+    if "triton_pool" not in rollout_names():
+        pytest.skip("domino_graft.kernels provides no 'triton_pool' rollout")
+    from domino_graft.decoding import rollout_choice
+    from domino_graft.recipe import Bench
+
+    section = Bench(head_kernel="triton_pool", pool_size=64, pool_select="bucket")
+    choice = rollout_choice(section)
+    assert choice == {"name": "triton_pool", "pool_size": 64, "pool_select": "bucket"}
+    assert rollout_choice(section, "torch") == {"name": "torch"}
+    assert rollout_choice(Bench()) == {"name": "torch"}
+    with pytest.raises(ValueError, match=r"--rollout: 'nope' .*valid: torch"):
+        rollout_choice(section, "nope")
+    _, _, head = build(3)
+    built = get_rollout(choice["name"], head, pool_size=choice["pool_size"], pool_select=choice["pool_select"])
+    assert (built.pool_size, built.config.pool_select) == (64, "bucket")
+
+
 def test_engine_edges():
     target, adapter, head = build(5)
     engine = Engine(target, adapter, head)

@@ -19,14 +19,15 @@ def add_arguments(p) -> None:
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically)")
     p.add_argument("--plot", metavar="PNG", help="plot acceptance by slot, base vs Domino (needs matplotlib)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--rollout", default="torch", help="rollout implementation: torch (default) or a kernel rollout (triton, triton_pool)")
+    p.add_argument("--rollout", default=None,
+                   help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
     from ..benchmark import check_plot_available, format_report, plot_acceptance, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
-    from ..decoding import Sampling, rollout_names
+    from ..decoding import Sampling, rollout_choice, rollout_names
     from ..loading import load_run_or_bundle
     from .generate import pick_device
 
@@ -34,7 +35,7 @@ def run(args) -> int:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
     if args.plot:
         check_plot_available()  # fail before minutes of decoding, not after
-    if args.rollout not in rollout_names():
+    if args.rollout is not None and args.rollout not in rollout_names():
         raise ValueError(f"--rollout: {args.rollout!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
     b = loaded.recipe.bench
@@ -47,7 +48,7 @@ def run(args) -> int:
     if max_new < 1:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
-    report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=args.rollout,
+    report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
                        progress=not args.no_progress and sys.stderr.isatty())
     print(format_report(report))
     if args.json:

@@ -91,12 +91,13 @@ class Engine:
     Batch size 1: a batched chain verifier needs per-row cache lengths (ragged crops);
     not implemented."""
 
-    def __init__(self, target, adapter=None, head=None, *, rollout: str = "torch", stop_ids: Iterable[int] = ()):
+    def __init__(self, target, adapter=None, head=None, *, rollout: str = "torch", stop_ids: Iterable[int] = (),
+                 pool_size: Optional[int] = None, pool_select: Optional[str] = None):
         self.target = target
         self.adapter = adapter
         self.head = head
         self.rollout_name = rollout
-        self.rollout = get_rollout(rollout, head)
+        self.rollout = get_rollout(rollout, head, pool_size=pool_size, pool_select=pool_select)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
 
     # ------------------------------------------------------------------ helpers
