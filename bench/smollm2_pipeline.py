@@ -445,7 +445,11 @@ def main() -> int:
     p.add_argument("--stages", default="data,train,eval,report")
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--only", default=",".join(DRAFTERS), help="drafters to train (comma-separated)")
-    p.add_argument("--kind", choices=("greedy", "t1", "timing"), default="greedy", help="eval records to make")
+    p.add_argument("--kind", choices=("all", "greedy", "t1", "timing"), default="all",
+                   help="eval records to make; all = timing (first --timing-prompts per set), then greedy, "
+                        "then t1 (first --t1-prompts per set), one after the other in this process")
+    p.add_argument("--timing-prompts", type=int, default=8)
+    p.add_argument("--t1-prompts", type=int, default=30)
     p.add_argument("--shard", default="0/1", help="eval shard i/n (prompt n goes to shard n %% n)")
     p.add_argument("--budget-s", type=float, default=1e9, help="eval: stop starting prompts after this many seconds")
     p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
@@ -465,8 +469,12 @@ def main() -> int:
         log(f"budgets: {stage_train(work, scale, only)}")
     if "eval" in stages:
         i, n = (int(x) for x in args.shard.split("/"))
-        stage_eval(work, scale, kind=args.kind, shard=(i, n), budget_s=args.budget_s,
-                   max_new_tokens=args.max_new_tokens, max_per_set=args.max_per_set)
+        limits = {"timing": args.timing_prompts, "greedy": args.max_per_set, "t1": args.t1_prompts}
+        kinds = ["timing", "greedy", "t1"] if args.kind == "all" else [args.kind]
+        for kind in kinds:
+            limit = args.max_per_set if args.kind != "all" else limits[kind]
+            stage_eval(work, scale, kind=kind, shard=(i, n), budget_s=args.budget_s,
+                       max_new_tokens=args.max_new_tokens, max_per_set=limit)
     if "report" in stages:
         stage_report(work, Path(args.out), max_new_tokens=args.max_new_tokens, command=" ".join(sys.argv))
     return 0

@@ -1,0 +1,34 @@
+"""The SmolLM2 benchmark pipeline (bench/smollm2_pipeline.py) end to end at its smoke scale:
+real SmolLM2 target, every stage, on the CPU (opt-in: fetches assets, ~4 minutes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_smollm2_pipeline_smoke(tmp_path):
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, str(REPO / "bench" / "smollm2_pipeline.py"), "--work", str(tmp_path / "work"),
+           "--scale", "smoke", "--max-per-set", "1", "--timing-prompts", "1", "--t1-prompts", "1",
+           "--max-new-tokens", "10", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=REPO, timeout=1200)
+    report = json.loads(out.read_text())
+    for fam in ("dflash", "medusa"):
+        for s in ("humaneval", "gsm8k"):
+            entry = report[fam][s]
+            # greedy speculation reproduces the target token for token, for every drafter variant
+            assert entry["identical_to_target"] is True
+            assert entry["num_prompts_greedy"] == 1 and entry["t1"]["num_prompts"] == 1
+            assert all(entry[f"tau_{v}"] >= 1.0 for v in ("base", "domino", "headonly"))
+            assert entry["speedup_base"] > 0 and entry["target_tokens_per_s"] > 0
+        budgets = report[fam]["training_budget"]
+        assert budgets["base"]["steps"] == budgets["domino"]["steps"], "base and Domino must get the same budget"
+    assert report["data"]["by_source"] == {"gsm8k-symbolic": 6, "code": 6}
