@@ -68,6 +68,19 @@ class TargetShape:
         )
 
 
+def asset_provenance(folder: str) -> dict:
+    """What a fetched asset was built from (its asset.json): the registry files and the payload,
+    by sha256, so a manifest names the exact weights, not just the asset's name."""
+    path = Path(folder) / "asset.json"
+    if not path.is_file():
+        return {}
+    info = json.loads(path.read_text())
+    out = {"asset_sources": [{"file": w.get("file"), "sha256": w.get("sha256")} for w in info.get("wheels", [])]}
+    if (info.get("payload") or {}).get("sha256"):
+        out["asset_payload_sha256"] = info["payload"]["sha256"]
+    return out
+
+
 def config_hash(cfg: dict) -> str:
     """Stable identity of a model's architecture (shapes, vocab, rope): sha256 of sorted JSON."""
     keep = {k: v for k, v in cfg.items() if k not in ("transformers_version", "_name_or_path", "torch_dtype", "dtype")}
@@ -230,6 +243,7 @@ def load_target(t: Target, *, device: str | torch.device = "cpu") -> TargetModel
         }
         if t.asset:
             identity["asset"] = t.asset
+            identity.update(asset_provenance(folder))
     model.eval().to(device)
     for p in model.parameters():
         p.requires_grad_(False)

