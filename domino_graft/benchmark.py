@@ -196,6 +196,18 @@ def run_bench(
     if head is not None and head.is_identity():
         notes.append("the Domino head is the identity (W2 = 0, untrained): grafted and base drafters propose the same")
     run = loaded.manifest
+    estimate = training_tau_estimate(run)
+    collapsed = {}
+    if sampling.greedy and estimate:
+        for mode, key in (("domino", "tau_final"), ("base", "tau_base")):
+            if tau_collapsed(tallies[mode].tau(), estimate.get(key)):
+                collapsed[mode] = True
+                notes.append(
+                    f"WARNING: tau collapse ({mode}): {tallies[mode].tau():.2f} when decoding vs {estimate[key]:.2f} "
+                    "estimated in training. The drafter predicts under teacher forcing but not when serving: the "
+                    "usual cause is a convention mismatch between the checkpoint and this serving path "
+                    "(shift_label, pure_prefix_len, target_layer_ids, mask_token_id; DESIGN.md §2), or prompts far "
+                    "from the training data")
     return {
         "tau": tallies["domino"].tau(),
         "per_slot_acceptance": tallies["domino"].per_slot(),
@@ -220,6 +232,8 @@ def run_bench(
         "new_tokens": {m: tallies[m].tokens for m in MODES},
         "target_forwards": {m: tallies[m].steps + len(encoded) for m in MODES},
         "rollout": choice,
+        "training_tau_estimate": estimate,
+        "tau_collapse": collapsed,
         "run": {
             "path": str(Path(loaded.path).resolve()),
             "kind": run.get("kind"),
@@ -234,6 +248,27 @@ def run_bench(
         "notes": notes,
         "per_prompt": per_prompt,
     }
+
+
+# ------------------------------------------------------------- collapse check
+# Serving tau far below what training measured is the classic silent failure of drafter ports
+# (an off-by-one slot or layer convention: training accuracy looks fine, tau ~ 1 in serving).
+# Flag it when the training estimate is meaningful (>= 1.5) and serving keeps under a quarter of
+# its gain over 1. Loose on purpose: bench prompts may sit outside the training distribution.
+COLLAPSE_MIN_ESTIMATE = 1.5
+COLLAPSE_KEPT_FRACTION = 0.25
+
+
+def training_tau_estimate(manifest: dict) -> dict:
+    """{"tau_final", "tau_base"} from the run's last training metrics ({} if never trained)."""
+    final = ((manifest or {}).get("training") or {}).get("final_metrics") or {}
+    return {k: float(final[k]) for k in ("tau_final", "tau_base") if final.get(k) is not None}
+
+
+def tau_collapsed(serving_tau: Optional[float], estimate: Optional[float]) -> bool:
+    if serving_tau is None or estimate is None or estimate < COLLAPSE_MIN_ESTIMATE:
+        return False
+    return serving_tau - 1.0 < COLLAPSE_KEPT_FRACTION * (estimate - 1.0)
 
 
 # ---------------------------------------------------------------------- output

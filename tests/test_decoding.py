@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import random
+import shutil
 import warnings
 
 import pytest
@@ -387,6 +388,32 @@ def test_bench_greedy_is_identical(tiny_run, tmp_path, capsys):
     assert rep["recipe"]["name"] == "tiny_dflash" and rep["run"]["target"]["kind"] == "random"
     text = capsys.readouterr().out
     assert "target alone" in text and "domino drafter" in text and "acceptance by slot" in text
+
+
+def test_bench_flags_tau_collapse_against_the_training_estimate(tiny_run, tmp_path, capsys):
+    """Training said the drafter predicts well, decoding says tau ~ 1: bench must say so loudly."""
+    from domino_graft.benchmark import tau_collapsed, training_tau_estimate
+
+    assert tau_collapsed(1.05, 3.0) and not tau_collapsed(1.6, 3.0) and not tau_collapsed(1.0, 1.3)
+    assert not tau_collapsed(None, 3.0) and training_tau_estimate({}) == {}
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    out = tmp_path / "bench.json"
+    args = [str(run), "--temperature", "0", "--max-new-tokens", "12", "--limit", "2", "--json", str(out)]
+    assert run_command("bench", args) == 0
+    healthy = json.loads(out.read_text())  # never trained: nothing to compare against
+    assert healthy["training_tau_estimate"] == {} and healthy["tau_collapse"] == {}
+    # claim a training estimate whose gain over 1 is 5x (+1) what decoding achieves: a collapse
+    claim = {"tau_final": 2.0 + 5 * (healthy["tau"] - 1), "tau_base": 2.0 + 5 * (healthy["base"]["tau"] - 1)}
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["training"] = {"final_metrics": claim}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert run_command("bench", args) == 0
+    rep = json.loads(out.read_text())
+    assert rep["training_tau_estimate"] == claim
+    assert rep["tau_collapse"] == {"domino": True, "base": True}
+    assert "WARNING: tau collapse (domino)" in capsys.readouterr().out
 
 
 def test_bench_sampling_and_prompt_file(tiny_run, tmp_path):
