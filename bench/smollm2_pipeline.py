@@ -245,25 +245,12 @@ def _record(kind, set_name, idx, mode, r, **extra) -> dict:
             "reached": list(r.slot_reached), "accepted": list(r.slot_accepted), **extra}
 
 
-def _divergence(target, ids, ref_tokens, got_tokens) -> dict:
-    """Where a speculative decode first differs from the target's, and the target's top-2 logit
-    gap there (a gap ~1e-6 is a floating-point near-tie between two kernels, not a drafting bug)."""
-    import torch
-
-    i = next(n for n, (a, b) in enumerate(zip(ref_tokens, got_tokens + [-1] * len(ref_tokens))) if a != b)
-    with torch.no_grad():
-        seq = torch.tensor([list(ids) + ref_tokens[:i]], device=target.device)
-        logits = target.model(input_ids=seq).logits[0, -1].float()
-        top = torch.topk(logits, 2)
-    return {"first_diff": i, "target_token": ref_tokens[i], "spec_token": got_tokens[i] if i < len(got_tokens) else None,
-            "target_top2_gap": float(top.values[0] - top.values[1])}
-
-
 def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], budget_s: float, max_new_tokens: int,
                max_per_set: int | None) -> Path:
     import torch
 
     from domino_graft.benchmark import encode
+    from domino_graft.decoding.divergence import first_divergence
     from domino_graft.decoding.sampling import Sampling
 
     device = scale["device"] if scale["device"] == "cpu" or torch.cuda.is_available() else "cpu"
@@ -310,7 +297,7 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
                 if ref is not None:
                     extra["identical"] = r.tokens == ref.tokens
                     if not extra["identical"]:
-                        extra["divergence"] = _divergence(target, ids, ref.tokens, r.tokens)
+                        extra["divergence"] = first_divergence(target, ids, ref.tokens, r.tokens)
                         log(f"NOT IDENTICAL {set_name}/{idx} {label}: {extra['divergence']}")
                 f.write(json.dumps(_record(kind, set_name, idx, label, r, **extra)) + "\n")
             f.flush()

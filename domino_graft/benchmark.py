@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from .decoding import Engine, Sampling, encode_prompt, stop_token_ids
+from .decoding.divergence import first_divergence
 
 MODES = ("target", "base", "domino")
 MODE_LABELS = {"target": "target alone", "base": "base drafter", "domino": "domino drafter"}
@@ -163,6 +164,7 @@ def run_bench(
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
+    divergences: list = []
     bar = tqdm(total=len(encoded) * len(MODES), desc="bench", unit="decode", disable=not progress, leave=False)
     for i, ids in enumerate(encoded):
         row = {"source": prompts[i].get("source"), "prompt_tokens": len(ids)}
@@ -178,6 +180,11 @@ def run_bench(
         row["tau"] = {m: results[m].tau for m in ("base", "domino")}
         if sampling.greedy:
             row["identical_to_target"] = {m: results[m].tokens == results["target"].tokens for m in ("base", "domino")}
+            for m in ("base", "domino"):
+                if not row["identical_to_target"][m]:  # numerics or a bug? measure the target's top-2 gap there
+                    div = first_divergence(target, ids, results["target"].tokens, results[m].tokens)
+                    row.setdefault("divergence", {})[m] = div
+                    divergences.append((m, div))
         per_prompt.append(row)
     bar.close()
 
@@ -195,6 +202,12 @@ def run_bench(
         )
     if head is not None and head.is_identity():
         notes.append("the Domino head is the identity (W2 = 0, untrained): grafted and base drafters propose the same")
+    if divergences:
+        ties = sum(d["near_tie"] for _, d in divergences)
+        notes.append(
+            f"{len(divergences)} greedy decode(s) differ from the target's own: {ties} at a floating-point near-tie "
+            "(the target's top-2 logits within rounding; both outputs are valid greedy decodes of the target), "
+            f"{len(divergences) - ties} NOT at a near-tie (look for a bug); see per_prompt[].divergence")
     run = loaded.manifest
     estimate = training_tau_estimate(run)
     collapsed = {}

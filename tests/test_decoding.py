@@ -333,6 +333,25 @@ def test_recipe_kernel_choice_reaches_the_rollout():
     assert (built.pool_size, built.config.pool_select) == (64, "bucket")
 
 
+def test_first_divergence_measures_the_targets_top2_gap():
+    from domino_graft.decoding.divergence import first_divergence
+
+    target, _, _ = build(4)
+    prompt = [3, 7, 11]
+    ref = Engine(target).target_only(prompt, max_new_tokens=8).tokens
+    assert first_divergence(target, prompt, ref, ref) is None
+    wrong = ref[:3] + [(ref[3] + 1) % 50] + ref[4:]
+    div = first_divergence(target, prompt, ref, wrong)
+    with torch.no_grad():  # the gap at position 3, recomputed independently from one forward
+        logits, _ = target.forward(torch.tensor([prompt + ref[:3]]))
+    top = torch.topk(logits[0, -1].float(), 2).values
+    assert div["first_diff"] == 3 and div["target_token"] == ref[3] and div["spec_token"] == wrong[3]
+    assert div["target_top2_gap"] == pytest.approx(float(top[0] - top[1]), abs=1e-5)
+    assert div["near_tie"] == (div["target_top2_gap"] <= 1e-3)
+    short = first_divergence(target, prompt, ref, ref[:5])  # stopped early: a length-only difference
+    assert short["first_diff"] == 5 and short["spec_token"] is None
+
+
 def test_engine_edges():
     target, adapter, head = build(5)
     engine = Engine(target, adapter, head)
