@@ -1,12 +1,14 @@
 """Move trained run dirs between machines within a transfer limit (the GPU tool returns at most
 8 files of 16 MiB, 64 MiB in all).
 
-  pack   WORK OUT   weights of WORK/{base,domino,headonly} as bf16 shards (<= 15 MiB each) + a
-                    tar.gz of every small file (recipes, manifests, metrics, training data)
-  unpack SRC WORK   rebuild the run dirs (fp32 tensors from the bf16 shards)
+  pack   WORK OUT [RUNS]  weights of the run dirs WORK/<run> (comma-separated; default the DFlash
+                          three of bench/smollm2_pipeline.py) as bf16 shards (<= 15 MiB each) + a
+                          tar.gz of every small file (recipes, manifests, metrics, training data)
+  unpack SRC WORK         rebuild the run dirs (fp32 tensors from the bf16 shards)
 
 bf16 is the precision bundles ship in (export.dtype), so the evaluated drafters are the
-deployable ones. The headonly run's drafter is the frozen base drafter: stored once.
+deployable ones. A `<family>_headonly` run's drafter is the frozen `<family>_base` drafter: stored
+once. (Medusa's four LM-head copies, ~230 MB in bf16, do not fit the transfer limit.)
 """
 
 from __future__ import annotations
@@ -18,18 +20,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-RUNS = ("base", "domino", "headonly")
+RUNS = ("dflash_base", "dflash_domino", "dflash_headonly")
 SHARD = 15 * 2**20
 WEIGHTS = ("head.safetensors", "drafter/model.safetensors")
 
 
-def pack(work: Path, out: Path) -> None:
+def _shares_base_drafter(run: str) -> bool:
+    return run.endswith("headonly")
+
+
+def pack(work: Path, out: Path, runs=RUNS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for run in RUNS:
+    for run in runs:
         for f in WEIGHTS:
             p = work / run / f
-            if p.exists() and not (run == "headonly" and f.startswith("drafter")):
+            if p.exists() and not (_shares_base_drafter(run) and f.startswith("drafter")):
                 for k, v in load_file(str(p)).items():
                     tensors[f"{run}|{f}|{k}"] = v.to(torch.bfloat16).contiguous()
     shard, size, n = {}, 0, 0
@@ -57,7 +63,9 @@ def unpack(src: Path, work: Path) -> None:
         for k, v in load_file(str(shard)).items():
             run, f, name = k.split("|")
             files.setdefault((run, f), {})[name] = v.float()
-    files[("headonly", "drafter/model.safetensors")] = files[("base", "drafter/model.safetensors")]
+    for run in {r for r, _ in files if _shares_base_drafter(r)}:
+        base = run[: -len("headonly")] + "base"
+        files[(run, "drafter/model.safetensors")] = files[(base, "drafter/model.safetensors")]
     for (run, f), state in files.items():
         dest = work / run / f
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -67,4 +75,7 @@ def unpack(src: Path, work: Path) -> None:
 
 if __name__ == "__main__":
     cmd, a, b = sys.argv[1:4]
-    (pack if cmd == "pack" else unpack)(Path(a), Path(b))
+    if cmd == "pack":
+        pack(Path(a), Path(b), tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else RUNS)
+    else:
+        unpack(Path(a), Path(b))

@@ -53,9 +53,12 @@ train_all() {  # independent drafters in parallel processes (launch-bound: one C
   wait
 }
 
-collect() {  # one archive: $OUT returns at most 8 files
+collect() {  # $OUT returns at most 8 files: one archive of records + the DFlash weights (bf16 shards)
   (cd "$WORK" && tar czf "$OUTDIR/smollm2_h200_records.tgz" eval data.json environment.json training_*.json *.log 2>/dev/null)
-  ls -la "$OUTDIR"
+  if [ -f "$WORK/dflash_headonly/head.safetensors" ]; then  # unpack later: python bench/pack_runs.py unpack DIR WORK
+    mkdir -p "$OUTDIR/dflash_runs" && python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$OUTDIR/dflash_runs"
+  fi
+  ls -la "$OUTDIR" "$OUTDIR/dflash_runs" 2>/dev/null
 }
 
 shards() {  # tau / identity: untimed shards in parallel; temperature 1 on the first prompts of each set
