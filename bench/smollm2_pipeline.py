@@ -38,10 +38,20 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = {"dflash": REPO / "recipes" / "smollm2_dflash.yaml", "medusa": REPO / "recipes" / "smollm2_medusa.yaml"}
-FAMILIES = ("dflash", "medusa")
+RECIPES = {f: REPO / "recipes" / f"smollm2_{f}.yaml" for f in ("dflash", "medusa", "pard")}
+FAMILIES = ("dflash", "medusa")  # the committed run; `--families` adds pard
 VARIANTS = ("base", "domino", "headonly")
 DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
+
+
+def set_families(names: list[str]) -> None:
+    """Which drafter families every stage covers (module-wide: this is a script)."""
+    global FAMILIES, DRAFTERS
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown or not names:
+        raise SystemExit(f"--families: {unknown or names} invalid; valid: a comma-separated subset of {', '.join(RECIPES)}")
+    FAMILIES = tuple(names)
+    DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 EVAL_SETS = ("humaneval", "gsm8k")
 
 # Sizes per machine. gpu: one H200, ~15 device-minutes in all; cpu: 2 cores, ~1 h; smoke: a
@@ -431,7 +441,8 @@ def main() -> int:
     p.add_argument("--work", default="bench/work/smollm2")
     p.add_argument("--stages", default="data,train,eval,report")
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
-    p.add_argument("--only", default=",".join(DRAFTERS), help="drafters to train (comma-separated)")
+    p.add_argument("--families", default=",".join(FAMILIES), help=f"drafter families (of {', '.join(RECIPES)})")
+    p.add_argument("--only", default=None, help="drafters to train (comma-separated; default: all of --families)")
     p.add_argument("--kind", choices=("all", "greedy", "t1", "timing"), default="all",
                    help="eval records to make; all = timing (first --timing-prompts per set), then greedy, "
                         "then t1 (first --t1-prompts per set), one after the other in this process")
@@ -443,13 +454,14 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "smollm2_h200.json"))
     args = p.parse_args()
+    set_families([f for f in args.families.split(",") if f])
     work = Path(args.work)
     scale = SCALES[args.scale]
     stages = args.stages.split(",")
     if "data" in stages:
         stage_data(work, scale)
     if "train" in stages:
-        only = [n for n in args.only.split(",") if n]
+        only = [n for n in (args.only or ",".join(DRAFTERS)).split(",") if n]
         unknown = [n for n in only if n not in DRAFTERS]
         if unknown:
             p.error(f"--only: {unknown} unknown; valid: {', '.join(DRAFTERS)}")
