@@ -119,7 +119,7 @@ class KernelConfig:
     # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off.
     w2_l2_pin_fraction: float = 0.0
     # Greedy pool rollouts at batch <= pool_persistent_max_batch on CUDA as ONE persistent launch
-    # (`triton_rollout.pool_rollout_persistent`: a software grid barrier between the GRU and the
+    # (`triton_persistent.pool_rollout_persistent`: a software grid barrier between the GRU and the
     # scoring phase of every step) instead of two launches a step. Measured on the H200
     # (Qwen3-8B, bucket pool): correct (same tokens, no error flag) but slower, 0.432 ms vs
     # 0.224 ms at batch 1 and 0.897 vs 0.476 at batch 4 (the two grid barriers a step cost more
@@ -415,12 +415,14 @@ class FusedRollout:
                 and device.type == "cuda" and not _interpreting())  # a spin barrier deadlocks in the interpreter
 
     def _pool_persistent(self, tr, prep, base, anchor, zacc, pool_vals, pool_ids, pure: int, sms: int):
-        """Greedy pool drafts from one persistent launch. Leaves its error flag in
+        """Greedy pool drafts from one persistent launch (`triton_persistent`). Leaves its error flag in
         `self.persistent_error` (int32 [1], inside the graph's memory when graphed): non-zero means
         a grid barrier timed out and the drafts are void (the bench checks it)."""
+        from . import triton_persistent as tp
+
         bsz, k, _ = base.shape
         g = prep.whh.shape[1]
-        nprog, block_g = tr.persistent_programs(g, sms)
+        nprog, block_g = tp.persistent_programs(g, sms)
         draft = torch.empty(bsz, k, device=base.device, dtype=torch.int64)
         toks = torch.empty(bsz, pure + 1, device=base.device, dtype=torch.int64)
         toks[:, 0] = anchor
@@ -431,7 +433,7 @@ class FusedRollout:
         pval = torch.empty(k + 1, bsz, nprog, device=base.device, dtype=torch.float32)
         pidx = torch.empty(k + 1, bsz, nprog, device=base.device, dtype=torch.int32)
         sync = torch.zeros(2, device=base.device, dtype=torch.int32)  # [barrier counter, error flag]
-        tr.pool_rollout_persistent(toks=toks, table=prep.table, whh=prep.whh, w1b=prep.w1b, w2=prep.w2,
+        tp.pool_rollout_persistent(toks=toks, table=prep.table, whh=prep.whh, w1b=prep.w1b, w2=prep.w2,
                                    ids=pool_ids, vals=pool_vals, zacc=zacc, states=states, pval=pval, pidx=pidx,
                                    draft=draft, bar=sync[0:1], err=sync[1:2], pure=pure, block_g=block_g,
                                    block_p=self.config.pool_block_p)
