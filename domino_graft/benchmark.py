@@ -147,8 +147,7 @@ def run_bench(
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
-    engine = Engine(target, adapter, head, rollout=choice["name"], stop_ids=stop_token_ids(target),
-                    pool_size=choice.get("pool_size"), pool_select=choice.get("pool_select"))
+    engine = Engine(target, adapter, head, rollout=choice, stop_ids=stop_token_ids(target))
     encoded = [encode(loaded, item) for item in prompts]
     k = adapter.num_slots
     runs = {

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..benchmark import check_plot_available, format_report, plot_acceptance, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
-    from ..decoding import Sampling, rollout_choice, rollout_names
+    from ..decoding import Sampling, check_rollout_name, rollout_choice
     from ..loading import load_run_or_bundle
     from .generate import pick_device
 
@@ -35,8 +35,8 @@ def run(args) -> int:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
     if args.plot:
         check_plot_available()  # fail before minutes of decoding, not after
-    if args.rollout is not None and args.rollout not in rollout_names():
-        raise ValueError(f"--rollout: {args.rollout!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
+    if args.rollout is not None:
+        check_rollout_name(args.rollout)  # before minutes of loading
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
     b = loaded.recipe.bench
     seed = b.seed if args.seed is None else args.seed

@@ -76,12 +76,12 @@ class _Streamer:
 
 
 def run(args) -> int:
-    from ..decoding import Engine, Sampling, encode_prompt, rollout_choice, rollout_names, stop_token_ids
+    from ..decoding import Engine, Sampling, check_rollout_name, encode_prompt, rollout_choice, stop_token_ids
     from ..loading import load_run_or_bundle
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if args.rollout is not None and args.rollout not in rollout_names():  # before minutes of loading
-        raise ValueError(f"--rollout: {args.rollout!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
+    if args.rollout is not None:
+        check_rollout_name(args.rollout)  # before minutes of loading
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
     target = loaded.target
     reserved = stop_token_ids(target)
@@ -97,9 +97,8 @@ def run(args) -> int:
     if target.tokenizer is None and args.prompt is not None:
         print(f"note: this target has no tokenizer; the prompt was mapped to ids by byte fallback: {prompt_ids}",
               file=sys.stderr)
-    choice = rollout_choice(loaded.recipe.bench, args.rollout)
-    engine = Engine(target, loaded.adapter, loaded.head, rollout=choice["name"], stop_ids=stop_token_ids(target, args.stop_id),
-                    pool_size=choice.get("pool_size"), pool_select=choice.get("pool_select"))
+    engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, args.rollout),
+                    stop_ids=stop_token_ids(target, args.stop_id))
     stream = _Streamer(target)
     kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, on_tokens=stream)
     if args.target_only:

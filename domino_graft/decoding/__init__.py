@@ -9,11 +9,11 @@
 
 from .chat import decode_text, encode_prompt, stop_token_ids
 from .engine import DecodeResult, Engine
-from .rollout import ROLLOUTS, get_rollout, register_rollout, rollout, rollout_choice, rollout_names
+from .rollout import ROLLOUTS, check_rollout_name, get_rollout, register_rollout, rollout, rollout_choice, rollout_names
 from .sampling import Sampling, pick, sample, warp
 from .verify import verify_greedy, verify_sampling
 
 __all__ = [
-    "DecodeResult", "Engine", "ROLLOUTS", "Sampling", "decode_text", "encode_prompt", "get_rollout", "pick",
+    "DecodeResult", "Engine", "ROLLOUTS", "check_rollout_name", "Sampling", "decode_text", "encode_prompt", "get_rollout", "pick",
     "register_rollout", "rollout", "rollout_choice", "rollout_names", "sample", "stop_token_ids", "verify_greedy", "verify_sampling", "warp",
 ]

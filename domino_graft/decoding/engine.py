@@ -91,13 +91,15 @@ class Engine:
     Batch size 1: a batched chain verifier needs per-row cache lengths (ragged crops);
     not implemented."""
 
-    def __init__(self, target, adapter=None, head=None, *, rollout: str = "torch", stop_ids: Iterable[int] = (),
-                 pool_size: Optional[int] = None, pool_select: Optional[str] = None):
+    def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = ()):
+        """rollout: a name, or a choice {"name", "pool_size", "pool_select"} (decoding.rollout_choice)."""
         self.target = target
         self.adapter = adapter
         self.head = head
-        self.rollout_name = rollout
-        self.rollout = get_rollout(rollout, head, pool_size=pool_size, pool_select=pool_select)
+        choice = {"name": rollout} if isinstance(rollout, str) else rollout
+        self.rollout_name = choice["name"]
+        self.rollout = get_rollout(choice["name"], head, pool_size=choice.get("pool_size"),
+                                   pool_select=choice.get("pool_select"))
         self.stop_ids = frozenset(int(i) for i in stop_ids)
 
     # ------------------------------------------------------------------ helpers

@@ -93,32 +93,33 @@ def rollout_names() -> tuple[str, ...]:
     return tuple(ROLLOUTS) + _kernel_names()
 
 
+def check_rollout_name(name: str) -> str:
+    if name not in rollout_names():
+        raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
+    return name
+
+
 def get_rollout(name: str, head=None, *, pool_size: Optional[int] = None,
                 pool_select: Optional[str] = None) -> RolloutFn:
     """The rollout called `name`. Kernel rollouts are built per head (they precompute weight
     layouts from it), so pass the head that will be used. pool_size / pool_select configure
     "triton_pool" (None = the kernels' defaults)."""
-    if name in ROLLOUTS:
+    if check_rollout_name(name) in ROLLOUTS:
         module, attr = ROLLOUTS[name].split(":")
         return getattr(importlib.import_module(module), attr)
-    if name in _kernel_names():
-        from domino_graft.kernels import KernelConfig, make_rollout
+    from domino_graft.kernels import KernelConfig, make_rollout  # a kernel name (check_rollout_name passed)
 
-        kw = {} if pool_size is None else {"pool_size": int(pool_size)}
-        config = KernelConfig(pool_select=pool_select) if pool_select is not None else None
-        return make_rollout(name, head, config=config, **kw)
-    raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
+    kw = {} if pool_size is None else {"pool_size": int(pool_size)}
+    config = KernelConfig(pool_select=pool_select) if pool_select is not None else None
+    return make_rollout(name, head, config=config, **kw)
 
 
 def rollout_choice(bench_section, override: Optional[str] = None) -> dict:
     """The rollout a recipe asks for (`bench.head_kernel`, `pool_size`, `pool_select`), with an
     optional CLI override of the name: {"name", "pool_size", "pool_select"} (pool keys only for
     "triton_pool"). Recorded in bench reports so a number says which kernel made it."""
-    name = override or getattr(bench_section, "head_kernel", "torch")
-    if name not in rollout_names():
-        raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
-    choice = {"name": name}
-    if name == "triton_pool":
+    choice = {"name": check_rollout_name(override or getattr(bench_section, "head_kernel", "torch"))}
+    if choice["name"] == "triton_pool":
         choice["pool_size"] = getattr(bench_section, "pool_size", 2048)
         choice["pool_select"] = getattr(bench_section, "pool_select", "topk")
     return choice
