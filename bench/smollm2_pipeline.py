@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from domino_graft.benchmark import Tally
+
 REPO = Path(__file__).resolve().parents[1]
 # Real targets from package registries: the asset, whether it chats, and its recipes
 # (recipes/<target>_<family>.yaml). A base model (chat false) gets plain-text prompts.
@@ -56,7 +58,7 @@ DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 
 def set_target(name: str) -> None:
     """Which real target every stage uses (module-wide: this is a script)."""
-    global TARGET, RECIPES, FAMILIES
+    global TARGET, RECIPES
     if name not in TARGETS:
         raise SystemExit(f"--target: {name!r} invalid; valid: {', '.join(TARGETS)}")
     TARGET = name
@@ -348,12 +350,12 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
 
 
 # -------------------------------------------------------------------------- report
-class _Sum:
+class RecordTally(Tally):
+    """benchmark.Tally over eval records (JSON lines) instead of DecodeResults, plus the
+    prompt count and the greedy identity verdicts."""
+
     def __init__(self):
-        self.tokens = self.steps = self.step_tokens = 0
-        self.seconds = 0.0
-        self.reached: list[int] = []
-        self.accepted: list[int] = []
+        super().__init__(0)
         self.prompts = 0
         self.identical = True
         self.divergences: list = []
@@ -364,8 +366,8 @@ class _Sum:
         self.seconds += rec["seconds"]
         self.steps += rec["decode_steps"]
         self.step_tokens += rec["step_tokens"]
-        if len(self.reached) < len(rec["reached"]):
-            pad = len(rec["reached"]) - len(self.reached)
+        pad = len(rec["reached"]) - len(self.reached)
+        if pad > 0:
             self.reached += [0] * pad
             self.accepted += [0] * pad
         for j, (n, a) in enumerate(zip(rec["reached"], rec["accepted"])):
@@ -375,15 +377,6 @@ class _Sum:
             self.identical &= rec["identical"]
             if not rec["identical"]:
                 self.divergences.append({"idx": rec["idx"], **rec.get("divergence", {})})
-
-    def tau(self):
-        return self.step_tokens / self.steps if self.steps else None
-
-    def per_slot(self):
-        return [a / n if n else None for a, n in zip(self.accepted, self.reached)]
-
-    def tps(self):
-        return self.tokens / self.seconds if self.seconds else None
 
 
 def _read_records(work: Path) -> list[dict]:
@@ -403,7 +396,7 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
 
     sums: dict = {}
     for rec in _read_records(work):
-        sums.setdefault((rec["kind"], rec["set"], rec["mode"]), _Sum()).add(rec)
+        sums.setdefault((rec["kind"], rec["set"], rec["mode"]), RecordTally()).add(rec)
 
     def get(kind, s, mode):
         return sums.get((kind, s, mode))
@@ -427,10 +420,10 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
             }
             if tgt and all(t.values()):
                 entry.update({
-                    "speedup_base": t["base"].tps() / tgt.tps(), "speedup_domino": t["domino"].tps() / tgt.tps(),
-                    "speedup_headonly": t["headonly"].tps() / tgt.tps(),
-                    "target_tokens_per_s": tgt.tps(),
-                    "tokens_per_s": {v: t[v].tps() for v in VARIANTS},
+                    "speedup_base": t["base"].tokens_per_s() / tgt.tokens_per_s(), "speedup_domino": t["domino"].tokens_per_s() / tgt.tokens_per_s(),
+                    "speedup_headonly": t["headonly"].tokens_per_s() / tgt.tokens_per_s(),
+                    "target_tokens_per_s": tgt.tokens_per_s(),
+                    "tokens_per_s": {v: t[v].tokens_per_s() for v in VARIANTS},
                     "num_prompts_timing": tgt.prompts,
                 })
             if all(s1.values()):
