@@ -20,7 +20,15 @@ bf16, random non-zero weights, and batch 1/4/16/32, it times the head alone
                       candidate selection (KernelConfig.pool_select, --pool-select); also per
                       method: fused_pool_bucket_ms (approximate, one launch) and
                       fused_pool_exact_ms (the fastest exact top-k of the pool_select sweep),
-                      with the bucket pool's recall of the exact top-2048 / top-32
+                      with the bucket pool's recall of the exact top-2048 / top-32; and
+                      fused_pool_radix_ms (KernelConfig.pool_select="radix": the Triton radix
+                      select, exact top-k on bf16 logits) with pool_radix_recall_top2048
+  pool_select_only_us the candidate selection alone, per method {topk, bucket, radix} (batch 1 and 4
+                      only): captured 20 times in one CUDA graph, unflushed, with each pool's
+                      recall of the exact top-2048 (pool_select_only_recall_vs_exact_top) and
+                      whether the Triton radix select equals its PyTorch definition
+                      (pool_select_only_radix_matches_reference); "radix_sweep" (top level) times
+                      radix_select's (block, warps) at Qwen3-8B shapes and picks the best
   *_replay_ms         graph replay alone (the drop-in call adds a copy of the inputs into the
                       graph's static buffers: [B, K, V] base logits)
 
@@ -47,6 +55,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import importlib.util
 import json
 import math
@@ -210,6 +219,7 @@ def bandwidth() -> dict:
 
 
 def empty_cache() -> None:
+    gc.collect()  # rollouts are reference cycles (FusedRollout -> CudaGraphRollout -> bound _body): free them now
     if on_gpu():
         torch.cuda.empty_cache()
 
@@ -340,14 +350,18 @@ def sweep_gru(d: dict, head, emb, batch=1) -> list[dict]:
     for bg in (16, 32, 64):
         fn = lambda: tr.gru_step(table=table, gh=gh, h_prev=h_prev, h_out=h_out, partials=(pval, pidx),  # noqa: E731
                                  draft=draft, draft_col=3, w1b=w1b, zacc=zacc, block_g=bg)
-        row = dict(batch=batch, block_g=bg, partials=np_)
-        try:
-            row.update(us=1000 * time_graphed_ms(fn, reps=15))
-        except Exception as exc:
-            row.update(error=repr(exc)[:300])
-        rows.append(row)
-        print("gru_sweep", row, flush=True)
+        rows.append(timed_row("gru_sweep", dict(batch=batch, block_g=bg, partials=np_), fn, reps=15))
     return rows
+
+
+def timed_row(sweep: str, row: dict, fn, reps: int) -> dict:
+    """row + us (graphed time of fn, `time_graphed_ms`) or error; printed under the sweep's name."""
+    try:
+        row.update(us=1000 * time_graphed_ms(fn, reps=reps))
+    except Exception as exc:
+        row.update(error=repr(exc)[:300])
+    print(sweep, row, flush=True)
+    return row
 
 
 def sweep_pool_select(d: dict, batches=(1, 32), pool=None) -> list[dict]:
@@ -376,6 +390,57 @@ def sweep_pool_select(d: dict, batches=(1, 32), pool=None) -> list[dict]:
     return rows
 
 
+SELECT_ONLY_BATCHES = (1, 4)
+
+
+def _select_fns(base, pool: int, cfg) -> dict:
+    """The pool candidate selections of the corrected slots' base logits base [B, K-1, V], alone."""
+    from domino_graft.kernels import triton_rollout as tr
+
+    return dict(
+        topk=lambda: torch.topk(base, pool, dim=-1, sorted=False),
+        bucket=lambda: tr.bucket_max(base, pool, block_p=cfg.pool_bucket_block_p),
+        radix=lambda: tr.radix_select(base, pool, block=cfg.pool_radix_block, num_warps=cfg.pool_radix_warps),
+    )
+
+
+def pool_select_only(d: dict, b: int, cfg, pool: int) -> dict:
+    """Each selection method alone on [B, K-1, V] bf16 base logits: per-call time captured 20 times in
+    one CUDA graph (launch gaps of a graph, unflushed: in the rollout the logits were just copied in),
+    and the recall of the exact top-`pool` (torch.topk) of each approximate-or-not pool."""
+    base = (torch.randn(b, d["k"] - 1, d["v"], device=DEV) * 2).to(DT)
+    out = dict(us={}, recall={})
+    exact = torch.topk(base.float(), pool, dim=-1).indices
+    for method, fn in _select_fns(base, pool, cfg).items():
+        try:
+            out["us"][method] = 1000 * time_graphed_ms(fn, reps=20)
+            ids = fn()[1]
+            member = torch.zeros(base.shape, dtype=torch.bool, device=base.device).scatter_(-1, ids, True)
+            out["recall"][method] = float(member.gather(-1, exact).float().mean())
+        except Exception as exc:
+            out["us"][method] = None
+            out.setdefault("errors", {})[method] = repr(exc)[:300]
+    try:  # the Triton radix select against its PyTorch definition (same ids, same order)
+        ids = _select_fns(base, pool, cfg)["radix"]()[1]
+        out["radix_matches_reference"] = bool(torch.equal(ids, K.reference.radix_candidates(base, pool)[1]))
+    except Exception as exc:
+        out.setdefault("errors", {})["radix_reference"] = repr(exc)[:300]
+    return out
+
+
+def sweep_radix(d: dict, cfg, batches=(1, 4), pool=None) -> list[dict]:
+    """radix_select alone (graphed, unflushed) over (V elements per program, warps)."""
+    pool = pool or POOL
+    rows = []
+    for b in batches:
+        base = (torch.randn(b, d["k"] - 1, d["v"], device=DEV) * 2).to(DT)
+        for block, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)):
+            rcfg = dataclasses.replace(cfg, pool_radix_block=block, pool_radix_warps=warps)
+            fn = _select_fns(base, pool, rcfg)["radix"]
+            rows.append(timed_row("radix_sweep", dict(batch=b, block=block, warps=warps), fn, reps=20))
+    return rows
+
+
 def sweep_pool(d: dict, head, batches=(1,), pool=None) -> list[dict]:
     from domino_graft.kernels import triton_rollout as tr
 
@@ -398,13 +463,7 @@ def sweep_pool(d: dict, head, batches=(1,), pool=None) -> list[dict]:
             pidx = torch.empty(b, np_, device=DEV, dtype=torch.int32)
             fn = lambda: tr.pool_argmax(ids=ids, vals=vals, zacc=zacc, w2=w2, pval=pval, pidx=pidx,  # noqa: E731
                                         block_p=bp, num_warps=nw, gh=(h, whh, gh))
-            row = dict(batch=b, block_p=bp, warps=nw, programs_per_sm=pps)
-            try:
-                row.update(us=1000 * time_graphed_ms(fn, reps=15))
-            except Exception as exc:
-                row.update(error=repr(exc)[:300])
-            rows.append(row)
-            print("pool_sweep", row, flush=True)
+            rows.append(timed_row("pool_sweep", dict(batch=b, block_p=bp, warps=nw, programs_per_sm=pps), fn, reps=15))
     return rows
 
 
@@ -582,6 +641,16 @@ def measure(name: str, d: dict, batches, bw: dict, cfg, errors: list) -> dict:
 
             measure_pool(row, run, head, emb, block, anchor, ref_ids, cfg, b, min(POOL, d["v"]),
                          lambda what: errors.append(f"{name} B={b} {what}: {traceback.format_exc(limit=3)}"))
+            if b in SELECT_ONLY_BATCHES:
+                try:
+                    sel = pool_select_only(d, b, cfg, min(POOL, d["v"]))
+                    row["pool_select_only_us"] = sel["us"]
+                    row["pool_select_only_recall_vs_exact_top"] = sel["recall"]
+                    row["pool_select_only_radix_matches_reference"] = sel.get("radix_matches_reference")
+                    if sel.get("errors"):
+                        errors.append(f"{name} B={b} pool_select_only: {sel['errors']}")
+                except Exception:
+                    errors.append(f"{name} B={b} pool_select_only: {traceback.format_exc(limit=3)}")
         out["batches"][str(b)] = row
         print(name, b, {k2: (round(v, 4) if isinstance(v, float) else v) for k2, v in row.items()}, flush=True)
         del block
@@ -589,25 +658,26 @@ def measure(name: str, d: dict, batches, bw: dict, cfg, errors: list) -> dict:
     return out
 
 
-def bucket_recall(base: torch.Tensor, pool: int, top: int) -> float:
-    """Mean fraction of each row's exact top-`top` base tokens that the bucket pool contains."""
-    ids = K.reference.bucket_candidates(base, pool)[1]
+def pool_recall(base: torch.Tensor, pool: int, top: int, select: str = "bucket") -> float:
+    """Mean fraction of each row's exact top-`top` base tokens that the `select` pool contains."""
+    ids = K.reference.pool_ids(base, pool, select)
     member = torch.zeros(base.shape, dtype=torch.bool, device=base.device).scatter_(-1, ids, True)
     return float(member.gather(-1, torch.topk(base.float(), top, dim=-1).indices).float().mean())
 
 
 def measure_pool(row: dict, run, head, emb, block, anchor, ref_ids, cfg, b: int, pool: int, on_error) -> None:
-    """fused_pool_bucket_ms and fused_pool_exact_ms (the fastest exact selection of the sweep),
-    their token agreement with the eager pool reference of the same selection and with the
-    full-vocabulary eager rollout; fused_pool_ms (and the unprefixed agreement keys) repeat the
-    configured method's (cfg.pool_select). Recall: the bucket pool vs the exact top-k of the
-    corrected slots' base logits."""
+    """fused_pool_bucket_ms, fused_pool_radix_ms and fused_pool_exact_ms (the fastest exact
+    selection of the sweep), their token agreement with the eager pool reference of the same
+    selection and with the full-vocabulary eager rollout; fused_pool_ms (and the unprefixed
+    agreement keys) repeat the configured method's (cfg.pool_select). Recall: the bucket and
+    radix pools vs the exact top-k of the corrected slots' base logits."""
     embed = K.reference.dense_embed(emb)
     exact = dataclasses.replace(cfg, **pool_select_for(b))
-    if exact.pool_select == "bucket":
+    if exact.pool_select in ("bucket", "radix"):
         exact = dataclasses.replace(exact, pool_select="topk")
-    variants = {"bucket": dataclasses.replace(cfg, pool_select="bucket"), "exact": exact}
-    default = "bucket" if cfg.pool_select == "bucket" else "exact"
+    variants = {"bucket": dataclasses.replace(cfg, pool_select="bucket"), "exact": exact,
+                "radix": dataclasses.replace(cfg, pool_select="radix")}
+    default = cfg.pool_select if cfg.pool_select in ("bucket", "radix") else "exact"
     for method, pcfg in variants.items():
         try:
             roll = K.make_rollout("triton_pool", head, emb, pool_size=pool, config=pcfg)
@@ -628,7 +698,7 @@ def measure_pool(row: dict, run, head, emb, block, anchor, ref_ids, cfg, b: int,
             on_error(f"pool {method} agreement")
         del roll
     row["pool_exact_select"] = f"{exact.pool_select}/{exact.pool_chunks}"
-    row["pool_select"] = "bucket" if default == "bucket" else row["pool_exact_select"]
+    row["pool_select"] = default if default != "exact" else row["pool_exact_select"]
     for src, dst in ((f"fused_pool_{default}_ms", "fused_pool_ms"), (f"fused_pool_{default}_replay_ms", "fused_pool_replay_ms"),
                      (f"pool_{default}_token_agreement_vs_eager_pool", "fused_pool_token_agreement_vs_eager_pool"),
                      (f"pool_{default}_token_agreement_vs_full_eager", "pool_token_agreement_vs_full_eager")):
@@ -636,10 +706,42 @@ def measure_pool(row: dict, run, head, emb, block, anchor, ref_ids, cfg, b: int,
             row[dst] = row[src]
     try:
         corrected = block.base_logits[:, 1:]
-        row[f"pool_bucket_recall_top{pool}"] = bucket_recall(corrected, pool, pool)
-        row["pool_bucket_recall_top32"] = bucket_recall(corrected, pool, min(32, pool))
+        row[f"pool_bucket_recall_top{pool}"] = pool_recall(corrected, pool, pool)
+        row["pool_bucket_recall_top32"] = pool_recall(corrected, pool, min(32, pool))
+        row[f"pool_radix_recall_top{pool}"] = pool_recall(corrected, pool, pool, "radix")
     except Exception:
-        on_error("bucket recall")
+        on_error("bucket/radix recall")
+
+
+def peak_extra_bytes(fn, params=()) -> tuple[int, int]:
+    """(peak bytes allocated beyond the baseline while `fn` ran, the baseline) on the CUDA caching
+    allocator; the baseline is memory_allocated() right before the call, after
+    reset_peak_memory_stats().
+
+    Why head_ce.chunked_peak_extra_bytes read 0 (run of 2026-11-30; 804 MB the run before, same
+    code): 0 means allocated memory never rose above the baseline during the call, which can only
+    happen if something was freed during the call. The likely source: the rollouts timed before
+    are reference cycles (FusedRollout -> CudaGraphRollout -> its bound _body), each holding its
+    GRU table (0.93 GB at Qwen3-8B shapes) and graph pools until Python's cyclic gc runs; a
+    collection triggered inside the call frees more than the chunked loss allocates (~0.8 GB),
+    masking it (the dense loss, 3.7 GB, survives such a dip). So: the garbage is collected and the
+    grads freed before the baseline is read, and gc stays off until the call ends."""
+    for p in params:
+        p.grad = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, before
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def head_ce_memory(errors: list) -> dict:
@@ -652,16 +754,14 @@ def head_ce_memory(errors: list) -> dict:
     out = dict(rows=n, rank=r, vocab=v, dtype="bf16", base_requires_grad=False)
     for name, fn in (("dense", K.dense_head_ce), ("chunked", lambda *a: K.head_ce(*a))):
         try:
-            z.grad = w2.grad = None
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            fn(z, w2, base, labels).sum().backward()
-            torch.cuda.synchronize()
-            out[f"{name}_peak_extra_bytes"] = torch.cuda.max_memory_allocated() - before
+            out[f"{name}_peak_extra_bytes"], out[f"{name}_baseline_allocated_bytes"] = peak_extra_bytes(
+                lambda: fn(z, w2, base, labels).sum().backward(), (z, w2))
             out[f"{name}_ms"] = time_ms(lambda: fn(z, w2, base, labels).sum().backward(), warmup=1, iters=5)
         except Exception:
             errors.append(f"head_ce {name}: {traceback.format_exc(limit=3)}")
+    out["peak_extra_method"] = ("max_memory_allocated - memory_allocated, both taken right after gc.collect(), "
+                                "grads freed and reset_peak_memory_stats; Python's gc disabled during the call; "
+                                "includes the gradients of z and W2 the call creates")
     out["chunk_rows"] = sys.modules["domino_graft.kernels.head_ce"]._chunk_rows(v, None)
     return out
 
@@ -672,7 +772,7 @@ def main():
     ap.add_argument("--batches", default="1,4,16,32")
     ap.add_argument("--shapes", default="qwen3_8b,smollm2,smollm2_k15")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-config sweeps, use KernelConfig()")
-    ap.add_argument("--pool-select", default=None, choices=["bucket", "topk"],
+    ap.add_argument("--pool-select", default=None, choices=["bucket", "topk", "radix"],
                     help="the pool rollout's candidate selection behind fused_pool_ms (default: KernelConfig's)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shape on the CPU through the Triton interpreter (fp32): checks the script, times nothing real")
@@ -749,6 +849,10 @@ def main():
             ps = best(res["pool_select_sweep"], "us", lambda r: r["batch"] == 1 and r["method"] == "bucket")
             if ps:
                 cfg.pool_bucket_block_p = ps["chunks"]
+            res["radix_sweep"] = sweep_radix(d, cfg, batches=SELECT_ONLY_BATCHES if on_gpu() else (1,))
+            ps = best(res["radix_sweep"], "us", lambda r: r["batch"] == 1)
+            if ps:
+                cfg.pool_radix_block, cfg.pool_radix_warps = ps["block"], ps["warps"]
             p = best(res["pool_sweep"], "us", lambda r: r["batch"] == 1 and "block_p" in r)
             if p:
                 cfg.pool_block_p, cfg.pool_warps, cfg.pool_programs_per_sm = p["block_p"], p["warps"], p["programs_per_sm"]

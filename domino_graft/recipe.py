@@ -276,8 +276,9 @@ class Bench(Strict):
     pool_size: int = Field(2048, ge=0)  # 0 = full vocabulary; 2048 = SGLang's merged default
     # triton_pool's candidates (kernels.KernelConfig.pool_select): "topk" = the exact top-k;
     # "bucket" = the max of each of pool_size contiguous vocabulary buckets (one launch,
-    # approximate; not faster end to end on the H200, see bench/results/head_latency_h200.json)
-    pool_select: Literal["topk", "bucket"] = "topk"
+    # approximate; not faster end to end on the H200, see bench/results/head_latency_h200.json);
+    # "radix" = a Triton radix select (exact top-k on bf16/fp16 logits, lowest ids on boundary ties)
+    pool_select: Literal["topk", "bucket", "radix"] = "topk"
 
     _resolve_paths = field_validator("prompts")(_resolve)
 

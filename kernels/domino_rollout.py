@@ -13,7 +13,8 @@ and the semantics of `reference.reference_rollout`. Names:
                  logits (greedy), exact over all V tokens with fp32 accumulation;
 * "triton_pool"  the same on `pool_size` base candidates of each corrected slot (0 = full
                  vocabulary): the exact top-k, or (KernelConfig.pool_select="bucket") the max of
-                 each of `pool_size` contiguous V buckets, an approximate top-k in one launch.
+                 each of `pool_size` contiguous V buckets, an approximate top-k in one launch,
+                 or ("radix") a Triton radix select (exact top-k on bf16/fp16 logits).
                  Under sampling q is the pool distribution.
 
 On CUDA the fused rollout is captured once per static shape (B, K, dtypes, sampling knobs) in a
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import (POOL_SELECTS, bucket_candidates, draw_uniforms, filtered_probs, inverse_cdf, is_sampling,
-                        reference_rollout)
+                        radix_candidates, reference_rollout)
 
 ROLLOUT_NAMES = ("torch", "triton", "triton_pool")
 
@@ -108,9 +109,17 @@ class KernelConfig:
     # kernel alone 73-83 us (one program per bucket block: latency-bound), topk 126 us; whole
     # pool rollout 0.225 ms (bucket) vs 0.211 ms (exact topk). Not faster end to end and only
     # approximate, so the exact top-k stays the default; "bucket" remains an option.
+    # "radix" (`triton_rollout.radix_select`, definition `reference.radix_candidates`): a two-level
+    # radix select (12 + 12 key bits: 4096-bin histograms with atomics, a count pass, an
+    # order-stable compaction) over [rows, V / pool_radix_block] programs: no torch.topk, no
+    # per-row loop, no host sync, CUDA-graph capturable. Exact top-k for bf16/fp16 logits
+    # (boundary ties to the lowest ids), to 2^-15 relative for fp32. Not yet timed on the H200
+    # (bench "pool_select_only_us", "fused_pool_radix_ms").
     pool_select: str = "topk"
     pool_chunks: int = 8
     pool_bucket_block_p: int = 16  # buckets per bucket_max program (bench "pool_select_sweep", method bucket)
+    pool_radix_block: int = 4096  # V elements per radix_select program
+    pool_radix_warps: int = 8
     # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
     # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
     # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
@@ -337,6 +346,9 @@ class FusedRollout:
         if pool and k > pure:
             if cfg.pool_select == "bucket":
                 pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool, block_p=cfg.pool_bucket_block_p)
+            elif cfg.pool_select == "radix":
+                pool_vals, pool_ids = tr.radix_select(base[:, pure:], pool, block=cfg.pool_radix_block,
+                                                      num_warps=cfg.pool_radix_warps)
             else:
                 pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
                 pool_vals = pool_vals.float().contiguous()
@@ -468,6 +480,8 @@ def pool_candidates(base: torch.Tensor, pool: int, method: str = "topk", chunks:
     vocab = base.shape[-1]
     if method == "bucket":
         return bucket_candidates(base, pool)
+    if method == "radix":
+        return radix_candidates(base, pool)
     if method == "sort":  # one segmented radix sort (cub) instead of a radix select per row
         vals, ids = torch.sort(base, dim=-1, descending=True)
         return vals[..., :pool], ids[..., :pool]

@@ -16,7 +16,9 @@ scattered into a dense [V] vector (zeros elsewhere). Verification reads q, so sp
 sampling stays exact. Slots within the pure prefix are not pooled. The candidates
 (`pool_select`): "topk" = the exact top-`pool_size` base logits; "bucket" = the max of each of
 `pool_size` contiguous V buckets (`bucket_candidates`): approximate (a top token is missed only
-when a higher one shares its bucket), always containing the base argmax, and one cheap pass.
+when a higher one shares its bucket), always containing the base argmax, and one cheap pass;
+"radix" = a two-level radix select (`radix_candidates`): the exact top-k for bf16/fp16 logits
+(boundary ties to the lowest ids), to 2^-15 relative for fp32, in a fixed order.
 
 Sampling draws one uniform per (row, slot) up front and inverts the CDF; drawing them
 before the loop is what lets a CUDA graph replay the whole rollout (no RNG inside).
@@ -47,7 +49,7 @@ def argmax_lowest_id(values: torch.Tensor, ids: Optional[torch.Tensor] = None) -
     return (ids == best_id).to(torch.int8).argmax(dim=-1)
 
 
-POOL_SELECTS = ("topk", "topk2", "sort", "bucket")  # all exact except "bucket"
+POOL_SELECTS = ("topk", "topk2", "sort", "bucket", "radix")  # "bucket" approximate; "radix" exact on 16-bit logits
 
 
 def bucket_bounds(vocab: int, pool: int, device=None):
@@ -73,10 +75,68 @@ def bucket_candidates(base: torch.Tensor, pool: int):
     return tiles.gather(-1, pos).squeeze(-1), (starts[:, None] + pos).squeeze(-1)
 
 
+RADIX_BITS = 12  # bins per radix level (4096); two levels = the key's top 24 bits (triton_rollout.RADIX_BITS)
+
+
+def radix_key24(base: torch.Tensor) -> torch.Tensor:
+    """int32 keys [..., V] whose order is the order of base.float(): the float's bits with the
+    negatives' magnitude bits flipped, arithmetic-shifted right by 8 (the top 24 bits). Exact for
+    bf16/fp16 values (all their bits survive), fp32 keeps 15 of 23 mantissa bits. -0.0 sorts just
+    below +0.0. (NaN is not a logit: unsupported.)"""
+    i = base.float().contiguous().view(torch.int32)
+    return torch.where(i < 0, i ^ 0x7FFFFFFF, i) >> 8
+
+
+def _radix_threshold(hist: torch.Tensor, need: torch.Tensor):
+    """Per row of hist [R, NB]: the bin where the count from the top first reaches need [R]
+    (1 <= need <= total), and the count strictly above that bin."""
+    incl = hist.flip(-1).cumsum(-1).flip(-1)  # elements in bins >= i
+    i = torch.arange(hist.shape[-1], device=hist.device)
+    t = torch.where(incl >= need[:, None], i, -1).amax(-1)
+    above = torch.where(i > t[:, None], hist, 0).sum(-1)
+    return t, above
+
+
+def radix_candidates(base: torch.Tensor, pool: int):
+    """The top-`pool` of base [..., V] by a two-level radix select -> (vals fp32, ids int64), [..., pool].
+
+    The PyTorch definition of `triton_rollout.radix_select`, computed the same way: a histogram
+    of each row's key top 12 bits (4096 bins) gives the boundary bin, a histogram of the next 12
+    bits over that bin's elements gives T, the 24-bit key of the pool-th largest value. The pool is
+    every element with key > T (fewer than `pool`) in increasing id order, then elements with
+    key == T in increasing id order until `pool` slots are filled (always exactly filled: no padding).
+
+    So for bf16/fp16 logits it is an exact top-`pool` (key == value), with ties at the boundary
+    value broken by the lowest id, deterministically; recall of the true top-`pool` is 1. For fp32
+    logits T is a bin of relative width 2^-15: every element above that bin is in (recall 1
+    for them), and within it the lowest ids win, so a value that beats another of the same bin by
+    less than 2^-15 relative may be dropped in favour of the lower id.
+    """
+    vocab = base.shape[-1]
+    if not 0 < pool <= vocab:
+        raise ValueError(f"radix_candidates: pool {pool} must be in 1..V={vocab}")
+    key = radix_key24(base).reshape(-1, vocab)
+    rows, nb = key.shape[0], 1 << RADIX_BITS
+    ones = torch.ones_like(key)
+    bin1 = (key >> RADIX_BITS) + nb // 2
+    hist1 = torch.zeros(rows, nb, dtype=key.dtype, device=key.device).scatter_add_(-1, bin1, ones)
+    need = torch.full((rows,), pool, dtype=key.dtype, device=key.device)
+    t1, above1 = _radix_threshold(hist1, need)
+    in_bin = (bin1 == t1[:, None]).to(key.dtype)
+    hist2 = torch.zeros_like(hist1).scatter_add_(-1, key & (nb - 1), in_bin)
+    t2, _ = _radix_threshold(hist2, need - above1)
+    thr = ((t1 - nb // 2) * nb + t2)[:, None]
+    rank = torch.where(key > thr, 0, torch.where(key == thr, 1, 2)).to(torch.int8)
+    ids = torch.sort(rank, dim=-1, stable=True).indices[:, :pool].reshape(*base.shape[:-1], pool)
+    return base.gather(-1, ids).float(), ids
+
+
 def pool_ids(base: torch.Tensor, pool: int, pool_select: str = "topk") -> torch.Tensor:
     """Candidate ids [..., pool] of base [..., V] under `pool_select` (exact methods: a top-k)."""
     if pool_select == "bucket":
         return bucket_candidates(base, pool)[1]
+    if pool_select == "radix":
+        return radix_candidates(base, pool)[1]
     if pool_select not in POOL_SELECTS:
         raise ValueError(f"pool_select {pool_select!r}: valid: {', '.join(POOL_SELECTS)}")
     return torch.topk(base, pool, dim=-1, sorted=False).indices

@@ -22,6 +22,8 @@ Ops (each has the same name in kernel, wrapper, test and benchmark):
 * `pool_argmax` the same over a candidate pool: gathers the pool's W2 rows (ids from a top-k
                 of the base logits) and base values.
 * `argmax_finalize` stage 2 for the last slot: partials -> draft id.
+* `bucket_max` / `radix_select` pool candidates without torch.topk (KernelConfig.pool_select
+                "bucket" / "radix"; definitions in `reference.py`).
 
 So a greedy step is two launches: gru_step(j) -> w2_argmax(j) (+ whh_gemv for step j+1).
 
@@ -492,18 +494,26 @@ def argmax_finalize(*, pval, pidx, draft, draft_col):
                                   num_warps=max(4, min(16, block_b * block_np * 2 // (64 * 32))))
 
 
+def _pool_outputs(base, pool: int, who: str):
+    """Checks of a pool selection's input base [B, N, V] (made last-dim contiguous) and its
+    outputs: (base, vals [B, N, pool] fp32, ids [B, N, pool] int64)."""
+    bsz, n, v = base.shape
+    if base.stride(-1) != 1:
+        base = base.contiguous()
+    if not 0 < pool <= v:
+        raise ValueError(f"{who}: pool {pool} must be in 1..V={v}")
+    vals = torch.empty(bsz, n, pool, device=base.device, dtype=torch.float32)
+    ids = torch.empty(bsz, n, pool, device=base.device, dtype=torch.int64)
+    return base, vals, ids
+
+
 def bucket_max(base, pool: int, *, block_p: int = 16, block_s: int = 128, num_warps: int = 4):
     """Approximate top-`pool` candidates of base [B, N, V] (last dim contiguous, other strides
     free): the max of each of `pool` contiguous V buckets, ids ascending, in ONE launch.
     -> (vals [B, N, pool] fp32, ids [B, N, pool] int64). Same result as
     `reference.bucket_candidates` (the PyTorch definition), ties included."""
+    base, vals, ids = _pool_outputs(base, pool, "bucket_max")
     bsz, n, v = base.shape
-    if base.stride(-1) != 1:
-        base = base.contiguous()
-    if not 0 < pool <= v:
-        raise ValueError(f"bucket_max: pool {pool} must be in 1..V={v}")
-    vals = torch.empty(bsz, n, pool, device=base.device, dtype=torch.float32)
-    ids = torch.empty(bsz, n, pool, device=base.device, dtype=torch.int64)
     if bsz * n == 0:
         return vals, ids
     smax = triton.cdiv(v, pool)  # the largest bucket
@@ -511,4 +521,134 @@ def bucket_max(base, pool: int, *, block_p: int = 16, block_s: int = 128, num_wa
     _bucket_max_kernel[(bsz * n, triton.cdiv(pool, block_p))](
         base, base.stride(0), base.stride(1), n, v, pool, smax, vals, ids,
         BLOCK_P=block_p, BLOCK_S=bs, num_warps=num_warps)
+    return vals, ids
+
+
+# ----------------------------------------------------------------------------- radix select
+#
+# "radix" pool candidates (`radix_select`): the exact top-P of each row by a two-level radix
+# select on an order-preserving integer key, in four small launches over a [rows, chunks] grid
+# (every program one chunk of one row: the whole GPU works on a batch-1 selection) plus one
+# memset. Semantics: `reference.radix_candidates`.
+
+RADIX_BITS = 12  # bins per level: 4096; two levels resolve the key's top 24 bits
+RADIX_BINS = 1 << RADIX_BITS
+
+
+@triton.jit
+def _radix_key24(x):
+    """fp32 -> int32 whose signed order is the float order (-0.0 just below +0.0), top 24 bits
+    (arithmetic shift): exact for bf16/fp16 values, 15 mantissa bits of fp32."""
+    i = x.to(tl.int32, bitcast=True)
+    return tl.where(i < 0, i ^ 0x7FFFFFFF, i) >> 8
+
+
+@triton.jit
+def _radix_threshold(hist_ptr, need, NB: tl.constexpr):
+    """Bin t of histogram [NB] where the count from the top first reaches `need`, and the count
+    strictly above it."""
+    i = tl.arange(0, NB)
+    h = tl.load(hist_ptr + i)
+    incl = tl.cumsum(h, 0, reverse=True)  # incl[i] = elements in bins >= i
+    t = tl.max(tl.where(incl >= need, i, -1), 0)
+    above = tl.sum(tl.where(i > t, h, 0), 0)
+    return t, above
+
+
+@triton.jit
+def _radix_chunk(base_ptr, stride_b, stride_k, NK, V, BLOCK: tl.constexpr):
+    """(row, chunk) of the [rows, chunks] grid -> (row, offsets, mask, 24-bit keys) of its chunk."""
+    row = tl.program_id(0)
+    src = base_ptr + (row // NK).to(tl.int64) * stride_b + (row % NK).to(tl.int64) * stride_k
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < V
+    x = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+    return row, offs, m, x, _radix_key24(x)
+
+
+@triton.jit
+def _radix_hist_kernel(base_ptr, stride_b, stride_k, NK, V, hist_ptr, P, LEVEL2: tl.constexpr,
+                       BLOCK: tl.constexpr, NB: tl.constexpr):
+    """Level 1: histogram of the key's top 12 bits. Level 2: of the next 12 bits, over the elements
+    in the level-1 boundary bin only. Per-chunk histograms added into hist[row] (zeroed before)."""
+    row, offs, m, x, k24 = _radix_chunk(base_ptr, stride_b, stride_k, NK, V, BLOCK)
+    h1_ptr = hist_ptr + row.to(tl.int64) * NB
+    if LEVEL2:
+        t1, _ = _radix_threshold(h1_ptr, P, NB)
+        h = tl.histogram(k24 & (NB - 1), NB, mask=m & ((k24 >> 12) + NB // 2 == t1))
+        out = h1_ptr + tl.num_programs(0).to(tl.int64) * NB  # hist[1, row]
+    else:
+        h = tl.histogram((k24 >> 12) + NB // 2, NB, mask=m)
+        out = h1_ptr
+    tl.atomic_add(out + tl.arange(0, NB), h, mask=h > 0)  # only the bins this chunk touches
+
+
+@triton.jit
+def _radix_count_kernel(base_ptr, stride_b, stride_k, NK, V, hist_ptr, P, thr_ptr, cnt_ptr, NCH,
+                        BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The 24-bit threshold key T of the row (the P-th largest key), and this chunk's counts of
+    keys > T and == T -> cnt[row, chunk, 0 / 1]."""
+    row, offs, m, x, k24 = _radix_chunk(base_ptr, stride_b, stride_k, NK, V, BLOCK)
+    h1_ptr = hist_ptr + row.to(tl.int64) * NB
+    t1, above1 = _radix_threshold(h1_ptr, P, NB)
+    t2, _ = _radix_threshold(h1_ptr + tl.num_programs(0).to(tl.int64) * NB, P - above1, NB)
+    thr = (t1 - NB // 2) * NB + t2
+    ch = tl.program_id(1)
+    if ch == 0:
+        tl.store(thr_ptr + row, thr)
+    c = cnt_ptr + (row.to(tl.int64) * NCH + ch) * 2
+    tl.store(c, tl.sum((m & (k24 > thr)).to(tl.int32), 0))
+    tl.store(c + 1, tl.sum((m & (k24 == thr)).to(tl.int32), 0))
+
+
+@triton.jit
+def _radix_write_kernel(base_ptr, stride_b, stride_k, NK, V, P, thr_ptr, cnt_ptr, NCH, vals_ptr, ids_ptr,
+                        BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Compaction: the keys > T in increasing id order, then the keys == T in increasing id order
+    while slots remain (P slots in all). Each chunk's offsets: exclusive prefix sums of the chunk
+    counts, so the output order does not depend on scheduling."""
+    row, offs, m, x, k24 = _radix_chunk(base_ptr, stride_b, stride_k, NK, V, BLOCK)
+    ch = tl.program_id(1)
+    thr = tl.load(thr_ptr + row)
+    j = tl.arange(0, BLOCK_C)
+    c = cnt_ptr + row.to(tl.int64) * NCH * 2 + j * 2
+    n_above = tl.load(c, mask=j < NCH, other=0)
+    n_eq = tl.load(c + 1, mask=j < NCH, other=0)
+    total_above = tl.sum(n_above, 0)
+    before_above = tl.sum(tl.where(j < ch, n_above, 0), 0)
+    before_eq = tl.sum(tl.where(j < ch, n_eq, 0), 0)
+    above = m & (k24 > thr)
+    eq = m & (k24 == thr)
+    pos_above = before_above + tl.cumsum(above.to(tl.int32), 0) - 1
+    pos_eq = total_above + before_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
+    pos = tl.where(above, pos_above, pos_eq)
+    keep = above | (eq & (pos_eq < P))
+    out = row.to(tl.int64) * P + pos
+    tl.store(vals_ptr + out, x, mask=keep)
+    tl.store(ids_ptr + out, offs.to(tl.int64), mask=keep)
+
+
+def radix_select(base, pool: int, *, block: int = 4096, num_warps: int = 8):
+    """Top-`pool` candidates of base [B, N, V] (last dim contiguous, other strides free) by a
+    two-level radix select -> (vals [B, N, pool] fp32, ids [B, N, pool] int64), the same as
+    `reference.radix_candidates` (values, ids and order). Launches: a memset, two histogram
+    passes, a count pass and the compaction, each over [B·N, cdiv(V, block)] programs; no host
+    sync, static shapes (CUDA-graph capturable; the histograms are zeroed inside the graph)."""
+    base, vals, ids = _pool_outputs(base, pool, "radix_select")
+    bsz, n, v = base.shape
+    rows = bsz * n
+    if rows == 0:
+        return vals, ids
+    blk = min(int(block), _pow2(v))
+    nch = triton.cdiv(v, blk)
+    hist = torch.zeros(2, rows, RADIX_BINS, device=base.device, dtype=torch.int32)
+    thr = torch.empty(rows, device=base.device, dtype=torch.int32)
+    cnt = torch.empty(rows, nch, 2, device=base.device, dtype=torch.int32)
+    grid = (rows, nch)
+    src = (base, base.stride(0), base.stride(1), n, v)
+    for level2 in (False, True):
+        _radix_hist_kernel[grid](*src, hist, pool, LEVEL2=level2, BLOCK=blk, NB=RADIX_BINS, num_warps=num_warps)
+    _radix_count_kernel[grid](*src, hist, pool, thr, cnt, nch, BLOCK=blk, NB=RADIX_BINS, num_warps=num_warps)
+    _radix_write_kernel[grid](*src, pool, thr, cnt, nch, vals, ids, BLOCK=blk, BLOCK_C=_pow2(nch, 2),
+                              num_warps=num_warps)
     return vals, ids

@@ -337,9 +337,80 @@ def test_domino_rollout_ties_lowest_id():
     assert (ref == 12).all() and torch.equal(out, ref)
 
 
+def _radix_brute_force(base, pool):
+    """By definition, per row: the keys above the pool-th largest 24-bit key in increasing id order,
+    then the ids at that key in increasing order until `pool` slots are filled."""
+    key = K.reference.radix_key24(base).reshape(-1, base.shape[-1])
+    out = []
+    for row in key.tolist():
+        thr = sorted(row, reverse=True)[pool - 1]
+        above = [i for i, x in enumerate(row) if x > thr]
+        eq = [i for i, x in enumerate(row) if x == thr]
+        out.append(above + eq[: pool - len(above)])
+    return torch.tensor(out, dtype=torch.int64).reshape(*base.shape[:-1], pool)
+
+
+def _awkward_logits(b, n, v, dtype, seed=8):
+    """Random logits with many exact ties: rounded values, a tied block, a constant row, signed zeros, -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    base = (torch.randn(b, n, v, generator=gen) * 3).round(decimals=1)
+    base[0, 0, 5:40] = 2.5  # a wide tie, likely across the boundary
+    if n > 1:
+        base[0, 1] = 1.0  # every logit equal: the lowest ids fill the pool
+    base[-1, -1, :: 7] = -0.0
+    base[-1, -1, 1:: 11] = 0.0
+    base[-1, -1, 3] = float("-inf")
+    return base.to(dtype)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,n,v,pool,block", [(1, 3, 97, 10, 32), (3, 2, 1013, 70, 256), (2, 3, 97, 97, 64),
+                                              (1, 2, 301, 1, 128), (2, 1, 1013, 1000, 4096)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_radix_select(b, n, v, pool, block, dtype):
+    """The Triton radix select = its PyTorch definition (values, ids, order) = the brute-force
+    definition, on a strided slice of [B, K, V] as the rollout passes it."""
+    from domino_graft.kernels import triton_rollout as tr
+
+    full = _awkward_logits(b, n + 1, v, dtype)
+    base = full[:, 1:]  # non-contiguous in the slot dim, like base[:, pure:]
+    vals, ids = tr.radix_select(base, pool, block=block)
+    ref_vals, ref_ids = K.reference.radix_candidates(base, pool)
+    assert vals.dtype == torch.float32 and ids.dtype == torch.int64 and ids.shape == (b, n, pool)
+    assert torch.equal(ids, ref_ids), first_mismatches(ids, ref_ids)
+    assert torch.equal(vals, ref_vals) and torch.equal(vals, base.gather(-1, ids).float())
+    assert torch.equal(ids, _radix_brute_force(base, pool))
+    # 16-bit logits: exactly the top-`pool` values (recall 1), boundary ties to the lowest ids
+    if dtype == torch.bfloat16:
+        kth = torch.topk(base.float(), pool, dim=-1).values[..., -1:]
+        assert torch.equal(torch.sort(vals, -1).values, torch.topk(base.float(), pool, dim=-1).values.flip(-1))
+        assert (vals >= kth).all()
+    if pool == v:
+        assert torch.equal(ids.sort(-1).values, torch.arange(v).expand_as(ids))
+
+
+def test_radix_candidates_recall_fp32():
+    """fp32: every element strictly above the boundary key bin is in the pool (recall 1 for them);
+    with random (tie-free) logits the pool is the exact top-k."""
+    gen = torch.Generator().manual_seed(9)
+    base = torch.randn(4, 5000, generator=gen) * 2
+    pool = 700
+    vals, ids = K.reference.radix_candidates(base, pool)
+    key = K.reference.radix_key24(base)
+    thr = key.gather(-1, ids).amin(-1, keepdim=True)
+    member = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, ids, True)
+    assert member[key > thr].all(), "an element above the boundary bin was dropped"
+    assert ((key > thr).sum(-1) < pool).all() and ((key >= thr).sum(-1) >= pool).all()
+    top = torch.topk(base, pool, dim=-1).indices
+    recall = float(member.gather(-1, top).float().mean())
+    assert recall >= 0.998, recall  # misses only within one 2^-15-wide bin at the boundary
+    with pytest.raises(ValueError):
+        K.reference.radix_candidates(base, 5001)
+
+
 @needs_interpreter
 @pytest.mark.parametrize("pool,select", [(8, "topk"), (8, "topk2"), (0, "topk"), (5000, "topk"), (8, "bucket"),
-                                         (5000, "bucket")])
+                                         (5000, "bucket"), (8, "radix"), (5000, "radix")])
 def test_domino_rollout_pool(pool, select):
     b, k, h, g, r, v = 3, 5, 24, 20, 12, 1013
     head = make_head(h, g, r, v, w2_scale=8.0)  # a strong head: its argmax often leaves a small pool
@@ -369,7 +440,7 @@ def test_domino_rollout_pool(pool, select):
 
 @needs_interpreter
 @pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 40, "topk"),
-                                              ("triton_pool", 40, "bucket")])
+                                              ("triton_pool", 40, "bucket"), ("triton_pool", 40, "radix")])
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (50, 0.9)])
 def test_domino_rollout_sampling(name, pool, select, top_k, top_p):
     b, k, h, g, r, v = 3, 4, 24, 20, 12, 1013
@@ -447,6 +518,8 @@ def test_recipe_bench_head_kernel_fields():
     assert Bench().pool_select == K.KernelConfig().pool_select  # the recipe default is the kernel default
     with pytest.raises(Exception):
         Bench(pool_select="sorted")
+    assert Bench(pool_select="radix").pool_select == "radix"
+    assert set(Bench.model_fields["pool_select"].annotation.__args__) <= set(K.reference.POOL_SELECTS)
     assert Bench(head_kernel="triton_pool", pool_size=0).pool_size == 0
     with pytest.raises(Exception):
         Bench(head_kernel="cuda")
@@ -533,15 +606,16 @@ class TestGPU:
         assert torch.equal(out, ref), first_mismatches(out, ref)
         ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256)
         ref_bucket, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select="bucket")
-        for select in ("topk", "topk2", "sort", "bucket"):
-            want = ref_bucket if select == "bucket" else ref_pool
+        ref_radix, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select="radix")
+        for select in ("topk", "topk2", "sort", "bucket", "radix"):
+            want = {"bucket": ref_bucket, "radix": ref_radix}.get(select, ref_pool)
             roll = K.make_rollout("triton_pool", head, emb, pool_size=256, cuda_graphs=graphs,
                                   config=K.KernelConfig(pool_select=select))
             out_pool, _ = roll(head, block, anchor, embed)
             assert torch.equal(out_pool, want), f"{select}: " + first_mismatches(out_pool, want)
 
     @pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 512, "topk"),
-                                                  ("triton_pool", 512, "bucket")])
+                                                  ("triton_pool", 512, "bucket"), ("triton_pool", 512, "radix")])
     def test_fp32_sampling_graphed(self, name, pool, select):
         head, emb, block, anchor, embed = self._setup(4, 5, 256, 96, 64, 32000, torch.float32, w2_scale=2.0)
         kw = dict(temperature=0.8, top_k=0, top_p=0.95)
