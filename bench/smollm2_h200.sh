@@ -2,15 +2,18 @@
 # The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale gpu) on the H200, in phases that fit
 # the device's 10-minute calls. Files outside the checkout survive between back-to-back calls.
 #
-# The GPU image has no package registry: run ../shared/gpu/prepare.sh here first (fills .whl/,
-# .stage/a, .stage/b), copy the prompt-set assets into .stage/b/assets, snapshot the committed
+# One or two GPUs (nvidia-h200 or nvidia-h200-x2: regeneration, training and eval shards spread
+# over every GPU the machine has). The GPU image has no package registry: run
+# ../shared/gpu/prepare.sh here first (fills .whl/, .stage/a, .stage/b), copy the fetched prompt
+# assets (gsm8k, gsm8k-symbolic, humaneval, python-functions) into .stage/b/assets, snapshot the committed
 # code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes | tar -x -C .snap;
 # git rev-parse HEAD > .snap/GIT_SHA),
 # then, back to back:
 #   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
 #   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train
 #   call 3 (carry .snap):                  bash .snap/bench/smollm2_h200.sh eval
-#   call 4 (optional, carry .snap):        bash .snap/bench/smollm2_h200.sh resume (more prompts)
+#   call 4 (carry .snap):                  bash .snap/bench/smollm2_h200.sh resume (the greedy prompts
+#                                          left, temperature 1; HEAD_LATENCY=1: bench/head_latency.py on GPU 0)
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report
@@ -46,14 +49,30 @@ PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --sca
 T0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 
-train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each)
-  local limit=$1 fam
+NGPU=$(nvidia-smi -L | wc -l)
+gpu() { echo "env CUDA_VISIBLE_DEVICES=$(( $1 % NGPU ))"; }   # $(gpu N) cmd...: run cmd on GPU N mod NGPU
+
+train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each), family k on GPU k
+  local limit=$1 fam k=0
   for fam in $FAMILIES; do
-    ( timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
-    ( timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
-      && timeout "$(left "$limit")" $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
+    ( timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
+    ( timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
+      && timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
+    k=$((k + 1))
   done
   wait
+}
+
+regen() {  # two regeneration processes per GPU, then one merge
+  local n=$((2 * NGPU)) i
+  if [ ! -f "$WORK/train.regen.jsonl" ]; then
+    $PIPE --stages prompts 2>&1 | grep -v "Loading weights"
+    for i in $(seq 0 $((n - 1))); do
+      ( timeout "$(left "$1")" $(gpu $i) $PIPE --stages data --shard $i/$n > "$WORK/data_$i.log" 2>&1 ) &
+    done
+    wait
+  fi
+  $PIPE --stages data 2>&1 | grep -v "Loading weights"
 }
 
 collect() {  # $OUT returns at most 8 files: one archive of records + the DFlash weights (bf16 shards)
@@ -65,16 +84,30 @@ collect() {  # $OUT returns at most 8 files: one archive of records + the DFlash
   ls -la "$OUTDIR" "$OUTDIR/dflash_runs" 2>/dev/null
 }
 
-shards() {  # tau / identity: untimed shards in parallel; temperature 1 on the first prompts of each set
-  for i in $(seq 0 9); do
-    $PIPE --stages eval --kind greedy --shard $i/10 --max-new-tokens 96 --budget-s "$1" >> "$WORK/eval_greedy_$i.log" 2>&1 &
-  done
-  for i in 0 1; do
-    $PIPE --stages eval --kind t1 --shard $i/2 --max-per-set 30 --max-new-tokens 96 --budget-s "$1" >> "$WORK/eval_t1_$i.log" 2>&1 &
+# Greedy tau/identity: 10 untimed shards per GPU (shard i on GPU i mod NGPU). `shards BUDGET [GPUS]
+# [ONTO]` starts only the shards of the GPUs listed (default: all), so one GPU can stay alone for
+# timing, and runs them on GPU ONTO instead when given.
+GREEDY_SHARDS=$((10 * NGPU))
+shards() {
+  local budget=$1 gpus=${2:-$(seq -s, 0 $((NGPU - 1)))} onto=${3:-} i
+  for i in $(seq 0 $((GREEDY_SHARDS - 1))); do
+    [[ ",$gpus," == *",$(( i % NGPU )),"* ]] || continue
+    $(gpu "${onto:-$i}") $PIPE --stages eval --kind greedy --shard $i/$GREEDY_SHARDS --max-new-tokens 96 --budget-s "$budget" \
+      >> "$WORK/eval_greedy_$i.log" 2>&1 &
   done
   wait
-  grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log
 }
+
+t1() {  # temperature 1 on the first 30 prompts of each set, 4 shards on the last GPU
+  local i
+  for i in 0 1 2 3; do
+    $(gpu $((NGPU - 1))) $PIPE --stages eval --kind t1 --shard $i/4 --max-per-set 30 --max-new-tokens 96 \
+      --budget-s "$1" >> "$WORK/eval_t1_$i.log" 2>&1 &
+  done
+  wait
+}
+
+summary() { grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log | tail -40; }
 
 report() {
   $PIPE --stages report --max-new-tokens 96 --out "$WORK/${TARGET}_h200.json" 2>&1 | tail -2
@@ -84,22 +117,34 @@ report() {
 
 case "$PHASE" in
   train)
-    [ -f "$WORK/train.regen.jsonl" ] || rm -f "$WORK/train_prompts.jsonl"
-    timeout 240 $PIPE --stages data 2>&1 | grep -v "Loading weights" | tee "$WORK/data.log"
-    train_all 540
+    regen 300
+    train_all 560
     grep -h "trained to\|τ est\|Error\|error" "$WORK"/train_*.log
     collect ;;
   eval)
     train_all 150   # finishes (resumes from checkpoints) whatever an earlier call left unfinished
     grep -h "trained to\|Error" "$WORK"/train_*.log | tail -8
-    # tokens/s: one process alone on the device
-    $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left 330) - 30 )) \
+    # tokens/s: one process alone on GPU 0 (the other GPUs start their greedy shards meanwhile)
+    if [ "$NGPU" -gt 1 ]; then shards $(( $(left 540) - 20 )) "$(seq -s, 1 $((NGPU - 1)))" & fi
+    $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left 330) - 30 )) \
       > "$WORK/eval_timing.log" 2>&1
     tail -2 "$WORK/eval_timing.log"
-    shards $(( $(left 540) - 20 ))
+    shards $(( $(left 540) - 20 )) 0
+    wait
+    summary
     report ;;
-  resume)  # more greedy / t1 prompts after `eval` (each shard skips the prompts it finished)
-    shards 440
+  resume)  # the greedy prompts `eval` left, then temperature 1 (each shard skips the prompts it finished);
+           # HEAD_LATENCY=1 with 2+ GPUs: bench/head_latency.py alone on GPU 0 meanwhile
+    if [ "${HEAD_LATENCY:-0}" = 1 ] && [ "$NGPU" -gt 1 ]; then
+      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 python3 bench/head_latency.py --out "$OUTDIR/head_latency_h200.json" \
+          > "$WORK/head_latency.log" 2>&1; tail -3 "$WORK/head_latency.log" ) &
+      shards $(( $(left 300) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
+    else
+      shards $(( $(left 300) - 20 ))
+    fi
+    t1 $(( $(left 540) - 20 ))
+    wait
+    summary
     report ;;
   *) echo "unknown phase $PHASE (valid: train, eval, resume)"; exit 2 ;;
 esac

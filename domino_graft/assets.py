@@ -574,6 +574,38 @@ def _build_gsm8k_symbolic(ctx: BuildContext) -> None:
         format='{"messages": [{"role": "user", "content": str}], "id": "gsm8k-symbolic/T/K", "answer": str}')
 
 
+# Pure-Python libraries whose public functions read like HumanEval problems (algorithms,
+# iterator and graph utilities, symbolic math): pinned, so the code prompts are the same on
+# every machine. Their source is parsed, never imported.
+PYFUNC_REQS = ("sympy==1.13.3", "networkx==3.4.2", "more-itertools==10.5.0", "boltons==24.1.0", "toolz==1.0.0")
+
+
+def _build_python_functions(ctx: BuildContext) -> None:
+    from .pysource import functions, skipped_path
+
+    ctx.step("parse sources")
+    records, per_package = [], {}
+    for req, wheel in ctx.wheels.items():
+        package, seen = req.split("==")[0], set()
+        with zipfile.ZipFile(wheel) as zf:
+            for name in sorted(zf.namelist()):
+                parts = tuple(name.split("/"))
+                if not name.endswith(".py") or ".dist-info" in parts[0] or skipped_path(parts):
+                    continue
+                module = ".".join(parts)[: -len(".py")].removesuffix(".__init__")
+                for sig, doc in functions(zf.read(name).decode("utf-8", errors="replace")):
+                    if sig in seen:  # the same method on sibling classes
+                        continue
+                    seen.add(sig)
+                    records.append({"package": package, "module": module, "signature": sig, "doc": doc})
+        per_package[package] = len(seen)
+    if not records:
+        raise AssetError(f"python-functions: no documented public function in {', '.join(ctx.wheels)}")
+    _write_jsonl(ctx.out / "functions.jsonl", records)
+    ctx.record.update(functions=len(records), per_package=per_package,
+                      format='{"package": str, "module": str, "signature": "def f(...):", "doc": str}')
+
+
 def _norm(text: str) -> str:
     return " ".join(text.split()).lower()
 
@@ -606,6 +638,12 @@ _register(Asset(
 _register(Asset(
     "gsm8k", "prompts", "GSM8K: 100 real test questions, chat messages + reference answer",
     (GSM_REQ,), _build_gsm8k, pip_args=_GSM_PIP, steps=("extract questions",),
+))
+_register(Asset(
+    "python-functions", "prompts",
+    "Public functions + docstrings of 5 pure-Python libraries (sympy, networkx, more-itertools, boltons, "
+    "toolz), for HumanEval-shaped code training prompts",
+    PYFUNC_REQS, _build_python_functions, steps=("parse sources",),
 ))
 _register(Asset(
     "gsm8k-symbolic", "prompts",

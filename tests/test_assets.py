@@ -350,3 +350,27 @@ def test_concurrent_fetch_waits_then_finds_it_done(cache):
     first.join(10)
     second.join(10)
     assert len(inner.calls) == 1 and "already fetched" in messages[-1]
+
+
+def test_python_functions_reads_documented_public_functions_and_skips_tests(cache):
+    doc = "Return the n-th triangular number, the sum of the integers 1 to n."
+    long_desc = "Sum of a list of numbers, computed left to right without rounding."
+    table = "Parameters\n----------\n" + "x : int\n    a number\n" * 60
+    lib = (f'def triangle(n: int) -> int:\n    """{doc}"""\n    return n * (n + 1) // 2\n\n'
+           f'def _private(n):\n    """{doc}"""\n\n'
+           f'def undocumented(n):\n    return n\n\n'
+           f'class Adder:\n    def total(self, xs):\n        """{long_desc}\n\n{table}"""\n').encode()
+    members = {"pkg/lib.py": lib, "pkg/tests/test_lib.py": lib, "pkg/__init__.py": lib,
+               "pkg-1.0.dist-info/METADATA": b"Name: pkg\n"}
+    download = FakeDownloader({req.split("==")[0]: members for req in assets.PYFUNC_REQS})
+    folder = fetch("python-functions", download=download, progress=False, echo=lambda m: None)
+    recs = [json.loads(x) for x in (folder / "functions.jsonl").read_text().splitlines()]
+    first = [r for r in recs if r["package"] == "sympy"]
+    # pkg/__init__.py and pkg/lib.py define the same signatures: one record each per package;
+    # never the tests folder, a private or an undocumented function
+    assert [(r["module"], r["signature"]) for r in first] == [("pkg", "def triangle(n: int) -> int:"),
+                                                              ("pkg", "def total(xs):")]
+    assert first[0]["doc"] == doc
+    assert first[1]["doc"] == long_desc  # a numpydoc table past 800 characters is cut at a paragraph
+    prov = json.loads((folder / "asset.json").read_text())
+    assert prov["functions"] == 2 * len(assets.PYFUNC_REQS) and prov["per_package"]["toolz"] == 2

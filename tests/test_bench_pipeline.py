@@ -16,9 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_smollm2_pipeline_smoke(tmp_path):
     out = tmp_path / "report.json"
-    cmd = [sys.executable, str(REPO / "bench" / "smollm2_pipeline.py"), "--work", str(tmp_path / "work"),
-           "--scale", "smoke", "--max-per-set", "1", "--timing-prompts", "1", "--t1-prompts", "1",
-           "--max-new-tokens", "10", "--out", str(out)]
+    pipe = [sys.executable, str(REPO / "bench" / "smollm2_pipeline.py"), "--work", str(tmp_path / "work"),
+            "--scale", "smoke"]
+    # the data stage as the GPU script runs it: the prompts, two regeneration shards, a merge
+    subprocess.run(pipe + ["--stages", "prompts"], check=True, cwd=REPO, timeout=1200)
+    for shard in ("0/2", "1/2"):
+        subprocess.run(pipe + ["--stages", "data", "--shard", shard], check=True, cwd=REPO, timeout=1200)
+    cmd = pipe + ["--stages", "data,train,eval,report", "--max-per-set", "1", "--timing-prompts", "1",
+                  "--t1-prompts", "1", "--max-new-tokens", "10", "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO, timeout=1200)
     report = json.loads(out.read_text())
     for fam in ("dflash", "medusa"):
@@ -32,3 +37,8 @@ def test_smollm2_pipeline_smoke(tmp_path):
         budgets = report[fam]["training_budget"]
         assert budgets["base"]["steps"] == budgets["domino"]["steps"], "base and Domino must get the same budget"
     assert report["data"]["by_source"] == {"gsm8k-symbolic": 6, "code": 6}
+    assert report["data"]["regen_shards"] == 2
+    # the merged file keeps the prompt file's order, one response per prompt
+    work = tmp_path / "work"
+    prompt_ids = [json.loads(line)["id"] for line in (work / "train_prompts.jsonl").open()]
+    assert [json.loads(line)["id"] for line in (work / "train.regen.jsonl").open()] == prompt_ids
