@@ -98,10 +98,10 @@ shards() {
   wait
 }
 
-t1() {  # temperature 1 on the first 30 prompts of each set, 4 shards on the last GPU
+t1() {  # temperature 1 on the first 30 prompts of each set, 4 shards spread over the GPUs
   local i
   for i in 0 1 2 3; do
-    $(gpu $((NGPU - 1))) $PIPE --stages eval --kind t1 --shard $i/4 --max-per-set 30 --max-new-tokens 96 \
+    $(gpu $i) $PIPE --stages eval --kind t1 --shard $i/4 --max-per-set 30 --max-new-tokens 96 \
       --budget-s "$1" >> "$WORK/eval_t1_$i.log" 2>&1 &
   done
   wait
@@ -134,10 +134,11 @@ case "$PHASE" in
     summary
     report ;;
   resume)  # the greedy prompts `eval` left, then temperature 1 (each shard skips the prompts it finished);
-           # HEAD_LATENCY=1 with 2+ GPUs: bench/head_latency.py alone on GPU 0 meanwhile
+           # HEAD_LATENCY=1 with 2+ GPUs: bench/head_latency.py alone on GPU 0 meanwhile (`shards`
+           # waits for it: temperature 1 starts on a quiet machine)
     if [ "${HEAD_LATENCY:-0}" = 1 ] && [ "$NGPU" -gt 1 ]; then
-      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 python3 bench/head_latency.py --out "$OUTDIR/head_latency_h200.json" \
-          > "$WORK/head_latency.log" 2>&1; tail -3 "$WORK/head_latency.log" ) &
+      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site timeout 240 python3 bench/head_latency.py \
+          --out "$OUTDIR/head_latency_h200.json" > "$WORK/head_latency.log" 2>&1; tail -3 "$WORK/head_latency.log" ) &
       shards $(( $(left 300) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
     else
       shards $(( $(left 300) - 20 ))
