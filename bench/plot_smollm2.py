@@ -42,7 +42,7 @@ def main(src: str, out: str) -> None:
             ax.set_xlabel("slot j (given slots < j accepted)")
             ax.set_title(f"{fam}, {s}: greedy acceptance by slot ({r[s]['num_prompts_greedy']} prompts)", fontsize=9)
             ax.grid(alpha=0.3)
-    fig.suptitle("SmolLM2-135M-Instruct target on one H200: drafters trained from scratch, chain verification",
+    fig.suptitle("SmolLM2-135M-Instruct target on H200s: drafters trained from scratch, chain verification",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -274,9 +274,15 @@ def _write_training_summary(work: Path, name: str, overrides: list[str], seconds
     """training_<name>.json: the budget and the last logged metrics, small enough to commit."""
     from domino_graft.checkpoint import atomic_write_json
 
-    last = json.loads((work / name / "metrics.jsonl").read_text().splitlines()[-1])
+    metrics = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+    last = metrics[-1]
     atomic_write_json(work / f"training_{name}.json", {
-        "steps": last["step"], "wall_seconds": seconds, "overrides": overrides,
+        "steps": last["step"],
+        # this call's wall time; a run resumed across device calls spent more in earlier calls:
+        # step_seconds sums every logged step's own time (tokens / tokens_per_s), whichever call ran it
+        "wall_seconds": seconds,
+        "step_seconds": round(sum(m["tokens"] / m["tokens_per_s"] for m in metrics if m.get("tokens_per_s")), 1),
+        "overrides": overrides,
         "recipe": str(RECIPES[name.split("_")[0]].relative_to(REPO)),
         "last_step_metrics": {k: last[k] for k in ("loss", "loss_base", "acc_base", "acc_final", "tau_base", "tau_final")
                               if k in last}})

@@ -113,13 +113,15 @@ class KernelConfig:
     # radix select (12 + 12 key bits: 4096-bin histograms with atomics, a count pass, an
     # order-stable compaction) over [rows, V / pool_radix_block] programs: no torch.topk, no
     # per-row loop, no host sync, CUDA-graph capturable. Exact top-k for bf16/fp16 logits
-    # (boundary ties to the lowest ids), to 2^-15 relative for fp32. Not yet timed on the H200
-    # (bench "pool_select_only_us", "fused_pool_radix_ms").
+    # (boundary ties to the lowest ids), to 2^-15 relative for fp32. Measured on the H200
+    # (head_latency_h200_radix.json, Qwen3-8B, batch 1): the selection alone 364 us against
+    # torch.topk's 53 us (both inside a CUDA graph), whole pool rollout 0.544 ms vs 0.211 ms;
+    # the best block/warps of its sweep (2048/4) are the defaults below. Correct but slow: an option.
     pool_select: str = "topk"
     pool_chunks: int = 8
     pool_bucket_block_p: int = 16  # buckets per bucket_max program (bench "pool_select_sweep", method bucket)
-    pool_radix_block: int = 4096  # V elements per radix_select program
-    pool_radix_warps: int = 8
+    pool_radix_block: int = 2048  # V elements per radix_select program (bench "radix_sweep")
+    pool_radix_warps: int = 4
     # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
     # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
     # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
