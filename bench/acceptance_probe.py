@@ -1,12 +1,6 @@
-"""Offline acceptance: how many leading block slots a trained drafter gets right on the target's
-own greedy responses, without decoding.
-
-Greedy chain verification accepts exactly the leading slots whose proposal equals the target's
-greedy token. On a response the target itself generated greedily, the context at every anchor
-is the one decoding would have had, and the Domino head's GRU, fed the true tokens, sees what
-it would see along an accepted prefix. So 1 + mean(leading matches) over anchors is the τ that
-decoding from those anchors would measure, for the base proposals and the Domino-corrected ones,
-from one batched forward.
+"""Offline acceptance of several trained runs on several response sets (domino_graft.replay):
+greedy decoding replayed from teacher-forced training blocks on the target's own responses,
+for the base proposals and the Domino-corrected ones, without decoding.
 
 Run it on training responses and on held-out responses of the evaluation prompts: a gap between
 the two is generalisation; a gap between the held-out figure and the decoded τ of
@@ -24,66 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+from domino_graft.replay import leading_matches, replay, walk  # noqa: F401  (re-exported for tests)
 from domino_graft.training.data import encode_record
-from domino_graft.training.objective import IGNORE
-from domino_graft.training.features import target_features
-
-
-@torch.no_grad()
-def leading_matches(target, adapter, head, example, *, max_anchors: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """Leading correct slots at every anchor of one response (the position of each response
-    token, in order), for the base proposals and the Domino-corrected ones."""
-    ids = torch.tensor([example.input_ids], device=target.device)
-    mask = torch.tensor([example.loss_mask], device=target.device)
-    resp = mask[0].nonzero().flatten()
-    anchors = resp[:max_anchors][None]  # [1, n]
-    capture = tuple(adapter.capture_layers())
-    feats = target_features(target, ids, capture) if capture else None
-    blocks = adapter.training_blocks(feats, ids, mask, anchors)
-    k = adapter.num_slots  # decoding proposes num_slots per block (training may label one more)
-    labels = blocks.labels[:, :k]
-    n = labels.shape[0]
-    corr = head.correction(blocks.hidden[:, :k], blocks.prev_emb[:, :k])  # [n, k, r]
-    slot = torch.arange(k, device=ids.device).expand(n, k).reshape(-1)
-    base = adapter.slot_base_logits(blocks.hidden[:, :k].reshape(n * k, -1), slot).float()
-    delta = head.embed_proj[2](corr.reshape(n * k, -1)).float()
-    final = base + delta * head.corrected_slots(k, ids.device)[slot][:, None].to(delta.dtype)
-    lab = labels.reshape(-1)
-    ok_b = ((base.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
-    ok_f = ((final.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
-    return ok_b.long().cumprod(-1).sum(-1).cpu(), ok_f.long().cumprod(-1).sum(-1).cpu()
-
-
-def walk(lead: torch.Tensor) -> list[int]:
-    """Greedy decoding over the response: the block at anchor i accepts lead[i] drafts plus the
-    target's own token, and the next block starts after them. Returns the drafts each block
-    accepts, in order (what `Engine.speculative` reports as `accepted`)."""
-    i, accepted = 0, []
-    while i < lead.numel():
-        accepted.append(int(lead[i]))
-        i += accepted[-1] + 1
-    return accepted
-
-
-def probe(target, adapter, head, examples, *, max_anchors: int) -> dict:
-    """τ of greedy decoding replayed on the responses (tokens / forwards, as the benchmark
-    counts it) and the mean over every anchor (which overweights stretches a drafter finds easy)."""
-    tot = {"base": [0, 0], "final": [0, 0]}
-    leads = {"base": [], "final": []}
-    for ex in examples:
-        for name, lead in zip(("base", "final"), leading_matches(target, adapter, head, ex, max_anchors=max_anchors)):
-            accepted = walk(lead)
-            tot[name][0] += sum(a + 1 for a in accepted)
-            tot[name][1] += len(accepted)
-            leads[name].append(lead)
-    out = {"sequences": len(examples)}
-    for name in ("base", "final"):
-        every = torch.cat(leads[name]).double()
-        out[f"tau_{name}"] = round(tot[name][0] / max(tot[name][1], 1), 4)
-        out[f"tau_{name}_every_anchor"] = round(1 + every.mean().item(), 4)
-    return out
 
 
 def decoded_tau(records: Path, *, mode: str, eval_set: str, limit: int) -> float | None:
@@ -132,7 +68,7 @@ def main() -> int:
             t0 = time.time()
             examples = [encode_record(r, target.tokenizer, chat=chat, eos_id=eos, where=f"{name}[{i}]")
                         for i, r in enumerate(recs)]
-            res = probe(target, run.adapter, run.head, examples, max_anchors=args.max_anchors)
+            res = replay(target, run.adapter, run.head, examples, max_anchors=args.max_anchors)
             if args.records:
                 res["tau_decoded"] = decoded_tau(Path(args.records), mode=Path(run_dir).name, eval_set=name,
                                                  limit=args.limit)

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("domino_graft.commands.bench", "target alone vs base drafter vs Domino: tau, acceptance, speedup"),
     "train": ("domino_graft.commands.train", "train the grafted drafter (head, backbone or LoRA)"),
     "regenerate": ("domino_graft.commands.regenerate", "write the target's own greedy responses to prompts (training data)"),
+    "replay": ("domino_graft.commands.replay", "the greedy tau decoding would measure, from one forward per response"),
     "export": ("domino_graft.commands.export", "write a verified SGLang/vLLM (native) or transformers (hf) bundle"),
 }
 

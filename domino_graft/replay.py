@@ -1,0 +1,86 @@
+"""Greedy speculative decoding replayed offline, from teacher-forced training blocks.
+
+Greedy chain verification accepts the leading block slots whose proposal equals the target's
+greedy token. On a response the target itself generated greedily, the context at each anchor is
+the one decoding would have had, and the Domino head's GRU, fed the true tokens, reads what it
+would read along an accepted prefix. One batched forward per response therefore gives, for
+every anchor, how many drafts decoding would accept there; walking the anchors as decoding
+does (next block after the accepted drafts + the target's token) gives the decoded τ itself,
+without decoding: the same numbers as `bench`, for held-out responses and for training ones
+alike (tests/test_acceptance_probe.py checks it block for block against `Engine`).
+
+The training log's τ estimate (1 + Σ_k Π_i acc_i) assumes independent slots and a uniform
+anchor; neither holds, so use this on held-out responses to see what decoding will get.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from .training.data import Example
+from .training.features import target_features
+from .training.objective import IGNORE
+
+
+@torch.no_grad()
+def leading_matches(target, adapter, head, example: Example, *, max_anchors: int = 128
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts accepted at every anchor of one response (the position of each response token,
+    in order, up to `max_anchors`): for the base proposals and for the Domino-corrected ones."""
+    ids = torch.tensor([example.input_ids], device=target.device)
+    mask = torch.tensor([example.loss_mask], device=target.device)
+    anchors = mask[0].nonzero().flatten()[:max_anchors][None]  # [1, n]
+    if anchors.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty
+    capture = tuple(adapter.capture_layers())
+    feats = target_features(target, ids, capture) if capture else None
+    blocks = adapter.training_blocks(feats, ids, mask, anchors)
+    k = adapter.num_slots  # decoding proposes num_slots per block (training may label one more)
+    hidden, labels = blocks.hidden[:, :k], blocks.labels[:, :k]
+    n = labels.shape[0]
+    corr = head.correction(hidden, blocks.prev_emb[:, :k])  # [n, k, r]
+    slot = torch.arange(k, device=ids.device).expand(n, k).reshape(-1)
+    base = adapter.slot_base_logits(hidden.reshape(n * k, -1), slot).float()
+    delta = head.embed_proj[2](corr.reshape(n * k, -1)).float()
+    final = base + delta * head.corrected_slots(k, ids.device)[slot][:, None].to(delta.dtype)
+    lab = labels.reshape(-1)
+    ok_b = ((base.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
+    ok_f = ((final.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
+    return ok_b.long().cumprod(-1).sum(-1).cpu(), ok_f.long().cumprod(-1).sum(-1).cpu()
+
+
+def walk(lead: torch.Tensor) -> list[int]:
+    """Greedy decoding over the response: the block at anchor i accepts lead[i] drafts plus the
+    target's own token, and the next block starts after them. Returns the drafts each block
+    accepts, in order (what `Engine.speculative` reports as `accepted`)."""
+    i, accepted = 0, []
+    while i < lead.numel():
+        accepted.append(int(lead[i]))
+        i += accepted[-1] + 1
+    return accepted
+
+
+def replay(target, adapter, head, examples: Iterable[Example], *, max_anchors: int = 128) -> dict:
+    """τ of greedy decoding replayed on the responses (tokens / target forwards, as `bench`
+    counts it), with the head (`final`) and without (`base`); plus the mean over every anchor,
+    which overweights the stretches a drafter finds easy (decoding skips through them)."""
+    tokens = {"base": 0, "final": 0}
+    forwards = {"base": 0, "final": 0}
+    leads: dict[str, list[torch.Tensor]] = {"base": [], "final": []}
+    sequences = 0
+    for ex in examples:
+        sequences += 1
+        for name, lead in zip(("base", "final"), leading_matches(target, adapter, head, ex, max_anchors=max_anchors)):
+            accepted = walk(lead)
+            tokens[name] += sum(a + 1 for a in accepted)
+            forwards[name] += len(accepted)
+            leads[name].append(lead)
+    out: dict = {"sequences": sequences}
+    for name in ("base", "final"):
+        every = torch.cat(leads[name]).double() if leads[name] else torch.zeros(0, dtype=torch.float64)
+        out[f"tau_{name}"] = round(tokens[name] / forwards[name], 4) if forwards[name] else None
+        out[f"tau_{name}_every_anchor"] = round(1 + every.mean().item(), 4) if every.numel() else None
+    return out
