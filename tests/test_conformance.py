@@ -8,6 +8,8 @@ docs/adding_a_family.md. Each test states the property it guards:
 * the head's teacher-forced block == its incremental steps on the family's real blocks;
 * training blocks == decoding blocks at the same anchor (slot/label/GRU-input conventions:
   the off-by-one that collapses τ in other ports);
+* greedy decoding replayed from training blocks (domino_graft.replay) accepts exactly what the
+  engine accepts, block for block;
 * greedy speculative decoding reproduces the target token for token (head on and off);
 * speculative sampling keeps the target's distribution with the Domino-corrected q;
 * apply -> run dir -> reload, and export -> bundle -> reload, give the same drafts;
@@ -143,6 +145,31 @@ def test_greedy_speculative_decoding_is_lossless(family):
             out = engine.speculative(prompt, max_new_tokens=24, use_head=use_head)
             assert out.tokens == ref.tokens, (seed, use_head)
             assert out.target_forwards <= ref.target_forwards
+
+
+# An 11-token vocabulary (the family's placeholder token moved to its last row): random tiny
+# drafters then accept drafts, so block boundaries are exercised.
+SMALL_VOCAB = {"dflash": ["target.random.vocab_size=11", "drafter.mask_token_id=10"],
+               "medusa": ["target.random.vocab_size=11"],
+               "pard": ["target.random.vocab_size=11", "drafter.random.vocab_size=11", "drafter.pard_token_id=10"]}
+
+
+def test_replayed_training_blocks_accept_what_decoding_accepts(family):
+    from domino_graft.decoding import Engine
+    from domino_graft.replay import leading_matches, walk
+    from domino_graft.training.data import Example
+
+    _, target, adapter, head = graft(family, SMALL_VOCAB[family] + ["target.random.seed=1"], head_seed=1)
+    engine = Engine(target, adapter, head, stop_ids=[])
+    prompt = [3, 5, 7, 2, 4]
+    ref = engine.target_only(prompt, max_new_tokens=40)
+    example = Example(prompt + ref.tokens, [0] * len(prompt) + [1] * len(ref.tokens))
+    lead_base, lead_final = leading_matches(target, adapter, head, example, max_anchors=len(ref.tokens))
+    for use_head, lead in ((True, lead_final), (False, lead_base)):
+        out = engine.speculative(prompt, max_new_tokens=40, use_head=use_head)
+        assert sum(out.accepted) > 0, "the case must accept drafts to test anything"
+        # the last block is cut by max_new_tokens in decoding, by the response's end in the replay
+        assert walk(lead)[: len(out.accepted) - 1] == out.accepted[:-1], use_head
 
 
 def test_speculative_sampling_keeps_the_target_distribution(family):
