@@ -124,6 +124,10 @@ def test_online_and_offline_features_give_the_same_loss(tiny_run, tmp_path):
         assert x["acc_final"] == y["acc_final"]
 
 
+RENDEZVOUS_FAILURES = ("Address already in use", "EADDRINUSE", "DistNetworkError", "RendezvousConnectionError",
+                       "Connection reset by peer", "Connection refused", "connectFullMesh")
+
+
 def test_two_gloo_ranks_match_one_process(tiny_run, tmp_path):
     """FSDP2 over 2 CPU ranks (gloo), 2 accumulation micro-steps, vs one process, same global batch."""
     one, two = tmp_path / "one", tmp_path / "two"
@@ -133,6 +137,12 @@ def test_two_gloo_ranks_match_one_process(tiny_run, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "domino_graft", "train", str(two), "--max-steps", "3", "--no-progress", *over]
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
+    if res.returncode != 0 and any(sig in res.stderr for sig in RENDEZVOUS_FAILURES):
+        # the local rendezvous / TCP store lost a race for a port or a connection on a busy
+        # machine: the environment, not the numerics this test checks; once more
+        shutil.rmtree(two)
+        shutil.copytree(tiny_run, two)
+        res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     train(str(one), over, max_steps=3, progress=False, echo=lambda *a: None)
     a, b = _metrics(one), _metrics(two)
