@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_graft.replay import leading_matches, replay, walk  # noqa: F401  (re-exported for tests)
+from domino_graft.replay import replay
 from domino_graft.training.data import encode_record
 
 
