@@ -26,7 +26,7 @@ OUTDIR=${OUT:-/tmp/out}
 mkdir -p "$WORK" "$OUTDIR"
 export PYTHONUNBUFFERED=1 DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/wheels
 # Up to ~25 GPU processes share the host: one CPU thread each (torch would start one per core in
-# every process). The 2-GPU run without this timed the target at 31-48 tokens/s, 53 alone.
+# every process). Suspected cause: the 2-GPU run without this timed the target at 31-48 tokens/s, 53 alone.
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 export DG_GIT_SHA=$(cat "$(dirname "$0")/../GIT_SHA" 2>/dev/null)
 
