@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from domino_graft.replay import replay
-from domino_graft.training.data import encode_record
+from domino_graft.replay import read_responses, replay
 
 
 def decoded_tau(records: Path, *, mode: str, eval_set: str, limit: int) -> float | None:
@@ -51,7 +50,7 @@ def main() -> int:
         name, sep, path = spec.partition("=")
         if not sep or not Path(path).is_file():
             p.error(f"--data: {spec!r}; valid: NAME=FILE.jsonl with an existing file")
-        sets[name] = [json.loads(line) for line in open(path)][: args.limit]
+        sets[name] = path
     result = {"what": "greedy decoding replayed on the target's own greedy responses (teacher-forced drafts)",
               "limit": args.limit, "max_anchors": args.max_anchors,
               "data": {k: v for k, v in (s.partition("=")[::2] for s in args.data)}, "runs": {}}
@@ -61,13 +60,10 @@ def main() -> int:
         if target is not None:  # one target in memory for every run (load_run checks the identity)
             run.adapter.target = target
         target = target or run.target
-        eos = (target.shape.eos_token_ids or (None,))[0]
-        chat = run.recipe.target.chat
         result["runs"][run_dir] = {}
-        for name, recs in sets.items():
+        for name, path in sets.items():
             t0 = time.time()
-            examples = [encode_record(r, target.tokenizer, chat=chat, eos_id=eos, where=f"{name}[{i}]")
-                        for i, r in enumerate(recs)]
+            examples = read_responses(path, target, chat=run.recipe.target.chat, limit=args.limit, flag=f"--data {name}")
             res = replay(target, run.adapter, run.head, examples, max_anchors=args.max_anchors)
             if args.records:
                 res["tau_decoded"] = decoded_tau(Path(args.records), mode=Path(run_dir).name, eval_set=name,

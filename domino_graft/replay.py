@@ -15,11 +15,13 @@ anchor; neither holds, so use this on held-out responses to see what decoding wi
 
 from __future__ import annotations
 
-from typing import Iterable
+import json
+from pathlib import Path
+from typing import Iterable, Optional
 
 import torch
 
-from .training.data import Example
+from .training.data import Example, encode_record
 from .training.features import target_features
 from .training.objective import IGNORE
 
@@ -41,14 +43,12 @@ def leading_matches(target, adapter, head, example: Example, *, max_anchors: int
     k = adapter.num_slots  # decoding proposes num_slots per block (training may label one more)
     hidden, labels = blocks.hidden[:, :k], blocks.labels[:, :k]
     n = labels.shape[0]
-    corr = head.correction(hidden, blocks.prev_emb[:, :k])  # [n, k, r]
     slot = torch.arange(k, device=ids.device).expand(n, k).reshape(-1)
-    base = adapter.slot_base_logits(hidden.reshape(n * k, -1), slot).float()
-    delta = head.embed_proj[2](corr.reshape(n * k, -1)).float()
-    final = base + delta * head.corrected_slots(k, ids.device)[slot][:, None].to(delta.dtype)
-    lab = labels.reshape(-1)
-    ok_b = ((base.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
-    ok_f = ((final.argmax(-1) == lab) & (lab != IGNORE)).reshape(n, k)
+    base = adapter.slot_base_logits(hidden.reshape(n * k, -1), slot).float().view(n, k, -1)
+    final = head.block(hidden, base, blocks.prev_emb[:, :k])  # the head's teacher-forced block
+    known = labels != IGNORE
+    ok_b = (base.argmax(-1) == labels) & known
+    ok_f = (final.argmax(-1) == labels) & known
     return ok_b.long().cumprod(-1).sum(-1).cpu(), ok_f.long().cumprod(-1).sum(-1).cpu()
 
 
@@ -84,3 +84,38 @@ def replay(target, adapter, head, examples: Iterable[Example], *, max_anchors: i
         out[f"tau_{name}"] = round(tokens[name] / forwards[name], 4) if forwards[name] else None
         out[f"tau_{name}_every_anchor"] = round(1 + every.mean().item(), 4) if every.numel() else None
     return out
+
+
+def responses_file(path: str | Path, flag: str = "--responses") -> Path:
+    """The path, checked before anything slow (a model load) happens."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag}: {str(path)!r} does not exist; write one with `domino-graft regenerate`")
+    return path
+
+
+def read_responses(path: str | Path, target, *, chat: bool, limit: Optional[int] = None,
+                   flag: str = "--responses") -> list[Example]:
+    """The target's own responses (`regenerate` output), encoded as training examples; every
+    record must carry a response (the tokens replay walks over)."""
+    path = responses_file(path, flag)
+    eos = (target.shape.eos_token_ids or (None,))[0]
+    examples = []
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if limit is not None and len(examples) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{flag}: {path}:{n} is not JSON ({e.msg})") from None
+            ex = encode_record(rec, target.tokenizer, chat=chat, eos_id=eos, where=f"{path}:{n}")
+            if not any(ex.loss_mask):
+                raise ValueError(f"{flag}: {path}:{n} has no response tokens; each record needs the target's "
+                                 "answer (messages ending with the assistant turn, or prompt+response)")
+            examples.append(ex)
+    if not examples:
+        raise ValueError(f"{flag}: {path} holds no records")
+    return examples

@@ -3,7 +3,6 @@ one teacher-forced forward per response (domino_graft.replay), with and without 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -21,43 +20,22 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoint import atomic_write_json
-    from ..replay import replay
+    from ..replay import read_responses, replay, responses_file
     from ..rundir import load_run, resolve_run
-    from ..training.data import encode_record
     from .generate import pick_device
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag}: {value} is invalid; valid: an integer >= 1")
-    path = Path(args.responses)
-    if not path.is_file():
-        raise FileNotFoundError(f"--responses: {args.responses!r} does not exist; write one with `domino-graft regenerate`")
+    responses_file(args.responses)
     run_dir = resolve_run(args.run)
     loaded = load_run(run_dir, device=pick_device(args.device))
     target = loaded.target
-    eos = (target.shape.eos_token_ids or (None,))[0]
-    examples = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if args.limit is not None and len(examples) >= args.limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--responses: {path}:{n} is not JSON ({e.msg})") from None
-            ex = encode_record(rec, target.tokenizer, chat=loaded.recipe.target.chat, eos_id=eos, where=f"{path}:{n}")
-            if not any(ex.loss_mask):
-                raise ValueError(f"--responses: {path}:{n} has no response tokens; each record needs the target's "
-                                 "answer (messages ending with the assistant turn, or prompt+response)")
-            examples.append(ex)
-    if not examples:
-        raise ValueError(f"--responses: {path} holds no records")
+    examples = read_responses(args.responses, target, chat=loaded.recipe.target.chat, limit=args.limit)
     res = replay(target, loaded.adapter, loaded.head, examples, max_anchors=args.max_tokens)
     print(f"{run_dir}: {res['sequences']} responses, greedy τ replayed: base {res['tau_base']:.3f}, "
           f"with the Domino head {res['tau_final']:.3f} (×{res['tau_final'] / res['tau_base']:.3f})")
     if args.json:
         atomic_write_json(Path(args.json), {"run": str(run_dir), "target": loaded.manifest.get("target"),
-                                            "responses": str(path), "max_tokens": args.max_tokens, **res})
+                                            "responses": args.responses, "max_tokens": args.max_tokens, **res})
     return 0
