@@ -29,6 +29,14 @@ def _shares_base_drafter(run: str) -> bool:
     return run.endswith("headonly")
 
 
+def _bulky(rel: Path) -> bool:
+    """Files the weights do not need and the return limit cannot spare: checkpoints, feature
+    caches, the eval records (returned in their own archive), the prompts and the per-shard
+    regeneration parts (train.regen.jsonl, their merge, is kept)."""
+    return bool({"checkpoints", "features", "eval"} & set(rel.parts)) or ".part-" in rel.name \
+        or rel.name.startswith("train_prompts")
+
+
 def pack(work: Path, out: Path, runs=RUNS) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -49,8 +57,7 @@ def pack(work: Path, out: Path, runs=RUNS) -> None:
         save_file(shard, str(out / f"weights.{n}.safetensors"))
     with tarfile.open(out / "runs_meta.tar.gz", "w:gz") as tar:
         for p in sorted(work.rglob("*")):
-            if p.is_file() and p.suffix in (".json", ".yaml", ".jsonl", ".log") and "checkpoints" not in p.parts \
-                    and "features" not in p.parts:
+            if p.is_file() and p.suffix in (".json", ".yaml", ".jsonl", ".log") and not _bulky(p.relative_to(work)):
                 tar.add(p, arcname=str(p.relative_to(work)))
 
 

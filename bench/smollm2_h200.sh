@@ -10,7 +10,8 @@
 # git rev-parse HEAD > .snap/GIT_SHA),
 # then, back to back:
 #   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
-#   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train
+#   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train (GPU_TESTS=1: the
+#                                          kernels' -m gpu tests on GPU 0 meanwhile, log in $OUT)
 #   call 3 (carry .snap):                  bash .snap/bench/smollm2_h200.sh eval
 #   call 4 (carry .snap):                  bash .snap/bench/smollm2_h200.sh resume (the greedy prompts
 #                                          left, temperature 1; HEAD_LATENCY=1: bench/head_latency.py on GPU 0)
@@ -50,7 +51,11 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ "$TARGET" = smollm2 ]; then FAMILIES=${FAMILIES:-dflash medusa}; else FAMILIES=${FAMILIES:-dflash}; fi
 PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale ${SCALE:-gpu} --families ${FAMILIES// /,}"
 T0=$(date +%s)
+# CALL_S: the device call's limit (default 600 s; pass less when the session has less device time
+# left, so the phase still writes its report and records before the call is cut)
+CALL_S=${CALL_S:-600}
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
+by() { echo $(( CALL_S - $1 )); }   # the moment $1 seconds before the call's end
 
 NGPU=$(nvidia-smi -L | wc -l)
 gpu() { echo "env CUDA_VISIBLE_DEVICES=$(( $1 % NGPU ))"; }   # $(gpu N) cmd...: run cmd on GPU N mod NGPU
@@ -66,8 +71,8 @@ train_all() {  # independent drafters in parallel processes (launch-bound: one C
   wait
 }
 
-regen() {  # two regeneration processes per GPU, then one merge
-  local n=$((2 * NGPU)) i
+regen() {  # three regeneration processes per GPU (launch-bound: the GPU has room), then one merge
+  local n=$((3 * NGPU)) i
   if [ ! -f "$WORK/train.regen.jsonl" ]; then
     $PIPE --stages prompts 2>&1 | grep -v "Loading weights"
     for i in $(seq 0 $((n - 1))); do
@@ -121,18 +126,27 @@ report() {
 case "$PHASE" in
   train)
     regen 300
-    train_all 560
+    # GPU_TESTS=1: the kernels' -m gpu parity tests (full Qwen3-8B shapes) on GPU 0 while it trains
+    if [ "${GPU_TESTS:-0}" = 1 ]; then
+      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site timeout 400 python3 -m pytest -q -rA -m gpu \
+          -p no:cacheprovider -o addopts="" tests/test_kernels.py > "$OUTDIR/gpu_tests.log" 2>&1
+        tail -3 "$OUTDIR/gpu_tests.log" ) &
+    fi
+    train_all $(by 40)
+    wait
     grep -h "trained to\|τ est\|Error\|error" "$WORK"/train_*.log
     collect ;;
   eval)
-    train_all 150   # finishes (resumes from checkpoints) whatever an earlier call left unfinished
+    train_all ${FINISH_S:-150}   # finishes (resumes from checkpoints) whatever an earlier call left unfinished
     grep -h "trained to\|Error" "$WORK"/train_*.log | tail -8
+    # an eval of a half-trained drafter would still produce numbers: say so loudly
+    grep -L "trained to" "$WORK"/train_*.log | sed 's/^/UNFINISHED TRAINING: /'
     # tokens/s: one process alone on GPU 0 (the other GPUs start their greedy shards meanwhile)
-    if [ "$NGPU" -gt 1 ]; then shards $(( $(left 540) - 20 )) "$(seq -s, 1 $((NGPU - 1)))" & fi
-    $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left 330) - 30 )) \
+    if [ "$NGPU" -gt 1 ]; then shards $(( $(left $(by 60)) - 20 )) "$(seq -s, 1 $((NGPU - 1)))" & fi
+    $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left $(( ${FINISH_S:-150} + 180 ))) - 30 )) \
       > "$WORK/eval_timing.log" 2>&1
     tail -2 "$WORK/eval_timing.log"
-    shards $(( $(left 540) - 20 )) 0
+    shards $(( $(left $(by 60)) - 20 )) 0
     wait
     summary
     report ;;
@@ -142,11 +156,11 @@ case "$PHASE" in
     if [ "${HEAD_LATENCY:-0}" = 1 ] && [ "$NGPU" -gt 1 ]; then
       ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site timeout 240 python3 bench/head_latency.py \
           --out "$OUTDIR/head_latency_h200.json" > "$WORK/head_latency.log" 2>&1; tail -3 "$WORK/head_latency.log" ) &
-      shards $(( $(left 300) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
+      shards $(( $(left $(by 300)) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
     else
-      shards $(( $(left 300) - 20 ))
+      shards $(( $(left $(by 300)) - 20 ))
     fi
-    t1 $(( $(left 540) - 20 ))
+    t1 $(( $(left $(by 60)) - 20 ))
     wait
     summary
     report ;;
