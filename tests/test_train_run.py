@@ -112,6 +112,44 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(tiny_run, tmp_path):
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-35", "step-40"]
 
 
+def test_resume_inside_the_backbone_only_phase_matches_an_uninterrupted_run(tiny_run, tmp_path, monkeypatch):
+    """The bench's base drafters train with backbone_only_steps = max_steps: the head's parameters
+    are trainable but never get a gradient, so their checkpoint has no AdamW state. Resuming such a
+    run (the H200 bench splits training over device calls) must not fail on that, and must continue
+    exactly where the uninterrupted run goes."""
+    import domino_graft.training.loop as loop
+    from domino_graft.checkpoint import load_tensors
+
+    args = ["train.backbone_only_steps=8", "train.keep_last=3", *LEARN]
+    cut, clean = tmp_path / "cut", tmp_path / "clean"
+    shutil.copytree(tiny_run, cut)
+    shutil.copytree(tiny_run, clean)
+    save = loop.save_checkpoint
+
+    def save_then_die(run_dir, step, *a, **kw):  # a kill right after the step-4 checkpoint
+        path = save(run_dir, step, *a, **kw)
+        if step == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return path
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(str(cut), args, max_steps=8, save_every=2, progress=False, echo=lambda *a: None)
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    train(str(cut), resume=True, progress=False, echo=lambda *a: None)
+    train(str(clean), args, max_steps=8, save_every=2, progress=False, echo=lambda *a: None)
+    a, b = _metrics(cut), _metrics(clean)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 9))
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-9), x["step"]
+    for f in ("head.safetensors", "drafter/model.safetensors"):
+        ta, tb = load_tensors(cut / f), load_tensors(clean / f)
+        assert all(torch.equal(ta[k], tb[k]) for k in tb), f
+    from domino_graft.rundir import load_run
+
+    assert load_run(cut).head.is_identity()  # the head never trained, before or after the resume
+
+
 def test_online_and_offline_features_give_the_same_loss(tiny_run, tmp_path):
     runs = {}
     for mode in ("online", "offline"):

@@ -109,8 +109,10 @@ def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
     expected = {n: tuple(p.shape) for n, p in module.named_parameters() if p.requires_grad}
     check_tensors(msd, expected, source=str(path / "model.safetensors"))
     osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    # strict=False: a trainable parameter that never got a gradient (the head during
+    # train.backbone_only_steps) has no AdamW state to restore; the model tensors were checked above
     set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd,
-                   options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True))
+                   options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False))
     trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
     scheduler.load_state_dict(trainer["scheduler"])
     rngs = trainer["rng"]
