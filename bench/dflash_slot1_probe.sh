@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Would DFlash gain from the head correcting slot 1 too (head.pure_prefix_len 0), as Medusa did?
+# A CPU proxy, not the benchmark: two head-only grafts onto the device run's trained DFlash base
+# drafter (backbone frozen, λ = 0, the same seed, data, steps and batch), differing only in
+# pure_prefix_len, then `bench/acceptance_probe.py` (exact replay of greedy decoding) on held-out
+# responses of the first 40 GSM8K / HumanEval prompts and on 40 training responses.
+#
+#   bash bench/dflash_slot1_probe.sh WORK EVAL_DIR OUT_DIR
+#     WORK      the unpacked device run (python bench/pack_runs.py unpack DFLASH_RUNS WORK): its
+#               dflash_base drafter and train.regen.jsonl
+#     EVAL_DIR  gsm8k40.regen.jsonl, he40.regen.jsonl (the README's acceptance-probe commands) and
+#               train_code40.jsonl (the first 40 code records of WORK/train.regen.jsonl)
+#     OUT_DIR   run dirs, logs and slot1_probe.json
+# Data: 600 code + 200 math responses drawn (seed 0) from WORK/train.regen.jsonl, skipping the
+# first 40 of each kind (the probe's training sets). 300 steps x 8 sequences, ~4 s per step on 2 cores
+# with the target's features cached once (~10 min, 3 GB) and shared by both runs.
+set -euo pipefail
+WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; OUT=${3:?OUT_DIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+mkdir -p "$OUT"
+"$PY" - "$WORK/train.regen.jsonl" "$OUT/train_sub.jsonl" <<'EOF'
+import json, random, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+math = [r for r in rows if r["id"].startswith("gsm8k-symbolic")]
+code = [r for r in rows if not r["id"].startswith("gsm8k-symbolic")]
+random.seed(0)
+sub = random.sample(code[40:], 600) + random.sample(math[40:], 200)
+random.shuffle(sub)
+with open(sys.argv[2], "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in sub)
+EOF
+for P in 1 0; do
+  R=$OUT/ppl$P
+  [ -d "$R" ] || "$PY" -m domino_graft apply "$ROOT/recipes/smollm2_dflash.yaml" -o "$R" \
+      drafter.path="$WORK/dflash_base/drafter" head.pure_prefix_len=$P device=cpu
+  # the target's features do not depend on the head: compute them once
+  if [ "$P" = 0 ] && [ -d "$OUT/ppl1/features" ] && [ ! -d "$R/features" ]; then cp -r "$OUT/ppl1/features" "$R/features"; fi
+  "$PY" -m domino_graft train "$R" train.backbone=frozen train.lambda_start=0.0 train.max_steps=300 \
+      train.batch_size=8 train.data.path="$OUT/train_sub.jsonl" train.data.num_samples=800 \
+      train.data.max_length=384 train.features=offline train.anchors_per_seq=32 train.lr=1e-3 \
+      train.warmup_steps=10 train.save_every=100 --no-progress > "$OUT/train_ppl$P.log" 2>&1
+done
+"$PY" "$ROOT/bench/acceptance_probe.py" --runs "$OUT/ppl1,$OUT/ppl0" --limit 40 \
+    --data gsm8k="$EVAL/gsm8k40.regen.jsonl" --data humaneval="$EVAL/he40.regen.jsonl" \
+    --data train_code="$EVAL/train_code40.jsonl" --out "$OUT/slot1_probe.json"
