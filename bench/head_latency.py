@@ -36,7 +36,7 @@ each the median of per-call CUDA-event timings after warm-up, with the L2 flushe
 write, outside the timed events, as triton.testing.do_bench does) before every repetition: in
 decoding the target's forward runs between two rollouts, so no rollout finds the previous one's
 weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
-l2_pin_sweep, which times whole rollouts.) Floors:
+l2_reuse_sweep, which times whole rollouts.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -467,25 +467,33 @@ def sweep_pool(d: dict, head, batches=(1,), pool=None) -> list[dict]:
     return rows
 
 
-def sweep_l2_pin(d: dict, head, emb, cfg, fractions=(0.0, 0.3, 0.45, 0.6), batch=1) -> list[dict]:
-    """The full-vocabulary rollout (CUDA graph, L2 flushed before every call) at each fraction of
-    W2 pinned in L2; pinning changes no arithmetic, so the drafts must equal the unpinned ones."""
+# (w2_zigzag, w2_stream, w2_l2_pin_fraction): the original streaming scan first (the reference
+# for same_drafts_as_first), then the zig-zag with and without evict_first, then partial pinning
+L2_REUSE_VARIANTS = ((False, True, 0.0), (True, False, 0.0), (True, True, 0.0), (False, False, 0.0),
+                     (False, True, 0.3))
+
+
+def sweep_l2_reuse(d: dict, head, emb, cfg, variants=L2_REUSE_VARIANTS, batch=1) -> list[dict]:
+    """The full-vocabulary rollout (CUDA graph, L2 flushed before every call) under each way of
+    getting W2 rows from L2 on the next corrected step: zig-zag scan order, eviction hints, partial
+    pinning. None changes the arithmetic, so the drafts must equal the first variant's."""
     block, anchor = make_block(d, batch)
     embed = K.reference.dense_embed(emb)
-    rows, unpinned = [], None
-    for f in fractions:
-        row = dict(batch=batch, fraction=f)
+    rows, first = [], None
+    for zigzag, stream, frac in variants:
+        row = dict(batch=batch, zigzag=zigzag, stream=stream, fraction=frac)
         try:
-            roll = K.make_rollout("triton", head, emb, config=dataclasses.replace(cfg, w2_l2_pin_fraction=f))
+            var = dataclasses.replace(cfg, w2_zigzag=zigzag, w2_stream=stream, w2_l2_pin_fraction=frac)
+            roll = K.make_rollout("triton", head, emb, config=var)
             ids, _ = roll(head, block, anchor, embed)
-            unpinned = ids if unpinned is None else unpinned
+            first = ids if first is None else first
             row.update(ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
-                       same_drafts_as_first=bool(torch.equal(ids, unpinned)))
+                       same_drafts_as_first=bool(torch.equal(ids, first)))
             del roll
         except Exception as exc:
             row.update(error=repr(exc)[:300])
         rows.append(row)
-        print("l2_pin_sweep", row, flush=True)
+        print("l2_reuse_sweep", row, flush=True)
         empty_cache()
     return rows
 
@@ -808,7 +816,7 @@ def main():
         sms=sm_count(), pool_size=POOL,
         l2_flush_between_reps=on_gpu(),
         l2_flush="a %d MB write before every timed call of every end-to-end variant (eager, graph, fused_full, "
-                 "fused_pool) and in l2_pin_sweep, outside the timed events; single-kernel sweeps unflushed"
+                 "fused_pool) and in l2_reuse_sweep, outside the timed events; single-kernel sweeps unflushed"
                  % (L2_FLUSH_BYTES >> 20),
         notes=("head only (base LM head excluded); graphed timings include copying the block into the graph's "
                "static buffers; SmolLM2 head weights (~8 MB) fit in the 60 MB L2, but with the L2 flushed before "
@@ -857,10 +865,10 @@ def main():
             if p:
                 cfg.pool_block_p, cfg.pool_warps, cfg.pool_programs_per_sm = p["block_p"], p["warps"], p["programs_per_sm"]
             # last: whole rollouts with the launch configs chosen above
-            res["l2_pin_sweep"] = sweep_l2_pin(d, head, emb, cfg)
-            pin = best(res["l2_pin_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
+            res["l2_reuse_sweep"] = sweep_l2_reuse(d, head, emb, cfg)
+            pin = best(res["l2_reuse_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
             if pin:
-                cfg.w2_l2_pin_fraction = pin["fraction"]
+                cfg.w2_zigzag, cfg.w2_stream, cfg.w2_l2_pin_fraction = pin["zigzag"], pin["stream"], pin["fraction"]
             if on_gpu():  # the persistent pool rollout: adopted only if faster and identical
                 res["pool_persistent_probe"] = pool_persistent_probe(cfg)
                 if "error" in res["pool_persistent_probe"]:

@@ -129,6 +129,13 @@ class KernelConfig:
     # repetitions). Measured on the H200, batch 1: 0 -> 0.448 ms, 0.3 -> 0.576, 0.45 -> 0.577,
     # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off.
     w2_l2_pin_fraction: float = 0.0
+    # Zig-zag scan: each corrected step's W2 scan walks the rows in the opposite direction to the
+    # previous step's, so it starts on the rows the previous scan read last, still in L2 (a
+    # same-direction scan of a W2 larger than the L2 evicts each row before it is read again).
+    # w2_stream marks W2 loads evict_first (the original streaming scan); the zig-zag wants it off.
+    # Neither changes a token. Swept by bench/head_latency.py ("l2_reuse_sweep").
+    w2_zigzag: bool = False
+    w2_stream: bool = True
     # Greedy pool rollouts at batch <= pool_persistent_max_batch on CUDA as ONE persistent launch
     # (`triton_persistent.pool_rollout_persistent`: a software grid barrier between the GRU and the
     # scoring phase of every step) instead of two launches a step. Measured on the H200
@@ -413,8 +420,10 @@ class FusedRollout:
                     self._sample(filtered_probs(pool_logits, temperature, top_k, top_p), pool_ids[:, c],
                                  uniforms, q, tok, j)
             else:
+                reverse = cfg.w2_zigzag and (j - pure - 1) % 2 == 1  # corrected steps alternate direction
                 tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, zacc=zacc[j - 1], w2=prep.w2, logits=logits,
-                             block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, pin_programs=pin, **nxt)
+                             block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, pin_programs=pin,
+                             reverse=reverse, stream=cfg.w2_stream, **nxt)
                 last = (pv_full, pi_full)
                 if sampling:
                     self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)

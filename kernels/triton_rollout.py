@@ -171,17 +171,23 @@ def _gru_step_kernel(
 
 @triton.jit
 def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-              B, V, R: tl.constexpr, v_per_prog, NP,
+              B, V, R: tl.constexpr, v_per_prog, NP, reverse,
               HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr,
               BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, PIN_W2: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, PIN_W2: tl.constexpr, STREAM_W2: tl.constexpr):
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     best_val = tl.full((BLOCK_B,), float("-inf"), tl.float32)
     best_idx = tl.full((BLOCK_B,), _BIG, tl.int32)
     v_start = pid * v_per_prog
     v_end = tl.minimum(v_start + v_per_prog, V)
-    for v0 in range(v_start, v_end, BLOCK_V):
+    n_tiles = tl.cdiv(tl.maximum(v_end - v_start, 0), BLOCK_V)
+    for i in range(0, n_tiles):
+        # reverse = 1 walks this program's rows last tile first. Alternating the direction from one
+        # corrected step to the next starts each scan on the rows the previous scan read last, which
+        # are still in L2 (W2 is larger than the L2, so a same-direction scan finds none of its
+        # first rows there). The argmax merge below is order-free: the tokens do not change.
+        v0 = v_start + (i + reverse * (n_tiles - 1 - 2 * i)) * BLOCK_V
         v = v0 + tl.arange(0, BLOCK_V)
         vmask = v < v_end
         m2 = vmask[:, None] & bmask[None, :]
@@ -197,8 +203,10 @@ def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr
                 wmask = vmask[:, None] & rmask[None, :]
                 if PIN_W2:  # this program's rows stay in L2 for the next step (see _w2_score_split)
                     w = tl.load(w_ptrs, mask=wmask, other=0.0, eviction_policy="evict_last")  # [BLOCK_V, BLOCK_R]
-                else:
+                elif STREAM_W2:
                     w = tl.load(w_ptrs, mask=wmask, other=0.0, eviction_policy="evict_first")
+                else:  # the L2's own replacement: what was read last stays (the zig-zag scan wants that)
+                    w = tl.load(w_ptrs, mask=wmask, other=0.0)
                 z = (zp * _sigmoid(zp)).to(w.dtype)  # SiLU, then the weights' dtype for the dot
                 acc += tl.dot(w, z, input_precision=DOT_PRECISION)
             logits += acc
@@ -216,10 +224,10 @@ def _w2_score(pid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr
 
 @triton.jit
 def _w2_score_split(spid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                    B, V, R: tl.constexpr, v_per_prog, NP,
+                    B, V, R: tl.constexpr, v_per_prog, NP, reverse,
                     HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_PIN: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, STREAM_W2: tl.constexpr):
     """Scoring program `spid`: the first `pin_progs` programs (the first rows of W2) load W2 with
     evict_last, the rest with evict_first. W2 (77.8 MB at Qwen3-8B shapes) is re-read at every
     corrected step but does not fit the H200's L2 (~50 MB): streamed whole, each step evicts what
@@ -227,26 +235,26 @@ def _w2_score_split(spid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, 
     if HAS_PIN:
         if spid < pin_progs:
             _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
-                      DOT_PRECISION, True)
+                      B, V, R, v_per_prog, NP, reverse, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R,
+                      R_CHUNKS, DOT_PRECISION, True, STREAM_W2)
         else:
             _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                      B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
-                      DOT_PRECISION, False)
+                      B, V, R, v_per_prog, NP, reverse, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R,
+                      R_CHUNKS, DOT_PRECISION, False, STREAM_W2)
     else:
         _w2_score(spid, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                  B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R, R_CHUNKS,
-                  DOT_PRECISION, False)
+                  B, V, R, v_per_prog, NP, reverse, HAS_DELTA, WRITE_LOGITS, BLOCK_B, BLOCK_V, BLOCK_R,
+                  R_CHUNKS, DOT_PRECISION, False, STREAM_W2)
 
 
 @triton.jit
 def _w2_argmax_kernel(
     base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
     h_ptr, whh_ptr, gh_ptr, NGH, pin_progs,
-    B, V, R: tl.constexpr, v_per_prog, NP, G: tl.constexpr,
+    B, V, R: tl.constexpr, v_per_prog, NP, G: tl.constexpr, reverse,
     HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr, HAS_PIN: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
-    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, STREAM_W2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if HAS_GH:
@@ -255,12 +263,12 @@ def _w2_argmax_kernel(
             _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
         else:
             _w2_score_split(pid - NGH, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr,
-                            logits_ptr, B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B, BLOCK_V,
-                            BLOCK_R, R_CHUNKS, DOT_PRECISION)
+                            logits_ptr, B, V, R, v_per_prog, NP, reverse, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B,
+                            BLOCK_V, BLOCK_R, R_CHUNKS, DOT_PRECISION, STREAM_W2)
     else:
         _w2_score_split(pid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, pval_ptr, pidx_ptr, logits_ptr,
-                        B, V, R, v_per_prog, NP, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B, BLOCK_V, BLOCK_R,
-                        R_CHUNKS, DOT_PRECISION)
+                        B, V, R, v_per_prog, NP, reverse, HAS_DELTA, WRITE_LOGITS, HAS_PIN, BLOCK_B, BLOCK_V,
+                        BLOCK_R, R_CHUNKS, DOT_PRECISION, STREAM_W2)
 
 
 @triton.jit
@@ -421,12 +429,14 @@ def gru_step(*, table, h_prev, h_out, gh=None, tok=None, partials=None, draft=No
 
 
 def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, block_v=128, block_r=128,
-              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256, pin_programs=0):
+              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256, pin_programs=0, reverse=False, stream=True):
     """Fused base + W2·SiLU(zacc) and stage-1 argmax. base [B, V] (row stride free, last dim
     contiguous), zacc [B, r] fp32, w2 [V, r], pval/pidx [B, NP] (NP = scoring programs, set by the
     caller), logits [V, B] fp32 (optional, for sampling; note the layout), gh = (S [B, G], W_hh,
     out [B, 3G] fp32): also compute the next step's W_hh·S in extra programs. The first
-    `pin_programs` scoring programs keep their W2 rows in L2 (evict_last); see `l2_pin_programs`."""
+    `pin_programs` scoring programs keep their W2 rows in L2 (evict_last); see `l2_pin_programs`.
+    reverse: each program scans its rows last tile first (same result); stream: W2 loads marked
+    evict_first (False: the L2's default policy, for a zig-zag of alternating `reverse`)."""
     bsz, v = base.shape
     np_ = pval.shape[1]
     has_delta = w2 is not None
@@ -445,12 +455,12 @@ def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, blo
         base, base.stride(0), zacc if has_delta else base, w2 if has_delta else base, pval, pidx,
         logits if logits is not None else pval,
         *(a if a is not None else pval for a in ga["args"][:3]), ga["args"][3], int(pin_programs),
-        bsz, v, R=r, v_per_prog=v_per_prog, NP=np_, G=ga["g"],
+        bsz, v, R=r, v_per_prog=v_per_prog, NP=np_, G=ga["g"], reverse=int(bool(reverse)),
         HAS_DELTA=has_delta, WRITE_LOGITS=logits is not None, HAS_GH=ga["has"],
         HAS_PIN=has_delta and pin_programs > 0,
         BLOCK_B=_pow2(bsz), BLOCK_V=block_v, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
         BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(wdt),
-        num_warps=num_warps, num_stages=num_stages,
+        STREAM_W2=bool(stream), num_warps=num_warps, num_stages=num_stages,
     )
 
 

@@ -163,9 +163,13 @@ def test_gru_step(b, g, r, from_partials):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("b,v,r,programs,pin", [(1, 97, 12, 1, 0), (3, 1013, 12, 5, 2), (3, 1013, 12, 5, 5)])
-def test_w2_argmax(b, v, r, programs, pin):
-    """pin: leading programs that load W2 with evict_last (a second code path; same numbers)."""
+@pytest.mark.parametrize("b,v,r,programs,pin,reverse", [(1, 97, 12, 1, 0, False), (3, 1013, 12, 5, 2, False),
+                                                         (3, 1013, 12, 5, 5, False), (1, 97, 12, 1, 0, True),
+                                                         (3, 1013, 12, 5, 0, True)])
+def test_w2_argmax(b, v, r, programs, pin, reverse):
+    """pin: leading programs that load W2 with evict_last (a second code path; same numbers).
+    reverse: every program scans its rows last tile first (the zig-zag's odd steps), with the
+    default eviction policy: the same logits and argmax."""
     from domino_graft.kernels import triton_rollout as tr
 
     gen = torch.Generator().manual_seed(3)
@@ -179,7 +183,7 @@ def test_w2_argmax(b, v, r, programs, pin):
     g = 20
     h, whh, gh = torch.randn(b, g, generator=gen), torch.randn(3 * g, g, generator=gen), torch.full((b, 3 * g), float("nan"))
     tr.w2_argmax(base=base, zacc=zacc, w2=w2, pval=pval, pidx=pidx, logits=logits, block_v=32, gh=(h, whh, gh),
-                 block_gh=16, gh_block_k=16, pin_programs=pin)
+                 block_gh=16, gh_block_k=16, pin_programs=pin, reverse=reverse, stream=not reverse)
     assert_close(gh, h @ whh.t(), what="w2_argmax's whh_gemv programs")
     ref = base + torch.nn.functional.silu(zacc) @ w2.t()
     assert_close(logits.t(), ref, what="w2_argmax logits")
@@ -200,11 +204,12 @@ def test_w2_argmax_ties_lowest_id():
         w2[c] = w2[a]
     base[0, 40] = base[0, 41] = 50.0
     base[1, 250] = base[1, 30] = 50.0
-    pval, pidx = torch.empty(2, 4), torch.empty(2, 4, dtype=torch.int32)
-    tr.w2_argmax(base=base, zacc=zacc, w2=w2, pval=pval, pidx=pidx, block_v=32)
-    draft = torch.full((2, 1), -1, dtype=torch.int64)
-    tr.argmax_finalize(pval=pval, pidx=pidx, draft=draft, draft_col=0)
-    assert draft[:, 0].tolist() == [40, 30]
+    for reverse in (False, True):  # a reversed scan meets the higher id first inside a tile
+        pval, pidx = torch.empty(2, 4), torch.empty(2, 4, dtype=torch.int32)
+        tr.w2_argmax(base=base, zacc=zacc, w2=w2, pval=pval, pidx=pidx, block_v=32, reverse=reverse)
+        draft = torch.full((2, 1), -1, dtype=torch.int64)
+        tr.argmax_finalize(pval=pval, pidx=pidx, draft=draft, draft_col=0)
+        assert draft[:, 0].tolist() == [40, 30], f"reverse={reverse}"
     ref = base + torch.nn.functional.silu(zacc) @ w2.t()
     assert K.argmax_lowest_id(ref).tolist() == [40, 30]
 
@@ -316,6 +321,9 @@ def test_domino_rollout_greedy_matches_reference(shape):
     assert q is None and q_ref is None
     assert out.dtype == torch.int64 and out.shape == (b, k)
     assert torch.equal(out, ref), first_mismatches(out, ref)
+    zigzag = K.KernelConfig(w2_zigzag=True, w2_stream=False)  # odd corrected steps scan W2 backwards
+    out_zz, _ = K.make_rollout("triton", head, emb, config=zigzag)(head, block, anchor, K.reference.dense_embed(emb))
+    assert torch.equal(out_zz, ref), "zig-zag: " + first_mismatches(out_zz, ref)
     # the head matters at these shapes: without it the drafts differ (else this test proves little)
     plain, _ = K.reference_rollout(head, block, anchor, K.reference.dense_embed(emb), use_head=False)
     if k > pure:
@@ -604,6 +612,9 @@ class TestGPU:
         ref, _ = K.reference_rollout(head, block, anchor, embed)
         out, _ = K.make_rollout("triton", head, emb, cuda_graphs=graphs)(head, block, anchor, embed)
         assert torch.equal(out, ref), first_mismatches(out, ref)
+        zigzag = K.KernelConfig(w2_zigzag=True, w2_stream=False)
+        out_zz, _ = K.make_rollout("triton", head, emb, cuda_graphs=graphs, config=zigzag)(head, block, anchor, embed)
+        assert torch.equal(out_zz, ref), "zig-zag: " + first_mismatches(out_zz, ref)
         ref_pool, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256)
         ref_bucket, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select="bucket")
         ref_radix, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select="radix")
@@ -643,6 +654,10 @@ class TestGPU:
         agree = (eager == out).float().mean().item()
         print(f"bf16 B={b}: fused vs eager bf16 token agreement {agree:.3f}, max gap to fp32 argmax {gap.max():.4f}")
         assert (eager[:, 0] == out[:, 0]).all()  # the pure slot is a plain base argmax in both
+        # the zig-zag scan reads the same tiles in another order: the same tokens, bit for bit
+        zigzag = K.KernelConfig(w2_zigzag=True, w2_stream=False)
+        out_zz, _ = K.make_rollout("triton", head, emb, config=zigzag)(head, block, anchor, embed)
+        assert torch.equal(out_zz, out), "zig-zag: " + first_mismatches(out_zz, out)
 
     def test_bf16_qwen3_8b_pool_and_sampling(self):
         head, emb, block, anchor, embed = self._setup(2, 15, **self.QWEN, dtype=torch.bfloat16)
