@@ -3,6 +3,7 @@ real SmolLM2 target, every stage, on the CPU (opt-in: fetches assets, ~4 minutes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -38,6 +39,12 @@ def test_smollm2_pipeline_smoke(tmp_path):
         assert budgets["base"]["steps"] == budgets["domino"]["steps"], "base and Domino must get the same budget"
     assert report["data"]["by_source"] == {"gsm8k-symbolic": 6, "code": 6}
     assert report["data"]["regen_shards"] == 2
+    # responses already in the work dir (an earlier call's, or an earlier run's copied in) are kept
+    regen = tmp_path / "work" / "train.regen.jsonl"
+    assert report["data"]["sha256"] == hashlib.sha256(regen.read_bytes()).hexdigest()
+    stamp = regen.stat().st_mtime_ns
+    subprocess.run(pipe + ["--stages", "data"], check=True, cwd=REPO, timeout=1200)
+    assert regen.stat().st_mtime_ns == stamp, "the data stage regenerated over existing responses"
     # the merged file keeps the prompt file's order, one response per prompt
     work = tmp_path / "work"
     prompt_ids = [json.loads(line)["id"] for line in (work / "train_prompts.jsonl").open()]
