@@ -31,7 +31,8 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
 On the H200 (bench/smollm2_h200.sh, one or two GPUs):  data, train  then  eval (timing, then
 greedy/t1 shards).
 
-`--scale` sets the sizes (see SCALES); everything else comes from recipes/smollm2_{dflash,medusa}.yaml.
+`--scale` sets the sizes (see SCALES) and any per-family overrides (SCALES[...]["family_overrides"],
+recorded in each training_<drafter>.json); everything else comes from recipes/smollm2_{dflash,medusa}.yaml.
 """
 
 from __future__ import annotations
@@ -102,8 +103,11 @@ SCALES = {
     # instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
     # ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
     # better than held-out ones). Data + training ~13 min on 2 GPUs.
+    # DFlash's head at rank 256 instead of the recipe's CPU-sized 64 (every DFlash variant, so the
+    # base drafters differ only in never training theirs): see bench/dflash_rank_probe.sh
     "gpu-large": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
-                      regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda"),
+                      regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
+                      family_overrides={"dflash": ["head.rank=256"]}),
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
@@ -246,11 +250,12 @@ def _plans(work: Path, scale: dict) -> dict[str, list[str]]:
               f"train.features={'online' if scale['device'] == 'cuda' else 'offline'}"]
     plans = {}
     for fam in FAMILIES:
+        fam_common = common + scale.get("family_overrides", {}).get(fam, [])
         # CE(base) only for the whole run: the head stays the identity (W2 = 0)
-        plans[f"{fam}_base"] = common + [f"train.max_steps={steps}", f"train.backbone_only_steps={steps}"]
-        plans[f"{fam}_domino"] = common + [f"train.max_steps={steps}"]
+        plans[f"{fam}_base"] = fam_common + [f"train.max_steps={steps}", f"train.backbone_only_steps={steps}"]
+        plans[f"{fam}_domino"] = fam_common + [f"train.max_steps={steps}"]
         base_drafter = (work / f"{fam}_base" / "drafter").resolve()
-        plans[f"{fam}_headonly"] = common + [f"drafter.path={base_drafter}", "train.backbone=frozen",
+        plans[f"{fam}_headonly"] = fam_common + [f"drafter.path={base_drafter}", "train.backbone=frozen",
                                              "train.lambda_start=0.0", f"train.max_steps={head_steps}",
                                              f"train.save_every={max(head_steps // 2, 1)}"]
     return plans
