@@ -76,7 +76,8 @@ class KernelConfig:
     "pool_select_sweep"). The interpreter ignores them except for program counts."""
 
     # w2_argmax with the next step's W_hh programs, batch 1 (final run, 2026-11-30): (block_v 64,
-    # block_r 256, 4 warps, 2 stages, 2 programs/SM) 24.9 us = 3.39 TB/s; 3 stages 26.0; 3/SM 25.1;
+    # block_r 256, 4 warps, 2 stages, 2 programs/SM) 24.9 us = 3.39 TB/s; 3 stages 26.0; 3/SM 25.1
+    # (the zig-zag run's sweep: 2/SM and 3/SM both 24.97 us; it kept 3);
     # (128, 256, 4, 3, 1) 27.5; (128, 256, 8, 3, 1) 27.9; (128, 256, 8, 2, 1) 28.4.
     w2_block_v: int = 64
     w2_block_r: int = 256
@@ -127,15 +128,18 @@ class KernelConfig:
     # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
     # ("l2_pin_sweep": 0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
     # repetitions). Measured on the H200, batch 1: 0 -> 0.448 ms, 0.3 -> 0.576, 0.45 -> 0.577,
-    # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off.
+    # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off (the zig-zag below
+    # gets W2 rows from L2 without hints).
     w2_l2_pin_fraction: float = 0.0
     # Zig-zag scan: each corrected step's W2 scan walks the rows in the opposite direction to the
     # previous step's, so it starts on the rows the previous scan read last, still in L2 (a
     # same-direction scan of a W2 larger than the L2 evicts each row before it is read again).
-    # w2_stream marks W2 loads evict_first (the original streaming scan); the zig-zag wants it off.
-    # Neither changes a token. Swept by bench/head_latency.py ("l2_reuse_sweep").
-    w2_zigzag: bool = False
-    w2_stream: bool = True
+    # w2_stream marks W2 loads evict_first (the original streaming scan). Neither changes a token.
+    # Measured on the H200 (head_latency_h200.json "l2_reuse_sweep", Qwen3-8B, batch 1, whole graphed
+    # rollouts, L2 flushed between calls): streaming 0.445 ms; zig-zag 0.416 (evict_first or not:
+    # 0.417); same direction without the hint 0.445; 30% pinned 0.597. So the zig-zag is on.
+    w2_zigzag: bool = True
+    w2_stream: bool = False
     # Greedy pool rollouts at batch <= pool_persistent_max_batch on CUDA as ONE persistent launch
     # (`triton_persistent.pool_rollout_persistent`: a software grid barrier between the GRU and the
     # scoring phase of every step) instead of two launches a step. Measured on the H200
