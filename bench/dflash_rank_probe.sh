@@ -15,19 +15,7 @@ WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; OUT=${3:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"
-if [ ! -f "$OUT/train_sub.jsonl" ]; then
-  "$PY" - "$WORK/train.regen.jsonl" "$OUT/train_sub.jsonl" <<'PYEOF'
-import json, random, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-math = [r for r in rows if r["id"].startswith("gsm8k-symbolic")]
-code = [r for r in rows if not r["id"].startswith("gsm8k-symbolic")]
-random.seed(0)
-sub = random.sample(code[40:], 600) + random.sample(math[40:], 200)
-random.shuffle(sub)
-with open(sys.argv[2], "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in sub)
-PYEOF
-fi
+[ -f "$OUT/train_sub.jsonl" ] || "$PY" "$ROOT/bench/proxy_train_sample.py" "$WORK/train.regen.jsonl" "$OUT/train_sub.jsonl"
 for RANK in 64 256; do
   R=$OUT/rank$RANK
   [ "$RANK" = 64 ] && [ -d "$OUT/ppl1" ] && [ ! -e "$R" ] && ln -s ppl1 "$R"   # dflash_slot1_probe's run
