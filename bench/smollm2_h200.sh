@@ -8,8 +8,11 @@
 # assets (gsm8k, gsm8k-symbolic-large, humaneval, python-functions) into .stage/b/assets, snapshot
 # the committed code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes tests |
 # tar -x -C .snap; git rev-parse HEAD > .snap/GIT_SHA),
-# then, back to back (the table's run: call 2 with GPU_TESTS=1; call 3 with FINISH_S=220, as the
-# larger data leaves ~4 minutes of training over; call 4 with CALL_S=395 T1_S=150, the device time left):
+# then, back to back (the table's run: the previous run's responses (its train.regen.jsonl and
+# data.json) copied into /tmp/work before call 2, so `train` kept them instead of regenerating, and
+# all training finished inside call 2 (GPU_TESTS=1); call 3 with FINISH_S=30 CALL_S=585; call 4 with
+# HEAD_LATENCY=1 CALL_S=580 T1_S=400. Regenerating instead costs ~3 minutes, and ~4 minutes of
+# training then spill into call 3: give it FINISH_S=220):
 #   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
 #   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train (GPU_TESTS=1: the
 #                                          kernels' -m gpu tests on GPU 0 meanwhile, log in $OUT)
