@@ -639,6 +639,26 @@ class TestGPU:
             assert_close(q, q_ref, atol=1e-5, what="q")
             assert_close(q.sum(-1), torch.ones_like(q[..., 0]), atol=1e-4, what="q sums to 1")
 
+    @pytest.mark.parametrize("name,pool", [("triton", 0), ("triton_pool", 256)])
+    def test_graph_reads_repeated_buffers_in_place(self, name, pool):
+        """A caller refilling the same buffers: from the second call on, the graph reads them in
+        place. Every call's drafts still equal the reference on that call's contents, and other
+        buffers fall back to the copying graph."""
+        head, emb, block, anchor, embed = self._setup(3, 6, 256, 96, 64, 32000, torch.float32, w2_scale=2.0)
+        roll = K.make_rollout(name, head, emb, pool_size=pool)
+        gen = torch.Generator("cuda").manual_seed(5)
+        for i in range(4):
+            block.hidden.copy_(torch.randn(block.hidden.shape, generator=gen, device="cuda"))
+            block.base_logits.copy_(torch.randn(block.base_logits.shape, generator=gen, device="cuda") * 3)
+            anchor.copy_(torch.randint(0, 32000, anchor.shape, generator=gen, device="cuda"))
+            out, _ = roll(head, block, anchor, embed)
+            ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool)
+            assert torch.equal(out, ref), f"call {i}: " + first_mismatches(out, ref)
+        assert roll._graphs.in_place_replays == 3
+        out, _ = roll(head, Block(block.hidden.clone(), block.base_logits.clone()), anchor.clone(), embed)
+        assert torch.equal(out, ref), "copying graph: " + first_mismatches(out, ref)
+        assert roll._graphs.in_place_replays == 3
+
     @pytest.mark.parametrize("b", [1, 4, 32])
     def test_bf16_qwen3_8b_shapes_greedy(self, b):
         """Each fused draft is an argmax (within BF16_MARGIN) of the fp32 reference logits on its prefix."""
