@@ -2,8 +2,9 @@
 8 files of 16 MiB, 64 MiB in all).
 
   pack   WORK OUT [RUNS]  weights of the run dirs WORK/<run> (comma-separated; default the DFlash
-                          three of bench/smollm2_pipeline.py) as bf16 shards (<= 15 MiB each) + a
-                          tar.gz of every small file (recipes, manifests, metrics, training data)
+                          three of bench/smollm2_pipeline.py) as bf16 shards (<= 15 MiB each; a
+                          larger tensor is split by rows) + a tar.gz of every small file (recipes,
+                          manifests, metrics, training data)
   unpack SRC WORK         rebuild the run dirs (fp32 tensors from the bf16 shards)
 
 bf16 is the precision bundles ship in (export.dtype), so the evaluated drafters are the
@@ -37,7 +38,21 @@ def _bulky(rel: Path) -> bool:
         or rel.name.startswith("train_prompts")
 
 
-def pack(work: Path, out: Path, runs=RUNS) -> None:
+def _pieces(key: str, v: torch.Tensor, limit: int) -> dict:
+    """A tensor over `limit` bytes split by rows into `key|i/n` pieces (W2 [V, r] at rank 256 is
+    24 MiB in bf16: no shard could hold it whole)."""
+    size = v.numel() * v.element_size()
+    if size <= limit or v.dim() == 0:
+        return {key: v}
+    n = -(-size // limit)
+    rows = -(-v.shape[0] // n)
+    parts = v.split(rows)
+    return {f"{key}|{i}/{len(parts)}": p.contiguous() for i, p in enumerate(parts)}
+
+
+def pack(work: Path, out: Path, runs=RUNS, shard_bytes: int = SHARD) -> None:
+    """Shards are numbered in order; with more than the transfer limit in all, return them over
+    several calls (weights.0.. in one, the rest in the next) and unpack them together."""
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for run in runs:
@@ -45,11 +60,11 @@ def pack(work: Path, out: Path, runs=RUNS) -> None:
             p = work / run / f
             if p.exists() and not (_shares_base_drafter(run) and f.startswith("drafter")):
                 for k, v in load_file(str(p)).items():
-                    tensors[f"{run}|{f}|{k}"] = v.to(torch.bfloat16).contiguous()
+                    tensors.update(_pieces(f"{run}|{f}|{k}", v.to(torch.bfloat16).contiguous(), shard_bytes))
     shard, size, n = {}, 0, 0
     for k, v in tensors.items():
         b = v.numel() * v.element_size()
-        if shard and size + b > SHARD:
+        if shard and size + b > shard_bytes:
             save_file(shard, str(out / f"weights.{n}.safetensors"))
             shard, size, n = {}, 0, n + 1
         shard[k], size = v, size + b
@@ -66,10 +81,21 @@ def unpack(src: Path, work: Path) -> None:
     with tarfile.open(src / "runs_meta.tar.gz") as tar:
         tar.extractall(work, filter="data")
     files: dict[tuple[str, str], dict] = {}
+    pieces: dict[tuple[str, str, str], dict] = {}
     for shard in sorted(src.glob("weights.*.safetensors")):
         for k, v in load_file(str(shard)).items():
-            run, f, name = k.split("|")
-            files.setdefault((run, f), {})[name] = v.float()
+            run, f, name, *piece = k.split("|")
+            if piece:  # "i/n": one row block of a tensor split by `_pieces`
+                i, n = (int(x) for x in piece[0].split("/"))
+                pieces.setdefault((run, f, name), {"n": n})[i] = v.float()
+            else:
+                files.setdefault((run, f), {})[name] = v.float()
+    for (run, f, name), got in pieces.items():
+        n = got.pop("n")
+        if sorted(got) != list(range(n)):
+            raise SystemExit(f"unpack: {run}/{f} {name}: pieces {sorted(got)} of {n} found in {src}; "
+                             "copy every weights.*.safetensors of the pack into one folder")
+        files.setdefault((run, f), {})[name] = torch.cat([got[i] for i in range(n)])
     for run in {r for r, _ in files if _shares_base_drafter(r)}:
         base = run[: -len("headonly")] + "base"
         files[(run, "drafter/model.safetensors")] = files[(base, "drafter/model.safetensors")]
