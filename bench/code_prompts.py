@@ -41,17 +41,23 @@ def stdlib_functions() -> list[tuple[str, str, str]]:
     return found
 
 
-def package_functions(path: Path) -> list[tuple[str, str, str]]:
-    """The same triples from the `python-functions` asset's functions.jsonl."""
+def package_functions(path: Path, prefix: str = "pysrc") -> list[tuple[str, str, str]]:
+    """The same triples from a functions.jsonl (`python-functions`, `python-puzzles` assets)."""
     with open(path, encoding="utf-8") as fh:
-        return [(f"pysrc/{r['module']}", r["signature"], r["doc"]) for r in map(json.loads, fh)]
+        return [(f"{prefix}/{r['module']}", r["signature"], r["doc"]) for r in map(json.loads, fh)]
 
 
-def code_prompts(count: int, *, seed: int = 0, packages: Path | None = None,
+def code_prompts(count: int, *, seed: int = 0, packages: Path | None = None, first: Path | None = None,
                  exclude_names: frozenset[str] = frozenset()) -> list[dict]:
+    """`count` prompts from the stdlib and `packages`, shuffled; the functions of `first` (the
+    `python-puzzles` asset, ids "puzzle/...") come before all others, so all of them are used."""
     found = stdlib_functions() + (package_functions(packages) if packages is not None else [])
     rng = random.Random(seed)
     rng.shuffle(found)
+    if first is not None:
+        head = package_functions(first, prefix="puzzle")
+        rng.shuffle(head)
+        found = head + found
     out, seen, ids = [], set(), set()
     for source, sig, doc in found:
         if len(out) >= count:

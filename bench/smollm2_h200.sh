@@ -5,7 +5,8 @@
 # One or two GPUs (nvidia-h200 or nvidia-h200-x2: regeneration, training and eval shards spread
 # over every GPU the machine has). The GPU image has no package registry: run
 # ../shared/gpu/prepare.sh here first (fills .whl/, .stage/a, .stage/b), copy the fetched prompt
-# assets (gsm8k, gsm8k-symbolic-large, humaneval, python-functions) into .stage/b/assets, snapshot
+# assets (gsm8k, gsm8k-symbolic-large, humaneval, python-functions; python-puzzles for
+# SCALE=gpu-puzzles) into .stage/b/assets, snapshot
 # the committed code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes tests |
 # tar -x -C .snap; git rev-parse HEAD > .snap/GIT_SHA),
 # then, back to back (the table's run: the previous run's responses (its train.regen.jsonl and

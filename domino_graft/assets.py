@@ -582,6 +582,9 @@ def _build_gsm8k_symbolic(ctx: BuildContext, variants: Optional[int] = None) -> 
 # iterator and graph utilities, symbolic math): pinned, so the code prompts are the same on
 # every machine. Their source is parsed, never imported.
 PYFUNC_REQS = ("sympy==1.13.3", "networkx==3.4.2", "more-itertools==10.5.0", "boltons==24.1.0", "toolz==1.0.0")
+# Small self-contained functions with typed signatures and doctest examples (sorting, strings,
+# matrices, graphs, list and dict utilities): the closest offline match to HumanEval's problems.
+PUZZLE_REQS = ("algorithms==1.0.1", "pygorithm==1.0.4", "pydash==8.1.0")
 
 
 def _build_python_functions(ctx: BuildContext) -> None:
@@ -604,7 +607,7 @@ def _build_python_functions(ctx: BuildContext) -> None:
                     records.append({"package": package, "module": module, "signature": sig, "doc": doc})
         per_package[package] = len(seen)
     if not records:
-        raise AssetError(f"python-functions: no documented public function in {', '.join(ctx.wheels)}")
+        raise AssetError(f"{ctx.name}: no documented public function in {', '.join(ctx.wheels)}")
     _write_jsonl(ctx.out / "functions.jsonl", records)
     ctx.record.update(functions=len(records), per_package=per_package,
                       format='{"package": str, "module": str, "signature": "def f(...):", "doc": str}')
@@ -648,6 +651,12 @@ _register(Asset(
     "Public functions + docstrings of 5 pure-Python libraries (sympy, networkx, more-itertools, boltons, "
     "toolz), for HumanEval-shaped code training prompts",
     PYFUNC_REQS, _build_python_functions, steps=("parse sources",),
+))
+_register(Asset(
+    "python-puzzles", "prompts",
+    "Public functions + docstrings of 3 pure-Python libraries of small algorithms and utilities "
+    "(algorithms, pygorithm, pydash), for HumanEval-like code training prompts",
+    PUZZLE_REQS, _build_python_functions, steps=("parse sources",),
 ))
 _register(Asset(
     "gsm8k-symbolic", "prompts",

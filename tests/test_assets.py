@@ -385,3 +385,15 @@ def test_python_functions_reads_documented_public_functions_and_skips_tests(cach
     assert first[1]["doc"] == long_desc  # a numpydoc table past 800 characters is cut at a paragraph
     prov = json.loads((folder / "asset.json").read_text())
     assert prov["functions"] == 2 * len(assets.PYFUNC_REQS) and prov["per_package"]["toolz"] == 2
+
+
+def test_python_puzzles_parses_its_own_pinned_libraries(cache):
+    """The HumanEval-like code asset: the same parser over its own pinned wheels."""
+    doc = "Return True if the two strings are anagrams of each other.\n\n>>> anagram('ab', 'ba')\nTrue"
+    lib = f'def anagram(first: str, second: str) -> bool:\n    """{doc}"""\n    return sorted(first) == sorted(second)\n'
+    members = {"pkg/strings.py": lib.encode(), "pkg-1.0.dist-info/METADATA": b"Name: pkg\n"}
+    download = FakeDownloader({req.split("==")[0]: members for req in assets.PUZZLE_REQS})
+    folder = fetch("python-puzzles", download=download, progress=False, echo=lambda m: None)
+    recs = [json.loads(x) for x in (folder / "functions.jsonl").read_text().splitlines()]
+    assert {r["package"] for r in recs} == {req.split("==")[0] for req in assets.PUZZLE_REQS}
+    assert recs[0]["signature"] == "def anagram(first: str, second: str) -> bool:" and recs[0]["doc"] == doc
