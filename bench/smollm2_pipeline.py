@@ -486,11 +486,25 @@ def _budget(work: Path, name: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"missing": str(path)}
 
 
+def _per_prompt_ratio(recs: list[dict], eval_set: str, num: str, den: str) -> dict:
+    """Mean and standard error over the timed prompts of tokens/s(num) / tokens/s(den): the pooled
+    speedups above hide how much single prompts (and the launch-bound timing) vary."""
+    rate = {(r["idx"], r["mode"]): r["tokens"] / r["seconds"] for r in recs
+            if r["kind"] == "timing" and r["set"] == eval_set and r["seconds"] > 0}
+    ratios = [rate[(i, num)] / rate[(i, den)] for i, mode in rate if mode == den and (i, num) in rate]
+    if len(ratios) < 2:
+        return {"n": len(ratios)}
+    mean = sum(ratios) / len(ratios)
+    var = sum((x - mean) ** 2 for x in ratios) / (len(ratios) - 1)
+    return {"mean": mean, "stderr": (var / len(ratios)) ** 0.5, "n": len(ratios)}
+
+
 def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) -> dict:
     from domino_graft.checkpoint import atomic_write_json
 
     sums: dict = {}
-    for rec in _read_records(work):
+    records = _read_records(work)
+    for rec in records:
         sums.setdefault((rec["kind"], rec["set"], rec["mode"]), RecordTally()).add(rec)
 
     def get(kind, s, mode):
@@ -520,6 +534,8 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
                     "target_tokens_per_s": tgt.tokens_per_s(),
                     "tokens_per_s": {v: t[v].tokens_per_s() for v in VARIANTS},
                     "num_prompts_timing": tgt.prompts,
+                    "domino_over_base_tokens_per_s_per_prompt": _per_prompt_ratio(records, s, f"{fam}_domino",
+                                                                                  f"{fam}_base"),
                 })
             if all(s1.values()):
                 entry["t1"] = {"tau_base": s1["base"].tau(), "tau_domino": s1["domino"].tau(),
