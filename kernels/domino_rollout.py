@@ -216,14 +216,17 @@ class CudaGraphRollout:
     buffers twice in a row (a drafter writing into static output buffers, as graphed serving
     engines do): a second graph is then captured that reads those addresses in place, and it is
     replayed whenever the inputs sit at exactly those addresses, strides and shapes again. Only the
-    addresses are kept, never the tensors, so the caller's allocator stays free to reuse them.
+    addresses are kept, never the tensors, so the caller's allocator stays free to reuse them. At
+    most `max_in_place` address sets per key get such a graph (a capture costs milliseconds: a
+    caller whose buffers keep moving must not recapture on every move); others copy.
     """
 
-    def __init__(self, body: Callable, *, max_graphs: int = 64):
+    def __init__(self, body: Callable, *, max_graphs: int = 64, max_in_place: int = 4):
         self.body = body
         self.max_graphs = max_graphs
+        self.max_in_place = max_in_place
         self._graphs: dict = {}
-        self._in_place: dict = {}  # key -> (input addresses, graph reading them in place)
+        self._in_place: dict = {}  # key -> {input addresses: graph reading them in place}
         self._last_addresses: dict = {}  # key -> the previous call's input addresses
         self.in_place_replays = 0
 
@@ -239,19 +242,18 @@ class CudaGraphRollout:
                bool(use_head))
         if not sampling:  # (sampling copies fresh uniforms in at every call anyway)
             addresses = self._addresses(hidden, base, anchor)
-            direct = self._in_place.get(key)
-            if direct is None or direct[0] != addresses:
-                if self._last_addresses.get(key) != addresses:
-                    self._last_addresses[key] = addresses
-                    direct = None
-                else:  # the same buffers twice in a row: read them in place from now on
-                    direct = (addresses, self._capture(hidden, base, anchor, sampling, temperature, top_k, top_p,
-                                                       use_head, in_place=True))
-                    self._in_place[key] = direct
+            known = self._in_place.setdefault(key, {})
+            direct = known.get(addresses)
+            repeated = self._last_addresses.get(key) == addresses
+            self._last_addresses[key] = addresses
+            if direct is None and repeated and len(known) < self.max_in_place:
+                # the same buffers twice in a row: read them in place from now on
+                direct = known[addresses] = self._capture(hidden, base, anchor, sampling, temperature, top_k,
+                                                          top_p, use_head, in_place=True)
             if direct is not None:
                 self.in_place_replays += 1
-                direct[1].graph.replay()
-                return direct[1].ids.clone(), None
+                direct.graph.replay()
+                return direct.ids.clone(), None
         g = self._graphs.get(key)
         if g is None:
             if len(self._graphs) >= self.max_graphs:

@@ -229,7 +229,7 @@ def _w2_score_split(spid, pin_progs, base_ptr, base_stride_b, zacc_ptr, w2_ptr, 
                     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, STREAM_W2: tl.constexpr):
     """Scoring program `spid`: the first `pin_progs` programs (the first rows of W2) load W2 with
-    evict_last, the rest with evict_first. W2 (77.8 MB at Qwen3-8B shapes) is re-read at every
+    evict_last, the rest with evict_first (STREAM_W2) or the default policy. W2 (77.8 MB at Qwen3-8B shapes) is re-read at every
     corrected step but does not fit the H200's L2 (~50 MB): streamed whole, each step evicts what
     the next one needs; pinned in part, that part is served from L2 from the second step on."""
     if HAS_PIN:

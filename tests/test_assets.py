@@ -390,7 +390,8 @@ def test_python_functions_reads_documented_public_functions_and_skips_tests(cach
 def test_python_puzzles_parses_its_own_pinned_libraries(cache):
     """The HumanEval-like code asset: the same parser over its own pinned wheels."""
     doc = "Return True if the two strings are anagrams of each other.\n\n>>> anagram('ab', 'ba')\nTrue"
-    lib = f'def anagram(first: str, second: str) -> bool:\n    """{doc}"""\n    return sorted(first) == sorted(second)\n'
+    lib = (f'def anagram(first: str, second: str) -> bool:\n    """{doc}"""\n'
+           "    return sorted(first) == sorted(second)\n")
     members = {"pkg/strings.py": lib.encode(), "pkg-1.0.dist-info/METADATA": b"Name: pkg\n"}
     download = FakeDownloader({req.split("==")[0]: members for req in assets.PUZZLE_REQS})
     folder = fetch("python-puzzles", download=download, progress=False, echo=lambda m: None)

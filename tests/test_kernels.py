@@ -506,6 +506,45 @@ def test_make_rollout_falls_back_on_cpu_without_interpreter(monkeypatch):
     assert torch.equal(out1, ref) and torch.equal(out2, ref)
 
 
+def test_graph_rollout_in_place_bookkeeping(monkeypatch):
+    """CudaGraphRollout's choice between copying and in-place graphs, without CUDA (captures faked):
+    in place from the second call on the same buffers, never for sampling, and at most
+    `max_in_place` address sets per shape, so moving buffers cannot recapture forever."""
+    captured = []
+
+    class FakeGraph:
+        def __init__(self, in_place):
+            self.in_place = in_place
+            self.ids = torch.zeros(1, 2, dtype=torch.int64)
+            self.q = None
+            self.hidden, self.base, self.anchor = torch.zeros(1, 2, 4), torch.zeros(1, 2, 8), torch.zeros(1)
+            self.uniforms = torch.zeros(1, 2)
+            self.graph = type("G", (), {"replay": lambda _self: None})()
+
+    def fake_capture(self, hidden, base, anchor, sampling, *args, in_place=False):
+        captured.append(in_place)
+        return FakeGraph(in_place)
+
+    monkeypatch.setattr(K.CudaGraphRollout, "_capture", fake_capture)
+    roll = K.CudaGraphRollout(body=None, max_in_place=2)
+    blocks = [(Block(torch.zeros(1, 2, 4), torch.zeros(1, 2, 8)), torch.zeros(1)) for _ in range(4)]
+    roll(*blocks[0])
+    assert captured == [False] and roll.in_place_replays == 0  # first call: the copying graph
+    roll(*blocks[0])
+    roll(*blocks[0])
+    assert captured == [False, True] and roll.in_place_replays == 2  # captured once, then replayed
+    roll(*blocks[1])
+    roll(*blocks[1])  # a second address set: its own in-place graph
+    roll(*blocks[0])  # the first one is still known
+    assert captured == [False, True, True] and roll.in_place_replays == 4
+    for _ in range(3):  # a third set repeats, but the budget of two is spent: copies, no capture
+        roll(*blocks[2])
+    assert captured == [False, True, True] and roll.in_place_replays == 4
+    roll(*blocks[3], temperature=1.0)
+    roll(*blocks[3], temperature=1.0)  # sampling always copies (fresh uniforms every call)
+    assert captured.count(True) == 2 and roll.in_place_replays == 4
+
+
 def test_make_rollout_names():
     head = make_head(16, 20, 8, 97)
     assert K.make_rollout("torch", head).name == "torch"
