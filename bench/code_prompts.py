@@ -47,17 +47,9 @@ def package_functions(path: Path, prefix: str = "pysrc") -> list[tuple[str, str,
         return [(f"{prefix}/{r['module']}", r["signature"], r["doc"]) for r in map(json.loads, fh)]
 
 
-def code_prompts(count: int, *, seed: int = 0, packages: Path | None = None, first: Path | None = None,
-                 exclude_names: frozenset[str] = frozenset()) -> list[dict]:
-    """`count` prompts from the stdlib and `packages`, shuffled; the functions of `first` (the
-    `python-puzzles` asset, ids "puzzle/...") come before all others, so all of them are used."""
-    found = stdlib_functions() + (package_functions(packages) if packages is not None else [])
-    rng = random.Random(seed)
-    rng.shuffle(found)
-    if first is not None:
-        head = package_functions(first, prefix="puzzle")
-        rng.shuffle(head)
-        found = head + found
+def _prompts(found: list[tuple[str, str, str]], count: int, rng: random.Random,
+             exclude_names: frozenset[str]) -> list[tuple[str, dict]]:
+    """The first `count` usable functions of `found` as (signature, prompt record)."""
     out, seen, ids = [], set(), set()
     for source, sig, doc in found:
         if len(out) >= count:
@@ -74,8 +66,30 @@ def code_prompts(count: int, *, seed: int = 0, packages: Path | None = None, fir
         if rid in ids:  # same name, other signature (methods of two classes): ids must be unique
             rid = f"{rid}#{len(out)}"
         ids.add(rid)
-        out.append({"id": rid, "messages": [{"role": "user", "content": text}]})
+        out.append((sig, {"id": rid, "messages": [{"role": "user", "content": text}]}))
     return out
+
+
+def code_prompts(count: int, *, seed: int = 0, packages: Path | None = None, first: Path | None = None,
+                 exclude_names: frozenset[str] = frozenset()) -> list[dict]:
+    """`count` prompts from the stdlib and `packages`, shuffled; the functions of `first` (the
+    `python-puzzles` asset, ids "puzzle/...") come before all others, so all of them are used."""
+    found = stdlib_functions() + (package_functions(packages) if packages is not None else [])
+    rng = random.Random(seed)
+    rng.shuffle(found)
+    if first is None:
+        return [rec for _, rec in _prompts(found, count, rng, exclude_names)]
+    # The `first` functions draw from their own random stream and the others are built exactly as
+    # without them (a signature they share goes to the puzzle), so every other prompt keeps its
+    # wording and id, and responses regenerated for the run without them can be reused
+    # (smollm2_pipeline.py --reuse).
+    head = package_functions(first, prefix="puzzle")
+    first_rng = random.Random(f"{seed}/first")
+    first_rng.shuffle(head)
+    puzzles = _prompts(head, count, first_rng, exclude_names)
+    taken = {sig for sig, _ in puzzles}
+    rest = [rec for sig, rec in _prompts(found, count, rng, exclude_names) if sig not in taken]
+    return ([rec for _, rec in puzzles] + rest)[:count]
 
 
 if __name__ == "__main__":

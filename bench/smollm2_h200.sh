@@ -76,23 +76,34 @@ train_all() {  # independent drafters in parallel processes (launch-bound: one C
   wait
 }
 
+# REUSE=DIR: an earlier run's train.regen.jsonl(.gz) and data.json (e.g. copied to ~/stage/prev in
+# call 1); its responses to prompts this scale shares with it are kept, the rest regenerated.
+if [ -n "${REUSE:-}" ] && [ -f "$REUSE/train.regen.jsonl.gz" ] && [ ! -f "$REUSE/train.regen.jsonl" ]; then
+  gunzip -k "$REUSE/train.regen.jsonl.gz"
+fi
 regen() {  # three regeneration processes per GPU (launch-bound: the GPU has room), then one merge
   local n=$((3 * NGPU)) i
   if [ ! -f "$WORK/train.regen.jsonl" ]; then
     $PIPE --stages prompts 2>&1 | grep -v "Loading weights"
     for i in $(seq 0 $((n - 1))); do
-      ( timeout "$(left "$1")" $(gpu $i) $PIPE --stages data --shard $i/$n > "$WORK/data_$i.log" 2>&1 ) &
+      ( timeout "$(left "$1")" $(gpu $i) $PIPE --stages data --shard $i/$n ${REUSE:+--reuse "$REUSE"} > "$WORK/data_$i.log" 2>&1 ) &
     done
     wait
   fi
-  $PIPE --stages data 2>&1 | grep -v "Loading weights"
+  $PIPE --stages data ${REUSE:+--reuse "$REUSE"} 2>&1 | grep -v "Loading weights"
 }
 
 collect() {  # $OUT returns at most 8 files: one archive of records + the DFlash weights (bf16 shards)
   (cd "$WORK" && tar czf "$OUTDIR/${TARGET}_h200_records.tgz" eval data.json environment.json training_*.json *.log 2>/dev/null)
   # (SmolLM2 only: Gemma-3's 262k-row W2 and embeddings do not fit the 8 x 16 MiB return)
-  if [ "$TARGET" = smollm2 ] && [ -f "$WORK/dflash_headonly/head.safetensors" ]; then  # unpack: bench/pack_runs.py unpack DIR WORK
-    mkdir -p "$OUTDIR/dflash_runs" && python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$OUTDIR/dflash_runs"
+  # The rank-256 DFlash runs are ~115 MB in bf16 shards, more than one call returns: PACK_SHARDS
+  # ("0 1 2") picks the shards this call returns (with runs_meta.tar.gz); the next call returns the
+  # rest. unpack: bench/pack_runs.py unpack DIR WORK, with every call's shards in DIR.
+  if [ "$TARGET" = smollm2 ] && [ -f "$WORK/dflash_headonly/head.safetensors" ] && [ -n "${PACK_SHARDS:-}" ]; then
+    [ -f "$WORK/packed/runs_meta.tar.gz" ] || python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$WORK/packed"
+    mkdir -p "$OUTDIR/dflash_runs" && cp "$WORK/packed/runs_meta.tar.gz" "$OUTDIR/dflash_runs/"
+    for i in $PACK_SHARDS; do cp "$WORK/packed/weights.$i.safetensors" "$OUTDIR/dflash_runs/" 2>/dev/null; done
+    ls -la "$WORK/packed"
   fi
   ls -la "$OUTDIR" "$OUTDIR/dflash_runs" 2>/dev/null
 }

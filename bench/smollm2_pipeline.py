@@ -165,9 +165,34 @@ def _part(work: Path, stem: str, shard: tuple[int, int]) -> Path:
     return work / f"{stem}.part-{shard[0]}-of-{shard[1]}.jsonl"
 
 
-def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1)) -> Path:
+def reusable_responses(prompts: Path, reuse: Path | None, scale: dict) -> dict[str, dict]:
+    """Responses of an earlier run (`--reuse DIR`: its train.regen.jsonl and data.json) for the
+    prompts of this one with the same id and the same words; regenerating them would give the same
+    greedy tokens (same target, same max new tokens, which data.json must confirm)."""
+    if reuse is None:
+        return {}
+    regen, meta = reuse / "train.regen.jsonl", reuse / "data.json"
+    for path in (regen, meta):
+        if not path.is_file():
+            raise SystemExit(f"--reuse: {reuse} has no {path.name}; valid: a work dir of an earlier run "
+                             "(train.regen.jsonl and data.json)")
+    tokens = json.loads(meta.read_text()).get("regen_max_new_tokens")
+    if tokens != scale["regen_tokens"]:
+        raise SystemExit(f"--reuse: {meta} has regen_max_new_tokens={tokens!r}; this scale regenerates "
+                         f"{scale['regen_tokens']} tokens: the responses would differ")
+    words = {r["id"]: r["messages"] for r in map(json.loads, prompts.open())}
+    kept = {}
+    with regen.open() as fh:
+        for rec in map(json.loads, fh):
+            if rec.get("messages", [None])[:1] == words.get(rec.get("id"), [])[:1] != []:
+                kept[rec["id"]] = rec
+    return kept
+
+
+def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1), reuse: Path | None = None) -> Path:
     """Regenerate the responses. `--shard i/n` regenerates every n-th prompt into a part file
-    (one process per GPU); a later unsharded call merges finished parts instead of regenerating."""
+    (one process per GPU); a later unsharded call merges finished parts instead of regenerating.
+    `reuse`: an earlier run's work dir, whose responses to identical prompts are kept, not regenerated."""
     from domino_graft.checkpoint import atomic_write_json
     from domino_graft.training.regenerate import regenerate
 
@@ -175,25 +200,33 @@ def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1)) -> Path
     out = work / "train.regen.jsonl"
     i, n = shard
     t0 = time.time()
-    if n > 1:
-        lines = prompts.read_text().splitlines()[i::n]
-        part_prompts = _part(work, "train_prompts", shard)
-        part_prompts.write_text("".join(line + "\n" for line in lines))
-        stats = regenerate(str(RECIPES["dflash"]), str(part_prompts), str(_part(work, "train.regen", shard)),
-                           max_new_tokens=scale["regen_tokens"], batch_size=scale["regen_batch"],
-                           overrides=[f"device={scale['device']}"], progress=False)
-        atomic_write_json(work / f"data.part-{i}-of-{n}.json", {"seconds": round(time.time() - t0, 1), **stats})
-        log(f"regenerated shard {i}/{n} ({time.time() - t0:.0f} s): {stats}")
-        return _part(work, "train.regen", shard)
     if out.exists():  # an earlier call's (or run's) responses: keep them, never regenerate over them
         if not (work / "data.json").exists():
             atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
                                                    "regen_seconds": None, "regenerated": "before this call"})
         log(f"kept {out} ({sum(1 for _ in out.open())} responses)")
         return out
+    reused = reusable_responses(prompts, reuse, scale)
+    todo = [line for line in prompts.read_text().splitlines() if json.loads(line)["id"] not in reused]
+    if n > 1 or reuse is not None:
+        parts = sorted(work.glob("data.part-*-of-*.json"))
+        if n > 1 or not parts:  # regenerate this shard (or, unsharded with --reuse, every prompt left)
+            part_prompts = _part(work, "train_prompts", shard)
+            part_prompts.write_text("".join(line + "\n" for line in todo[i::n]))
+            if todo[i::n]:
+                stats = regenerate(str(RECIPES["dflash"]), str(part_prompts), str(_part(work, "train.regen", shard)),
+                                   max_new_tokens=scale["regen_tokens"], batch_size=scale["regen_batch"],
+                                   overrides=[f"device={scale['device']}"], progress=False)
+            else:  # everything this shard would do was reused
+                _part(work, "train.regen", shard).write_text("")
+                stats = {"sequences": 0}
+            atomic_write_json(work / f"data.part-{i}-of-{n}.json", {"seconds": round(time.time() - t0, 1), **stats})
+            log(f"regenerated shard {i}/{n} ({time.time() - t0:.0f} s, {len(reused)} reused by every shard): {stats}")
+            if n > 1:
+                return _part(work, "train.regen", shard)
     parts = sorted(work.glob("data.part-*-of-*.json"))
     if parts:
-        merged = {}
+        merged = dict(reused)
         for meta in parts:
             i, n = (int(x) for x in re.fullmatch(r"data\.part-(\d+)-of-(\d+)\.json", meta.name).groups())
             with _part(work, "train.regen", (i, n)).open() as fh:
@@ -207,15 +240,19 @@ def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1)) -> Path
         tmp.write_text("".join(json.dumps(merged[pid]) + "\n" for pid in order))
         tmp.rename(out)
         seconds = max(json.loads(m.read_text())["seconds"] for m in parts)
-        log(f"merged {len(parts)} shards -> {out}")
+        log(f"merged {len(parts)} shards and {len(reused)} reused responses -> {out}")
     else:
         stats = regenerate(str(RECIPES["dflash"]), str(prompts), str(out), max_new_tokens=scale["regen_tokens"],
                            batch_size=scale["regen_batch"], overrides=[f"device={scale['device']}"], progress=False)
         seconds = round(time.time() - t0, 1)
         log(f"regenerated responses -> {out} ({seconds:.0f} s): {stats}")
+    extra = {}
+    if reuse is not None:
+        extra = {"reused": len(reused), "regenerated_here": len(todo), "reused_from_sha256":
+                 hashlib.sha256((reuse / "train.regen.jsonl").read_bytes()).hexdigest()}
     atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
                                            "regen_seconds": seconds, "regen_shards": max(len(parts), 1),
-                                           "python": sys.version.split()[0]})
+                                           "python": sys.version.split()[0], **extra})
     return out
 
 
@@ -590,6 +627,8 @@ def main() -> int:
     p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "smollm2_h200.json"))
+    p.add_argument("--reuse", type=Path, default=None,
+                   help="data: an earlier run's work dir; its responses to identical prompts are kept")
     args = p.parse_args()
     set_target(args.target)
     if args.families:
@@ -600,7 +639,7 @@ def main() -> int:
     if "prompts" in stages and "data" not in stages:  # the prompt file alone, before sharded data calls
         build_prompts(work, scale)
     if "data" in stages:
-        stage_data(work, scale, tuple(int(x) for x in args.shard.split("/")))
+        stage_data(work, scale, tuple(int(x) for x in args.shard.split("/")), reuse=args.reuse)
     if "train" in stages:
         only = [n for n in (args.only or ",".join(DRAFTERS)).split(",") if n]
         unknown = [n for n in only if n not in DRAFTERS]
