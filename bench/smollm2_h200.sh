@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale gpu-large) on the H200, in phases that fit
-# the device's 10-minute calls. Files outside the checkout survive between back-to-back calls.
+# The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale $SCALE, default gpu-large; the committed
+# table is SCALE=gpu-puzzles) on the H200, in phases that fit the device's 10-minute calls. Files
+# outside the checkout survive between back-to-back calls.
 #
 # One or two GPUs (nvidia-h200 or nvidia-h200-x2: regeneration, training and eval shards spread
 # over every GPU the machine has). The GPU image has no package registry: run
 # ../shared/gpu/prepare.sh here first (fills .whl/, .stage/a, .stage/b), copy the fetched prompt
 # assets (gsm8k, gsm8k-symbolic-large, humaneval, python-functions; python-puzzles for
-# SCALE=gpu-puzzles) into .stage/b/assets, snapshot
-# the committed code into .snap/ (git archive HEAD domino_graft adapters kernels bench recipes tests |
-# tar -x -C .snap; git rev-parse HEAD > .snap/GIT_SHA),
-# then, back to back (the table's run: the previous run's responses (its train.regen.jsonl and
-# data.json) copied into /tmp/work before call 2, so `train` kept them instead of regenerating, and
-# all training finished inside call 2 (GPU_TESTS=1); call 3 with FINISH_S=30 CALL_S=585; call 4 with
-# HEAD_LATENCY=1 CALL_S=580 T1_S=400. Regenerating instead costs ~3 minutes, and ~4 minutes of
-# training then spill into call 3: give it FINISH_S=220):
-#   call 1 (carry .stage/a):               mkdir -p ~/stage && cp .stage/a/* ~/stage/
-#   call 2 (carry .stage/b, .whl, .snap):  bash .snap/bench/smollm2_h200.sh train (GPU_TESTS=1: the
-#                                          kernels' -m gpu tests on GPU 0 meanwhile, log in $OUT)
-#   call 3 (carry .snap):                  bash .snap/bench/smollm2_h200.sh eval
-#   call 4 (carry .snap):                  bash .snap/bench/smollm2_h200.sh resume (the greedy prompts
-#                                          left, temperature 1; HEAD_LATENCY=1: bench/head_latency.py on GPU 0)
+# SCALE=gpu-puzzles) into .stage/b/assets, put an earlier run's train.regen.jsonl.gz and data.json
+# in .stage/prev (optional: REUSE), snapshot the committed code into .snap/ (git archive HEAD
+# domino_graft adapters kernels bench recipes tests | tar -x -C .snap; git rev-parse HEAD > .snap/GIT_SHA),
+# then, back to back (the table's run: 2 GPUs, SCALE=gpu-puzzles in every call; call 2 regenerated
+# the 1,054 prompts the previous run lacked in 31 s and finished all training, 544 s in all; call 3
+# 548 s; call 4 253 s; a fifth call copied weights.6-7 from /tmp/work/packed to $OUT/dflash_runs):
+#   call 1 (carry .stage/a, .stage/prev):  mkdir -p ~/stage && cp .stage/a/* ~/stage/ && cp -r .stage/prev ~/stage/prev
+#   call 2 (carry .stage/b, .whl, .snap):  REUSE=~/stage/prev GPU_TESTS=1 CALL_S=590 bash .snap/bench/smollm2_h200.sh train
+#                                          (GPU_TESTS=1: the kernels' -m gpu tests on GPU 0 meanwhile, log in $OUT;
+#                                          without REUSE regeneration takes ~3 minutes more and ~4 minutes
+#                                          of training spill into call 3: give it FINISH_S=220)
+#   call 3 (carry .snap):                  FINISH_S=30 CALL_S=585 PACK_SHARDS="0 1 2" bash .snap/bench/smollm2_h200.sh eval
+#   call 4 (carry .snap):                  CALL_S=560 T1_S=380 PACK_SHARDS="3 4 5" bash .snap/bench/smollm2_h200.sh resume
+#                                          (the greedy prompts left, temperature 1; HEAD_LATENCY=1:
+#                                          bench/head_latency.py on GPU 0 meanwhile)
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
-#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-large
+#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-puzzles
 # rebuilds bench/results/smollm2_h200.json from those records.
 set -uo pipefail
 PHASE=${1:?usage: smollm2_h200.sh train|eval|resume}

@@ -99,7 +99,7 @@ EVAL_SETS = ("humaneval", "gsm8k")
 SCALES = {
     "gpu": dict(math_prompts=1339, code_prompts=6000, regen_tokens=192, regen_batch=128, steps=1500,
                 head_steps=500, batch=32, max_length=512, device="cuda"),
-    # the committed table (bench/results/smollm2_h200.json): 3x the math (80 variants per template
+    # the previous table (bench/results/smollm2_h200_gpu_large.json): 3x the math (80 variants per template
     # instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
     # ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
     # better than held-out ones). Data + training ~13 min on 2 GPUs.
@@ -110,7 +110,8 @@ SCALES = {
                       family_overrides={"dflash": ["head.rank=256"]}),
     # gpu-large with HumanEval-like code first: every function of the python-puzzles asset (small
     # algorithms with typed signatures and doctests), then library functions up to the same 8,000.
-    # Not run yet (it needs its own regeneration).
+    # The committed table (bench/results/smollm2_h200.json); its other 10,946 prompts are gpu-large's
+    # word for word, so `--reuse` regenerates only the puzzles.
     "gpu-puzzles": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000,
                         puzzle_asset="python-puzzles", regen_tokens=192, regen_batch=128, steps=1500,
                         head_steps=500, batch=32, max_length=512, device="cuda",
