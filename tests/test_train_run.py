@@ -236,3 +236,19 @@ def test_backbone_only_warmup_leaves_the_head_untouched(run, tiny_run):
     recs = _metrics(run)
     assert [r.get("phase") for r in recs] == ["backbone_only"] * 2 and all(r["lambda"] == 1.0 for r in recs)
     assert recs[-1]["loss"] == recs[-1]["loss_base"]
+
+
+def test_resume_refuses_an_optimizer_file_missing_a_trained_parameters_state(run):
+    from domino_graft.checkpoint import CheckpointError
+
+    train(str(run), ["train.save_every=1", *LEARN], max_steps=2, progress=False, echo=lambda *a: None)
+    ckpt = run / "checkpoints" / "step-2"
+    had = json.loads((ckpt / "state.json").read_text())["optimizer_state_for"]
+    assert any(n.startswith("head.") for n in had) and len(had) > 1
+    osd = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    dropped = had[-1]
+    del osd["state"][dropped]
+    torch.save(osd, ckpt / "optimizer.pt")
+    # strict=False alone would restart this parameter's AdamW moments without a word
+    with pytest.raises(CheckpointError, match=f"no AdamW state for 1 parameter.*{dropped}"):
+        train(str(run), max_steps=3, resume=True, progress=False, echo=lambda *a: None)

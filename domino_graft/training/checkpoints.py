@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..checkpoint import atomic_dir, atomic_write_json, check_tensors, load_tensors, save_tensors, sha256_file
+from ..checkpoint import (CheckpointError, atomic_dir, atomic_write_json, check_tensors, load_tensors, save_tensors,
+                          sha256_file)
 from ..rundir import now
 
 HEAD_PREFIX = "head."
@@ -86,7 +87,9 @@ def save_checkpoint(run_dir: Path, step: int, module, optimizer, scheduler, info
             save_tensors(tmp / "model.safetensors", msd, {"format": "domino-graft training checkpoint"})
             torch.save(osd, tmp / "optimizer.pt")
             torch.save({"scheduler": scheduler.state_dict(), "rng": rngs}, tmp / "trainer.pt")
-            atomic_write_json(tmp / "state.json", {**state, "step": step, "saved_at": now()})
+            # which parameters have AdamW moments: the resume restores exactly these (see load_checkpoint)
+            atomic_write_json(tmp / "state.json", {**state, "step": step, "saved_at": now(),
+                                                   "optimizer_state_for": sorted(osd.get("state", {}))})
         prune(run_dir, keep_last)
     info.barrier()
     return final
@@ -110,7 +113,16 @@ def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
     check_tensors(msd, expected, source=str(path / "model.safetensors"))
     osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
     # strict=False: a trainable parameter that never got a gradient (the head during
-    # train.backbone_only_steps) has no AdamW state to restore; the model tensors were checked above
+    # train.backbone_only_steps) has no AdamW state to restore; the model tensors were checked above.
+    # strict=False would also restart the moments of a parameter whose state is missing from a
+    # damaged or swapped optimizer.pt, silently: state.json lists the parameters that had state.
+    had_state = state.get("optimizer_state_for")  # absent in checkpoints of older versions
+    missing = sorted(set(had_state or ()) - set(osd.get("state", {})))
+    if missing:
+        raise CheckpointError(
+            f"{path / 'optimizer.pt'}: no AdamW state for {len(missing)} parameter(s) that had it when "
+            f"step {state.get('step')} was saved (e.g. {missing[0]}); the file is damaged or from another "
+            "checkpoint: restore it, or resume from an earlier checkpoint")
     set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd,
                    options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False))
     trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
