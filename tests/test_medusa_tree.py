@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0, 0]]
 
 
-def _tiny(tree=TREE, head_seed=0):
-    recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml", [f"drafter.tree={tree}"])
+def _tiny(tree=TREE, head_seed=0, pure_prefix_len=1):
+    recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml",
+                         [f"drafter.tree={tree}", f"head.pure_prefix_len={pure_prefix_len}"])
     target = load_target(recipe.target)
     adapter, _ = medusa.build(recipe.drafter, target)
     head = build_head(recipe, adapter)
@@ -49,10 +50,11 @@ def test_vicuna_tree_costs_one_head_step_per_depth():
     assert [lvl.kmax for lvl in spec.levels] == [10, 10, 10, 2]
 
 
-def test_each_node_is_the_ranked_token_of_its_own_branch():
+@pytest.mark.parametrize("pure_prefix_len", [1, 0])  # 0: depth 1 is corrected too (the Vicuna recipe)
+def test_each_node_is_the_ranked_token_of_its_own_branch(pure_prefix_len):
     """Node n at depth d = the rank-th token of the corrected slot-d logits computed with the
     GRU over [x_0, the tokens on n's own path]: teacher-forced head.block is the reference."""
-    _, target, adapter, head = _tiny(head_seed=1)
+    _, target, adapter, head = _tiny(head_seed=1, pure_prefix_len=pure_prefix_len)
     ids = torch.randint(2, 90, (1, 14), generator=torch.Generator().manual_seed(0))
     _, feats = target(ids, capture=(-1,))
     adapter.reset(1)
@@ -98,9 +100,9 @@ class Oracle:
         return DraftBlock(block.hidden, base)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_tree_greedy_decoding_is_lossless(seed):
-    _, target, adapter, head = _tiny(head_seed=seed)
+@pytest.mark.parametrize("seed,pure_prefix_len", [(0, 1), (1, 1), (2, 0)])
+def test_tree_greedy_decoding_is_lossless(seed, pure_prefix_len):
+    _, target, adapter, head = _tiny(head_seed=seed, pure_prefix_len=pure_prefix_len)
     prompt = torch.randint(2, 90, (10,), generator=torch.Generator().manual_seed(seed)).tolist()
     plain = Engine(target, adapter, head)
     ref = plain.target_only(prompt, max_new_tokens=40)
