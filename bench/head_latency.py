@@ -40,7 +40,9 @@ each the median of per-call CUDA-event timings after warm-up, with the L2 flushe
 write, outside the timed events, as triton.testing.do_bench does) before every repetition: in
 decoding the target's forward runs between two rollouts, so no rollout finds the previous one's
 weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
-l2_reuse_sweep, which times whole rollouts.) Floors:
+l2_reuse_sweep and pdl_probe, which time whole rollouts; pdl_probe, on sm_90+, sets
+KernelConfig.pdl for the rest of the run only if programmatic dependent launch is faster for every
+rollout it probes and drafts the same tokens.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -559,6 +561,40 @@ def pool_persistent_probe(cfg, timeout_s=150) -> dict:
     return out
 
 
+PDL_BATCHES = (1, 4)
+
+
+def pdl_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[dict]:
+    """Whole rollouts (CUDA graph, L2 flushed before every call), full vocabulary and pool, with
+    and without programmatic dependent launch (KernelConfig.pdl). PDL moves no arithmetic, so the
+    drafts must be identical."""
+    rows = []
+    embed = K.reference.dense_embed(emb)
+    for b in batches:
+        block, anchor = make_block(d, b)
+        for name, pool in (("triton", 0), ("triton_pool", POOL)):
+            row = dict(batch=b, rollout=name)
+            try:
+                drafts = {}
+                for pdl in (False, True):
+                    roll = K.make_rollout(name, head, emb, pool_size=pool, config=dataclasses.replace(cfg, pdl=pdl))
+                    drafts[pdl], _ = roll(head, block, anchor, embed)
+                    row["pdl_ms" if pdl else "plain_ms"] = time_ms(lambda: roll(head, block, anchor, embed), iters=60)
+                    del roll
+                row["same_drafts"] = bool(torch.equal(drafts[False], drafts[True]))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            rows.append(row)
+            print("pdl_probe", row, flush=True)
+            empty_cache()
+    return rows
+
+
+def pdl_verdict(rows: list[dict]) -> bool:
+    """PDL on only if every probed rollout ran, was faster and drafted the same tokens."""
+    return bool(rows) and all("error" not in r and r["same_drafts"] and r["pdl_ms"] < r["plain_ms"] for r in rows)
+
+
 def persistent_verdict(probe: dict):
     """The largest probed batch up to which the persistent launch was faster, agreed token for
     token and never set its error flag (None: keep the multi-launch path)."""
@@ -887,6 +923,11 @@ def main():
                 upto = persistent_verdict(res["pool_persistent_probe"])
                 if upto:
                     cfg.pool_persistent, cfg.pool_persistent_max_batch = True, upto
+            # programmatic dependent launch (--smoke: the code path only, PDL is ignored on a CPU)
+            if not on_gpu() or torch.cuda.get_device_capability()[0] >= 9:
+                res["pdl_probe"] = pdl_probe(d, head, emb, cfg)
+                errors += [f"pdl_probe: {r['error']}" for r in res["pdl_probe"] if "error" in r]
+                cfg.pdl = on_gpu() and pdl_verdict(res["pdl_probe"])
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
         del head, emb

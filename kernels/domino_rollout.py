@@ -150,6 +150,13 @@ class KernelConfig:
     # faster, agrees token for token with the multi-launch path and never trips its error flag.
     pool_persistent: bool = False
     pool_persistent_max_batch: int = 4
+    # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
+    # gru_step may become resident while its predecessor runs and waits on it in-kernel
+    # (`triton_rollout` docstring), hiding the launch gap between the ~30 dependent kernels of a
+    # rollout. Same kernels, same arithmetic, same tokens. Not yet measured on the H200:
+    # bench/head_latency.py ("pdl_probe") turns it on when it is faster for the full-vocabulary and
+    # the pool rollout at batch 1 and 4 and gives the same drafts. Elsewhere it is ignored.
+    pdl: bool = False
 
 
 @dataclass
@@ -383,6 +390,8 @@ class FusedRollout:
             base = base.contiguous()
         anchor = anchor.to(torch.int64).contiguous()
         sms = self._sm_count(device)
+        # PDL for every kernel after the first of the chain (its predecessor is a PyTorch op)
+        pdl = self._use_pdl(device, sampling)
 
         # S_0 = 0 is never read (step 1 runs the S_0 = 0 formula), nor are a pure slot's z rows:
         # empty, not zeroed (two launches fewer in the graph)
@@ -438,7 +447,7 @@ class FusedRollout:
             elif sampling:
                 tr.gru_step(tok=tok[j - 2], **step)
             else:
-                tr.gru_step(partials=last, draft=draft, draft_col=j - 2, **step)
+                tr.gru_step(partials=last, draft=draft, draft_col=j - 2, pdl=pdl, **step)
 
             base_j = base[:, j - 1]
             if not corrected:
@@ -449,13 +458,13 @@ class FusedRollout:
                     self._sample(filtered_probs(base_j, temperature, top_k, top_p), None, uniforms, q, tok, j)
                 else:
                     tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, block_v=w2v, num_warps=w2w,
-                                 num_stages=w2s, **nxt)
+                                 num_stages=w2s, pdl=pdl, **nxt)
                     last = (pv_full, pi_full)
             elif pool:
                 c = j - pure - 1
                 tr.pool_argmax(ids=pool_ids[:, c], vals=pool_vals[:, c], zacc=zacc[j - 1], w2=prep.w2,
                                pval=pv_pool, pidx=pi_pool, logits=pool_logits, block_p=cfg.pool_block_p,
-                               block_r=w2r, num_warps=cfg.pool_warps, **nxt)
+                               block_r=w2r, num_warps=cfg.pool_warps, pdl=pdl, **nxt)
                 last = (pv_pool, pi_pool)
                 if sampling:
                     self._sample(filtered_probs(pool_logits, temperature, top_k, top_p), pool_ids[:, c],
@@ -464,14 +473,19 @@ class FusedRollout:
                 reverse = cfg.w2_zigzag and (j - pure - 1) % 2 == 1  # corrected steps alternate direction
                 tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, zacc=zacc[j - 1], w2=prep.w2, logits=logits,
                              block_v=w2v, block_r=w2r, num_warps=w2w, num_stages=w2s, pin_programs=pin,
-                             reverse=reverse, stream=cfg.w2_stream, **nxt)
+                             reverse=reverse, stream=cfg.w2_stream, pdl=pdl, **nxt)
                 last = (pv_full, pi_full)
                 if sampling:
                     self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)
         if sampling:
             return tok.t().contiguous(), q
-        tr.argmax_finalize(pval=last[0], pidx=last[1], draft=draft, draft_col=k - 1)
+        tr.argmax_finalize(pval=last[0], pidx=last[1], draft=draft, draft_col=k - 1, pdl=pdl)
         return draft, q
+
+    def _use_pdl(self, device, sampling: bool) -> bool:
+        # greedy only: sampling puts PyTorch ops between the kernels
+        return (self.config.pdl and not sampling and device.type == "cuda" and not _interpreting()
+                and torch.cuda.get_device_capability(device)[0] >= 9)
 
     def _use_persistent(self, device, bsz: int, sampling: bool) -> bool:
         cfg = self.config

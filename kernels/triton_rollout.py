@@ -27,6 +27,13 @@ Ops (each has the same name in kernel, wrapper, test and benchmark):
 
 So a greedy step is two launches: gru_step(j) -> w2_argmax(j) (+ whh_gemv for step j+1).
 
+PDL (`pdl=True` on a wrapper; KernelConfig.pdl): the kernel is launched with Hopper's
+programmatic dependent launch, so it can be resident before its predecessor in the chain ends.
+Every such kernel waits for its predecessor (griddepcontrol.wait) before it reads anything a
+kernel wrote, and only then lets its own successor launch: a kernel that starts early can
+therefore read, before its wait, only weights (never written) and data of kernels at least two
+launches back. Greedy chains on sm_90+ only; never under the interpreter.
+
 Ties: every reduction keeps the largest value and, among equal values, the lowest token id,
 the same rule as `reference.argmax_lowest_id` (and torch.argmax).
 """
@@ -59,6 +66,19 @@ def _gru_cell(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, h_old):
     z = _sigmoid(gi_z + gh_z)
     n = _tanh(gi_n + r * gh_n)
     return (1.0 - z) * n + z * h_old
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """The PDL handshake (module docstring): wait for the predecessor, then release the successor."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def _launch_pdl(pdl: bool) -> dict:
+    # the launch option only when asked: the default launch stays exactly what it was
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit
@@ -102,7 +122,8 @@ def _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G: tl.constexpr, BLOCK_B: tl.const
 
 @triton.jit
 def _whh_gemv_kernel(h_ptr, whh_ptr, gh_ptr, B, G: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_GH: tl.constexpr,
-                     GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+    _pdl_enter(PDL)
     _whh_gemv(tl.program_id(0), h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
 
 
@@ -122,7 +143,7 @@ def _gru_step_kernel(
     B, G: tl.constexpr, R: tl.constexpr,
     TOKEN_FROM_PARTIALS: tl.constexpr, HAS_GH: tl.constexpr, ADD_Z: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_NP: tl.constexpr, BLOCK_R: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = tl.arange(0, BLOCK_B)
@@ -130,17 +151,19 @@ def _gru_step_kernel(
     g = pid * BLOCK_G + tl.arange(0, BLOCK_G)
     gmask = g < G
     m2 = gmask[:, None] & bmask[None, :]
-    # everything that does not depend on the token is loaded first, so its latency overlaps
+    # everything that does not depend on the token is loaded first, so its latency overlaps;
+    # W1b (a weight) even before the PDL wait
+    if ADD_Z:
+        rr = tl.arange(0, BLOCK_R)
+        rmask = rr < R
+        w1b = tl.load(w1b_ptr + rr[:, None] * G + g[None, :], mask=rmask[:, None] & gmask[None, :], other=0.0)
+    _pdl_enter(PDL)
     if HAS_GH:  # W_hh·S_{j-1}, precomputed by the previous scoring kernel; S_0 = 0 needs none
         gh = gh_ptr + b[None, :] * (3 * G) + g[:, None]
         gh_r = tl.load(gh, mask=m2, other=0.0)
         gh_z = tl.load(gh + G, mask=m2, other=0.0)
         gh_n = tl.load(gh + 2 * G, mask=m2, other=0.0)
         h_old = tl.load(h_prev_ptr + b[None, :] * G + g[:, None], mask=m2, other=0.0)
-    if ADD_Z:
-        rr = tl.arange(0, BLOCK_R)
-        rmask = rr < R
-        w1b = tl.load(w1b_ptr + rr[:, None] * G + g[None, :], mask=rmask[:, None] & gmask[None, :], other=0.0)
     if TOKEN_FROM_PARTIALS:
         tok = _reduce_partials(pval_ptr, pidx_ptr, b, bmask, NP, BLOCK_NP)
         # the previous slot's draft id: written once, by program 0
@@ -255,8 +278,10 @@ def _w2_argmax_kernel(
     HAS_DELTA: tl.constexpr, WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr, HAS_PIN: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
     BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, STREAM_W2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    _pdl_enter(PDL)
     if HAS_GH:
         # the first NGH programs compute the next step's W_hh·S (they start first, alongside the scan)
         if pid < NGH:
@@ -313,11 +338,12 @@ def _pool_argmax_kernel(
     B, P, R: tl.constexpr, p_per_prog, NP, G: tl.constexpr,
     WRITE_LOGITS: tl.constexpr, HAS_GH: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr,
-    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_GH: tl.constexpr, GH_BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     # 1-D grid: [NGH W_hh programs][B x NP scoring programs]; rows gather different W2 rows, so
     # each scoring program serves one row
     pid = tl.program_id(0)
+    _pdl_enter(PDL)
     if HAS_GH:
         if pid < NGH:
             _whh_gemv(pid, h_ptr, whh_ptr, gh_ptr, B, G, BLOCK_B, BLOCK_GH, GH_BLOCK_K, DOT_PRECISION)
@@ -332,7 +358,8 @@ def _pool_argmax_kernel(
 
 @triton.jit
 def _argmax_finalize_kernel(pval_ptr, pidx_ptr, NP, draft_ptr, draft_stride, draft_col, B,
-                            BLOCK_B: tl.constexpr, BLOCK_NP: tl.constexpr):
+                            BLOCK_B: tl.constexpr, BLOCK_NP: tl.constexpr, PDL: tl.constexpr):
+    _pdl_enter(PDL)
     b = tl.arange(0, BLOCK_B)
     bmask = b < B
     tok = _reduce_partials(pval_ptr, pidx_ptr, b, bmask, NP, BLOCK_NP)
@@ -393,16 +420,16 @@ def _gh_args(gh, bsz, block_gh, gh_block_k):
     return dict(args=(h, whh, out, n), g=g, has=True, n=n, block_gh=block_gh, block_k=min(gh_block_k, _pow2(g)))
 
 
-def whh_gemv(*, h, whh, gh, block_gh=32, gh_block_k=256, num_warps=4):
+def whh_gemv(*, h, whh, gh, block_gh=32, gh_block_k=256, num_warps=4, pdl=False):
     """gh [B, 3G] fp32 = S [B, G] · W_hh^T, alone (sampling mode's pure slots have no scoring kernel)."""
     bsz, g = h.shape
     _whh_gemv_kernel[(triton.cdiv(3 * g, block_gh),)](
         h, whh, gh, bsz, G=g, BLOCK_B=_pow2(bsz), BLOCK_GH=block_gh, GH_BLOCK_K=min(gh_block_k, _pow2(g)),
-        DOT_PRECISION=dot_precision(whh.dtype), num_warps=num_warps)
+        DOT_PRECISION=dot_precision(whh.dtype), PDL=pdl, num_warps=num_warps, **_launch_pdl(pdl))
 
 
 def gru_step(*, table, h_prev, h_out, gh=None, tok=None, partials=None, draft=None, draft_col=0,
-             w1b=None, zacc=None, block_g=16, num_warps=None):
+             w1b=None, zacc=None, block_g=16, num_warps=None, pdl=False):
     """One GRU step for all rows; see the module docstring. Shapes: table [Vt, 3G], gh [B, 3G] fp32
     (W_hh·S_{j-1}; None when S_{j-1} = 0), h_prev/h_out [B, G] (weight dtype), tok [B] int,
     partials=(pval, pidx) [B, NP], draft [B, K] int64, w1b [r, G], zacc [B, r] fp32 (accumulated into)."""
@@ -424,12 +451,13 @@ def gru_step(*, table, h_prev, h_out, gh=None, tok=None, partials=None, draft=No
         bsz, G=g, R=r,
         TOKEN_FROM_PARTIALS=from_partials, HAS_GH=gh is not None, ADD_Z=add_z,
         BLOCK_B=block_b, BLOCK_G=block_g, BLOCK_NP=block_np, BLOCK_R=_pow2(r),
-        DOT_PRECISION=dot_precision(table.dtype), num_warps=num_warps,
+        DOT_PRECISION=dot_precision(table.dtype), PDL=pdl, num_warps=num_warps, **_launch_pdl(pdl),
     )
 
 
 def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, block_v=128, block_r=128,
-              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256, pin_programs=0, reverse=False, stream=True):
+              num_warps=8, num_stages=3, block_gh=32, gh_block_k=256, pin_programs=0, reverse=False, stream=True,
+              pdl=False):
     """Fused base + W2·SiLU(zacc) and stage-1 argmax. base [B, V] (row stride free, last dim
     contiguous), zacc [B, r] fp32, w2 [V, r], pval/pidx [B, NP] (NP = scoring programs, set by the
     caller), logits [V, B] fp32 (optional, for sampling; note the layout), gh = (S [B, G], W_hh,
@@ -460,7 +488,7 @@ def w2_argmax(*, base, pval, pidx, zacc=None, w2=None, logits=None, gh=None, blo
         HAS_PIN=has_delta and pin_programs > 0,
         BLOCK_B=_pow2(bsz), BLOCK_V=block_v, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
         BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(wdt),
-        STREAM_W2=bool(stream), num_warps=num_warps, num_stages=num_stages,
+        STREAM_W2=bool(stream), PDL=pdl, num_warps=num_warps, num_stages=num_stages, **_launch_pdl(pdl),
     )
 
 
@@ -476,7 +504,7 @@ def l2_pin_programs(fraction: float, programs: int) -> int:
 
 
 def pool_argmax(*, ids, vals, zacc, w2, pval, pidx, logits=None, gh=None, block_p=32, block_r=128, num_warps=4,
-                block_gh=32, gh_block_k=256):
+                block_gh=32, gh_block_k=256, pdl=False):
     """Pool scoring: ids/vals [B, P] (the slot's candidates and their base logits; same strides),
     zacc [B, r] fp32, w2 [V, r]; pval/pidx [B, NP] with NP programs per row; gh as in w2_argmax."""
     bsz, p = ids.shape
@@ -492,16 +520,16 @@ def pool_argmax(*, ids, vals, zacc, w2, pval, pidx, logits=None, gh=None, block_
         WRITE_LOGITS=logits is not None, HAS_GH=ga["has"], BLOCK_B=_pow2(bsz),
         BLOCK_P=block_p, BLOCK_R=br, R_CHUNKS=triton.cdiv(r, br),
         BLOCK_GH=ga["block_gh"], GH_BLOCK_K=ga["block_k"], DOT_PRECISION=dot_precision(w2.dtype),
-        num_warps=num_warps,
+        PDL=pdl, num_warps=num_warps, **_launch_pdl(pdl),
     )
 
 
-def argmax_finalize(*, pval, pidx, draft, draft_col):
+def argmax_finalize(*, pval, pidx, draft, draft_col, pdl=False):
     bsz, np_ = pval.shape
     block_b, block_np = _pow2(bsz), _pow2(np_, 2)
     _argmax_finalize_kernel[(1,)](pval, pidx, np_, draft, draft.stride(0), draft_col, bsz,
-                                  BLOCK_B=block_b, BLOCK_NP=block_np,
-                                  num_warps=max(4, min(16, block_b * block_np * 2 // (64 * 32))))
+                                  BLOCK_B=block_b, BLOCK_NP=block_np, PDL=pdl,
+                                  num_warps=max(4, min(16, block_b * block_np * 2 // (64 * 32))), **_launch_pdl(pdl))
 
 
 def _pool_outputs(base, pool: int, who: str):

@@ -447,6 +447,22 @@ def test_domino_rollout_pool(pool, select):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("name,pool", [("triton", 0), ("triton_pool", 8)])
+def test_pdl_is_ignored_where_it_cannot_run(name, pool):
+    """KernelConfig.pdl only changes how a CUDA sm_90+ greedy chain launches: the interpreter
+    (and sampling) take the plain launches, with the reference's tokens."""
+    b, k, h, g, r, v = 2, 5, 24, 20, 12, 1013
+    head = make_head(h, g, r, v, w2_scale=8.0)
+    emb, block, anchor = make_inputs(b, k, h, v)
+    embed = K.reference.dense_embed(emb)
+    roll = K.make_rollout(name, head, emb, pool_size=pool, config=K.KernelConfig(pdl=True))
+    assert not roll._use_pdl(block.base_logits.device, sampling=False)
+    out, _ = roll(head, block, anchor, embed)
+    ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=pool)
+    assert torch.equal(out, ref), first_mismatches(out, ref)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 40, "topk"),
                                               ("triton_pool", 40, "bucket"), ("triton_pool", 40, "radix")])
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (50, 0.9)])
@@ -663,6 +679,35 @@ class TestGPU:
                                   config=K.KernelConfig(pool_select=select))
             out_pool, _ = roll(head, block, anchor, embed)
             assert torch.equal(out_pool, want), f"{select}: " + first_mismatches(out_pool, want)
+
+    @pytest.mark.parametrize("b,pure", [(1, 1), (3, 0), (32, 2)])
+    @pytest.mark.parametrize("graphs", [False, True])
+    def test_pdl_chain_gives_the_reference_drafts(self, b, pure, graphs):
+        """Programmatic dependent launch changes when kernels start, never what they read: every
+        call of a PDL rollout (eager and graph replays, refilled inputs) equals the reference."""
+        if torch.cuda.get_device_capability()[0] < 9:
+            pytest.skip("PDL needs sm_90+")
+        head, emb, block, anchor, embed = self._setup(b, 7, 256, 96, 64, 32000, torch.float32, pure=pure,
+                                                      w2_scale=2.0)
+        for name, pool in (("triton", 0), ("triton_pool", 256)):
+            roll = K.make_rollout(name, head, emb, pool_size=pool, cuda_graphs=graphs,
+                                  config=K.KernelConfig(pdl=True))
+            assert roll._use_pdl(block.base_logits.device, sampling=False)
+            for seed in range(3):  # new inputs each call: a stale read would show
+                _, blk, anc = make_inputs(b, 7, 256, 32000, device="cuda", seed=10 + seed)
+                ref, _ = K.reference_rollout(head, blk, anc, embed, pool_size=pool)
+                out, _ = roll(head, blk, anc, embed)
+                assert torch.equal(out, ref), f"{name} call {seed}: " + first_mismatches(out, ref)
+
+    def test_pdl_bf16_qwen3_8b_equals_plain_launches(self):
+        if torch.cuda.get_device_capability()[0] < 9:
+            pytest.skip("PDL needs sm_90+")
+        head, emb, block, anchor, embed = self._setup(4, 16, **self.QWEN, dtype=torch.bfloat16)
+        for name, pool in (("triton", 0), ("triton_pool", 2048)):
+            plain, _ = K.make_rollout(name, head, emb, pool_size=pool)(head, block, anchor, embed)
+            pdl, _ = K.make_rollout(name, head, emb, pool_size=pool, config=K.KernelConfig(pdl=True))(
+                head, block, anchor, embed)
+            assert torch.equal(pdl, plain), f"{name}: " + first_mismatches(pdl, plain)
 
     @pytest.mark.parametrize("name,pool,select", [("triton", 0, "topk"), ("triton_pool", 512, "topk"),
                                                   ("triton_pool", 512, "bucket"), ("triton_pool", 512, "radix")])
