@@ -177,10 +177,15 @@ def reusable_responses(prompts: Path, reuse: Path | None, scale: dict) -> dict[s
         if not path.is_file():
             raise SystemExit(f"--reuse: {reuse} has no {path.name}; valid: a work dir of an earlier run "
                              "(train.regen.jsonl and data.json)")
-    tokens = json.loads(meta.read_text()).get("regen_max_new_tokens")
+    recorded = json.loads(meta.read_text())
+    tokens = recorded.get("regen_max_new_tokens")
     if tokens != scale["regen_tokens"]:
         raise SystemExit(f"--reuse: {meta} has regen_max_new_tokens={tokens!r}; this scale regenerates "
                          f"{scale['regen_tokens']} tokens: the responses would differ")
+    target = TARGETS[TARGET]["asset"]
+    if recorded.get("target", target) != target:  # (data.json of runs before this field: no check)
+        raise SystemExit(f"--reuse: {meta} holds responses of target {recorded['target']!r}; this run's "
+                         f"target is {target!r}")
     words = {r["id"]: r["messages"] for r in map(json.loads, prompts.open())}
     kept = {}
     with regen.open() as fh:
@@ -204,6 +209,7 @@ def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1), reuse: 
     if out.exists():  # an earlier call's (or run's) responses: keep them, never regenerate over them
         if not (work / "data.json").exists():
             atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
+                                                   "target": TARGETS[TARGET]["asset"],
                                                    "regen_seconds": None, "regenerated": "before this call"})
         log(f"kept {out} ({sum(1 for _ in out.open())} responses)")
         return out
@@ -252,6 +258,7 @@ def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1), reuse: 
         extra = {"reused": len(reused), "regenerated_here": len(todo), "reused_from_sha256":
                  hashlib.sha256((reuse / "train.regen.jsonl").read_bytes()).hexdigest()}
     atomic_write_json(work / "data.json", {**data_summary(work), "regen_max_new_tokens": scale["regen_tokens"],
+                                           "target": TARGETS[TARGET]["asset"],
                                            "regen_seconds": seconds, "regen_shards": max(len(parts), 1),
                                            "python": sys.version.split()[0], **extra})
     return out

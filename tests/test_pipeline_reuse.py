@@ -68,6 +68,7 @@ def test_reuse_keeps_identical_prompts_and_regenerates_the_rest(tmp_path, pipeli
     assert [r["messages"][-1]["content"] for r in recs] == ["old a", "new b", "new c", "new d"]
     meta = json.loads((work / "data.json").read_text())
     assert (meta["reused"], meta["regenerated_here"], meta["sequences"]) == (1, 3, 4)
+    assert meta["target"] == "smollm2-135m-instruct"
     assert len(calls) == 2  # the merge regenerated nothing
 
 
@@ -81,10 +82,14 @@ def test_reuse_unsharded_regenerates_only_what_is_left(tmp_path, pipeline):
     assert [json.loads(line)["messages"][-1]["content"] for line in out.open()] == ["new a", "old b"]
 
 
-def test_reuse_refuses_responses_of_another_length(tmp_path, pipeline):
+def test_reuse_refuses_responses_of_another_length_or_target(tmp_path, pipeline):
     pipe, calls = pipeline
     work, old = _runs(tmp_path, [_chat("a", "words a")], [_chat("a", "words a", "old a")], 999)
     with pytest.raises(SystemExit, match="regen_max_new_tokens=999"):
+        pipe.stage_data(work, pipe.SCALES["smoke"], reuse=old)
+    (old / "data.json").write_text(json.dumps({"regen_max_new_tokens": pipe.SCALES["smoke"]["regen_tokens"],
+                                               "target": "gemma3-270m"}))
+    with pytest.raises(SystemExit, match="target 'gemma3-270m'; this run's target is 'smollm2-135m-instruct'"):
         pipe.stage_data(work, pipe.SCALES["smoke"], reuse=old)
     with pytest.raises(SystemExit, match="has no train.regen.jsonl"):
         pipe.stage_data(work, pipe.SCALES["smoke"], reuse=tmp_path / "missing")
