@@ -94,3 +94,27 @@ def test_reuse_refuses_responses_of_another_length_or_target(tmp_path, pipeline)
     with pytest.raises(SystemExit, match="has no train.regen.jsonl"):
         pipe.stage_data(work, pipe.SCALES["smoke"], reuse=tmp_path / "missing")
     assert calls == [] and not (work / "train.regen.jsonl").exists()
+
+
+def test_puzzle_repeat_weights_the_training_file(tmp_path, pipeline):
+    pipe, _ = pipeline
+    work = tmp_path / "work"
+    work.mkdir()
+    _write(work / "train.regen.jsonl", [_chat("gsm8k-symbolic/1/0", "q", "a"), _chat("puzzle/m/f", "q", "a"),
+                                        _chat("pysrc/m/g", "q", "a")])
+    assert pipe.training_file(work, {"puzzle_repeat": 1}) == (work / "train.regen.jsonl").resolve()
+    weighted = pipe.training_file(work, {"puzzle_repeat": 3})
+    ids = [json.loads(line)["id"] for line in weighted.open()]
+    assert ids == ["gsm8k-symbolic/1/0", "puzzle/m/f", "pysrc/m/g", "puzzle/m/f", "puzzle/m/f"]
+
+
+def test_reuse_of_every_prompt_regenerates_nothing(tmp_path, pipeline):
+    pipe, calls = pipeline
+    scale = pipe.SCALES["smoke"]
+    work, old = _runs(tmp_path, [_chat(p, f"words {p}") for p in "ab"],
+                      [_chat(p, f"words {p}", f"old {p}") for p in "ab"], scale["regen_tokens"])
+    for shard in ((0, 2), (1, 2)):  # empty shards still leave their (empty) part and meta files
+        pipe.stage_data(work, scale, shard, reuse=old)
+    out = pipe.stage_data(work, scale, reuse=old)
+    assert calls == []
+    assert [json.loads(line)["messages"][-1]["content"] for line in out.open()] == ["old a", "old b"]
