@@ -315,7 +315,9 @@ def training_file(work: Path, scale: dict) -> Path:
     if not out.exists():
         lines = data.read_text().splitlines()
         extra = [line for line in lines if json.loads(line)["id"].startswith("puzzle/")] * (repeat - 1)
-        tmp = out.with_suffix(".tmp")
+        # one temp file per process: the GPU script trains several drafters at once, each process
+        # may build this file, and every one renames a complete (identical) copy into place
+        tmp = out.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text("".join(line + "\n" for line in lines + extra))
         tmp.rename(out)
     return out.resolve()
