@@ -17,6 +17,8 @@ import json
 import random
 from pathlib import Path
 
+from domino_graft.checkpoint import atomic_write_text
+
 HELD_OUT = 40
 
 
@@ -50,10 +52,7 @@ def draw(kinds: dict[str, list[tuple[int, dict]]], code_from: str, seed: int = 0
 
 
 def write(path: Path, recs: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in recs)
-    tmp.rename(path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in recs))
 
 
 if __name__ == "__main__":

@@ -94,37 +94,34 @@ def set_families(names: list[str]) -> None:
     DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 EVAL_SETS = ("humaneval", "gsm8k")
 
+# the previous table (bench/results/smollm2_h200_gpu_large.json): 3x the math (80 variants per template
+# instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
+# ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
+# better than held-out ones). Data + training ~13 min on 2 GPUs.
+# DFlash's head at rank 256 instead of the recipe's CPU-sized 64 (every DFlash variant, so the
+# base drafters differ only in never training theirs): see bench/dflash_rank_probe.sh
+_GPU_LARGE = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
+                  regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
+                  family_overrides={"dflash": ["head.rank=256"]})
+
 # Sizes per machine. gpu: one or two H200s (bench/smollm2_h200.sh); cpu: 2 cores, ~1 h; smoke: a
-# minutes-long check of every stage on a CPU (its numbers mean nothing).
+# minutes-long check of every stage on a CPU (its numbers mean nothing). The gpu-large variants
+# differ from it only in the keys they name.
 SCALES = {
     "gpu": dict(math_prompts=1339, code_prompts=6000, regen_tokens=192, regen_batch=128, steps=1500,
                 head_steps=500, batch=32, max_length=512, device="cuda"),
-    # the previous table (bench/results/smollm2_h200_gpu_large.json): 3x the math (80 variants per template
-    # instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
-    # ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
-    # better than held-out ones). Data + training ~13 min on 2 GPUs.
-    # DFlash's head at rank 256 instead of the recipe's CPU-sized 64 (every DFlash variant, so the
-    # base drafters differ only in never training theirs): see bench/dflash_rank_probe.sh
-    "gpu-large": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
-                      regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
-                      family_overrides={"dflash": ["head.rank=256"]}),
-    # gpu-large with HumanEval-like code first: every function of the python-puzzles asset (small
-    # algorithms with typed signatures and doctests), then library functions up to the same 8,000.
+    "gpu-large": _GPU_LARGE,
+    # HumanEval-like code first: every function of the python-puzzles asset (small algorithms with
+    # typed signatures and doctests), then library functions up to the same 8,000.
     # The committed table (bench/results/smollm2_h200.json); its other 10,946 prompts are gpu-large's
     # word for word, so `--reuse` regenerates only the puzzles.
-    "gpu-puzzles": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000,
-                        puzzle_asset="python-puzzles", regen_tokens=192, regen_batch=128, steps=1500,
-                        head_steps=500, batch=32, max_length=512, device="cuda",
-                        family_overrides={"dflash": ["head.rank=256"]}),
+    "gpu-puzzles": {**_GPU_LARGE, "puzzle_asset": "python-puzzles"},
     # gpu-puzzles with each puzzle response 3 times in the training file (same steps and batch: the
     # puzzles' share of the draws goes from 9% to 22%). A CPU proxy (bench/dflash_data_probe.sh,
     # bench/results/dflash_data_probe_cpu.json) gave a head trained on puzzle code 1.5x the
     # HumanEval gain of one trained on the mixed draw. Not run yet: it reuses gpu-puzzles'
     # responses (--reuse), so it needs no regeneration.
-    "gpu-puzzles-x3": dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000,
-                           puzzle_asset="python-puzzles", puzzle_repeat=3, regen_tokens=192, regen_batch=128,
-                           steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
-                           family_overrides={"dflash": ["head.rank=256"]}),
+    "gpu-puzzles-x3": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "puzzle_repeat": 3},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
@@ -313,13 +310,13 @@ def training_file(work: Path, scale: dict) -> Path:
         return data.resolve()
     out = work / f"train.puzzles-x{repeat}.jsonl"
     if not out.exists():
+        from domino_graft.checkpoint import atomic_write_text
+
         lines = data.read_text().splitlines()
         extra = [line for line in lines if json.loads(line)["id"].startswith("puzzle/")] * (repeat - 1)
-        # one temp file per process: the GPU script trains several drafters at once, each process
-        # may build this file, and every one renames a complete (identical) copy into place
-        tmp = out.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text("".join(line + "\n" for line in lines + extra))
-        tmp.rename(out)
+        # a unique temp file per writer: the GPU script trains several drafters at once, each
+        # process may build this file, and every one renames a complete (identical) copy into place
+        atomic_write_text(out, "".join(line + "\n" for line in lines + extra))
     return out.resolve()
 
 
