@@ -196,7 +196,8 @@ def reusable_responses(prompts: Path, reuse: Path | None, scale: dict) -> dict[s
     kept = {}
     with regen.open() as fh:
         for rec in map(json.loads, fh):
-            if rec.get("messages", [None])[:1] == words.get(rec.get("id"), [])[:1] != []:
+            asked = words.get(rec.get("id"))  # this run's prompt with the same id, if any
+            if asked and rec.get("messages", [])[:1] == asked[:1]:
                 kept[rec["id"]] = rec
     return kept
 
