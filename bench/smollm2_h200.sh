@@ -22,9 +22,12 @@
 #   call 4 (carry .snap):                  CALL_S=560 T1_S=380 PACK_SHARDS="3 4 5" bash .snap/bench/smollm2_h200.sh resume
 #                                          (the greedy prompts left, temperature 1; HEAD_LATENCY=1:
 #                                          bench/head_latency.py on GPU 0 meanwhile)
-# SCALE=gpu-puzzles-x3 (not run yet) has the same prompts as gpu-puzzles: REUSE that run's responses
+# SCALE=gpu-puzzles-x3 has the same prompts as gpu-puzzles: REUSE that run's responses
 # (bench/results/smollm2_h200's data.json + its train.regen.jsonl.gz, from the returned runs_meta)
-# and nothing is regenerated.
+# and nothing is regenerated. Its run (bench/results/smollm2_h200_gpu_puzzles_x3.json): call 1
+# carried that pair as .stage/prev_puzzles (cp -r .stage/prev_puzzles ~/stage/prev), call 2 took
+# 500 s (31 -m gpu tests in 80 s meanwhile), call 3 523 s, call 4 (HEAD_LATENCY=1) 300 s, and a
+# fifth call copied weights.6-7.
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-puzzles

@@ -119,8 +119,9 @@ SCALES = {
     # gpu-puzzles with each puzzle response 3 times in the training file (same steps and batch: the
     # puzzles' share of the draws goes from 9% to 22%). A CPU proxy (bench/dflash_data_probe.sh,
     # bench/results/dflash_data_probe_cpu.json) gave a head trained on puzzle code 1.5x the
-    # HumanEval gain of one trained on the mixed draw. Not run yet: it reuses gpu-puzzles'
-    # responses (--reuse), so it needs no regeneration.
+    # HumanEval gain of one trained on the mixed draw. It reuses gpu-puzzles' responses (--reuse),
+    # so it needs no regeneration. Run on 2 H200s (bench/results/smollm2_h200_gpu_puzzles_x3.json):
+    # DFlash x HumanEval x1.109 against gpu-puzzles' x1.115, i.e. no gain on the device.
     "gpu-puzzles-x3": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "puzzle_repeat": 3},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
