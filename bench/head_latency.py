@@ -40,9 +40,9 @@ each the median of per-call CUDA-event timings after warm-up, with the L2 flushe
 write, outside the timed events, as triton.testing.do_bench does) before every repetition: in
 decoding the target's forward runs between two rollouts, so no rollout finds the previous one's
 weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
-l2_reuse_sweep and pdl_probe, which time whole rollouts; pdl_probe, on sm_90+, sets
-KernelConfig.pdl for the rest of the run only if programmatic dependent launch is faster for every
-rollout it probes and drafts the same tokens.) Floors:
+l2_reuse_sweep and pdl_probe, which time whole rollouts; pdl_probe, on sm_90+, keeps
+KernelConfig.pdl (on by default) for the rest of the run only if programmatic dependent launch is
+faster for every rollout it probes and drafts the same tokens, and turns it off otherwise.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
