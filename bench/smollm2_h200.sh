@@ -33,7 +33,7 @@
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-puzzles
 # rebuilds bench/results/smollm2_h200.json from those records.
 set -uo pipefail
-PHASE=${1:?usage: smollm2_h200.sh train|eval|resume}
+PHASE=${1:?usage: smollm2_h200.sh train|eval|resume|quick}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code snapshot (or the checkout)
 WORK=/tmp/work
 OUTDIR=${OUT:-/tmp/out}
@@ -74,9 +74,10 @@ NGPU=$(nvidia-smi -L | wc -l)
 gpu() { echo "env CUDA_VISIBLE_DEVICES=$(( $1 % NGPU ))"; }   # $(gpu N) cmd...: run cmd on GPU N mod NGPU
 
 train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each), family k on GPU k
-  local limit=$1 fam k=0
+  local limit=$1 fam k=0 d
   for fam in $FAMILIES; do
-    ( timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
+    d=$k; [ "$(echo $FAMILIES | wc -w)" = 1 ] && d=1   # one family: + Domino on the next GPU
+    ( timeout "$(left "$limit")" $(gpu $d) $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
     ( timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
       && timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
     k=$((k + 1))
@@ -188,5 +189,16 @@ case "$PHASE" in
     wait
     summary
     report ;;
-  *) echo "unknown phase $PHASE (valid: train, eval, resume)"; exit 2 ;;
+  quick)  # everything in one call, for a short scale (FAMILIES=pard SCALE=gpu-pard-short): the data
+           # (REUSE: merge only), the three drafters, then greedy shards on every GPU until
+           # ~40 s before the call's end (EVAL_S: seconds kept for them); no timing, no T = 1
+    regen 60
+    train_all $(by ${EVAL_S:-170})
+    wait
+    grep -h "trained to\|Error\|error" "$WORK"/train_*.log
+    grep -L "trained to" "$WORK"/train_*.log | sed 's/^/UNFINISHED TRAINING: /'
+    shards $(( $(left $(by 40)) - 10 ))
+    summary
+    report ;;
+  *) echo "unknown phase $PHASE (valid: train, eval, resume, quick)"; exit 2 ;;
 esac

@@ -123,6 +123,10 @@ SCALES = {
     # so it needs no regeneration. Run on 2 H200s (bench/results/smollm2_h200_gpu_puzzles_x3.json):
     # DFlash x HumanEval x1.109 against gpu-puzzles' x1.115, i.e. no gain on the device.
     "gpu-puzzles-x3": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "puzzle_repeat": 3},
+    # PARD in the device time one call has left: gpu-puzzles' data (--reuse: nothing regenerated),
+    # a quarter of the table's steps (base and + Domino equal, as always), head-only 100 steps.
+    # Comparable within itself, not with the table's 1,500-step drafters.
+    "gpu-pard-short": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 400, "head_steps": 100},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
