@@ -28,6 +28,9 @@
 # carried that pair as .stage/prev_puzzles (cp -r .stage/prev_puzzles ~/stage/prev), call 2 took
 # 500 s (31 -m gpu tests in 80 s meanwhile), call 3 523 s, call 4 (HEAD_LATENCY=1) 300 s, and a
 # fifth call copied weights.6-7.
+# PARD, short (bench/results/smollm2_h200_pard_short.json, the ~6 device-minutes left after that):
+#   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 302 s:
+#   FAMILIES=pard SCALE=gpu-pard-short REUSE=~/stage/prev CALL_S=330 EVAL_S=165 bash .snap/bench/smollm2_h200.sh quick
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-puzzles
