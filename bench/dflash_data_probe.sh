@@ -17,6 +17,7 @@ set -euo pipefail
 WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; OUT=${3:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
+. "$ROOT/bench/proxy_graft.sh"
 mkdir -p "$OUT"
 "$PY" "$ROOT/bench/proxy_train_sample.py" "$WORK/train.regen.jsonl" "$OUT/train_mixed.jsonl" --held-out "$OUT"
 "$PY" "$ROOT/bench/proxy_train_sample.py" "$WORK/train.regen.jsonl" "$OUT/train_puzzle.jsonl" --code puzzle
@@ -25,10 +26,7 @@ for DRAW in mixed puzzle; do
   [ -d "$R" ] || "$PY" -m domino_graft apply "$ROOT/recipes/smollm2_dflash.yaml" -o "$R" \
       drafter.path="$WORK/dflash_base/drafter" head.rank=256 device=cpu
   if [ ! -f "$R/train.done" ]; then
-    "$PY" -m domino_graft train "$R" train.backbone=frozen train.lambda_start=0.0 train.max_steps=300 \
-        train.batch_size=8 train.data.path="$OUT/train_$DRAW.jsonl" train.data.num_samples=800 \
-        train.data.max_length=384 train.features=offline train.anchors_per_seq=32 train.lr=1e-3 \
-        train.warmup_steps=10 train.save_every=100 --no-progress > "$OUT/train_$DRAW.log" 2>&1
+    proxy_train "$R" "$OUT/train_$DRAW.jsonl" "$OUT/train_$DRAW.log"
     rm -rf "$R/features"   # ~3 GB each; the draw file regenerates them
     touch "$R/train.done"
   fi

@@ -23,17 +23,15 @@ set -euo pipefail
 WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; DP=${3:?DATA_PROBE_DIR}; OUT=${4:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
+. "$ROOT/bench/proxy_graft.sh"
 mkdir -p "$OUT"
 graft() {  # NAME OVERRIDE
   local R=$OUT/$1
   [ -d "$R" ] || "$PY" -m domino_graft apply "$ROOT/recipes/smollm2_dflash.yaml" -o "$R" \
       drafter.path="$WORK/dflash_base/drafter" head.rank=256 device=cpu "$2"
   if [ ! -f "$R/train.done" ]; then
-    OMP_NUM_THREADS=1 "$PY" -m domino_graft train "$R" train.backbone=frozen train.lambda_start=0.0 \
-        train.max_steps=300 train.batch_size=8 train.data.path="$DP/train_mixed.jsonl" \
-        train.data.num_samples=800 train.data.max_length=384 train.features=offline \
-        train.anchors_per_seq=32 train.lr=1e-3 train.warmup_steps=10 train.save_every=100 \
-        --no-progress > "$OUT/train_$1.log" 2>&1   # (the variant's field is in the run's recipe since apply)
+    # the variant's field is in the run's recipe since apply; one thread per graft (two run at once)
+    OMP_NUM_THREADS=1 proxy_train "$R" "$DP/train_mixed.jsonl" "$OUT/train_$1.log"
     rm -rf "$R/features"   # ~3 GB; the draw file regenerates them
     touch "$R/train.done"
   fi

@@ -14,6 +14,7 @@ set -euo pipefail
 WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; OUT=${3:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
+. "$ROOT/bench/proxy_graft.sh"
 mkdir -p "$OUT"
 [ -f "$OUT/train_sub.jsonl" ] || "$PY" "$ROOT/bench/proxy_train_sample.py" "$WORK/train.regen.jsonl" "$OUT/train_sub.jsonl"
 for RANK in 64 256; do
@@ -26,10 +27,7 @@ for RANK in 64 256; do
     [ -d "$F" ] && [ ! -d "$R/features" ] && cp -r "$F" "$R/features"
   done
   if [ ! -f "$R/train.done" ]; then
-    "$PY" -m domino_graft train "$R" train.backbone=frozen train.lambda_start=0.0 train.max_steps=300 \
-        train.batch_size=8 train.data.path="$OUT/train_sub.jsonl" train.data.num_samples=800 \
-        train.data.max_length=384 train.features=offline train.anchors_per_seq=32 train.lr=1e-3 \
-        train.warmup_steps=10 train.save_every=100 --no-progress > "$OUT/train_rank$RANK.log" 2>&1
+    proxy_train "$R" "$OUT/train_sub.jsonl" "$OUT/train_rank$RANK.log"
     touch "$R/train.done"
   fi
 done

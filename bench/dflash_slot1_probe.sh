@@ -18,6 +18,7 @@ set -euo pipefail
 WORK=${1:?WORK}; EVAL=${2:?EVAL_DIR}; OUT=${3:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
+. "$ROOT/bench/proxy_graft.sh"
 mkdir -p "$OUT"
 "$PY" "$ROOT/bench/proxy_train_sample.py" "$WORK/train.regen.jsonl" "$OUT/train_sub.jsonl"
 for P in 1 0; do
@@ -26,10 +27,7 @@ for P in 1 0; do
       drafter.path="$WORK/dflash_base/drafter" head.pure_prefix_len=$P device=cpu
   # the target's features do not depend on the head: compute them once
   if [ "$P" = 0 ] && [ -d "$OUT/ppl1/features" ] && [ ! -d "$R/features" ]; then cp -r "$OUT/ppl1/features" "$R/features"; fi
-  "$PY" -m domino_graft train "$R" train.backbone=frozen train.lambda_start=0.0 train.max_steps=300 \
-      train.batch_size=8 train.data.path="$OUT/train_sub.jsonl" train.data.num_samples=800 \
-      train.data.max_length=384 train.features=offline train.anchors_per_seq=32 train.lr=1e-3 \
-      train.warmup_steps=10 train.save_every=100 --no-progress > "$OUT/train_ppl$P.log" 2>&1
+  proxy_train "$R" "$OUT/train_sub.jsonl" "$OUT/train_ppl$P.log"
 done
 "$PY" "$ROOT/bench/acceptance_probe.py" --runs "$OUT/ppl1,$OUT/ppl0" --limit 40 \
     --data gsm8k="$EVAL/gsm8k40.regen.jsonl" --data humaneval="$EVAL/he40.regen.jsonl" \

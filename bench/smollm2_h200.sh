@@ -145,6 +145,11 @@ t1() {  # temperature 1 on the first 30 prompts of each set, 4 shards spread ove
 
 summary() { grep -h "prompts in\|NOT IDENTICAL\|Error" "$WORK"/eval_*.log | tail -40; }
 
+training_status() {  # before an eval: an eval of a half-trained drafter would still produce numbers, so say so loudly
+  grep -h "trained to\|Error" "$WORK"/train_*.log | tail -8
+  grep -L "trained to" "$WORK"/train_*.log | sed 's/^/UNFINISHED TRAINING: /'
+}
+
 report() {
   $PIPE --stages report --max-new-tokens 96 --out "$WORK/${TARGET}_h200.json" 2>&1 | tail -2
   cp "$WORK/${TARGET}_h200.json" "$OUTDIR/"
@@ -166,9 +171,7 @@ case "$PHASE" in
     collect ;;
   eval)
     train_all ${FINISH_S:-150}   # finishes (resumes from checkpoints) whatever an earlier call left unfinished
-    grep -h "trained to\|Error" "$WORK"/train_*.log | tail -8
-    # an eval of a half-trained drafter would still produce numbers: say so loudly
-    grep -L "trained to" "$WORK"/train_*.log | sed 's/^/UNFINISHED TRAINING: /'
+    training_status
     # tokens/s: one process alone on GPU 0 (the other GPUs start their greedy shards meanwhile)
     if [ "$NGPU" -gt 1 ]; then shards $(( $(left $(by 60)) - 20 )) "$(seq -s, 1 $((NGPU - 1)))" & fi
     $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left $(( ${FINISH_S:-150} + 180 ))) - 30 )) \
@@ -198,8 +201,7 @@ case "$PHASE" in
     regen 60
     train_all $(by ${EVAL_S:-170})
     wait
-    grep -h "trained to\|Error\|error" "$WORK"/train_*.log
-    grep -L "trained to" "$WORK"/train_*.log | sed 's/^/UNFINISHED TRAINING: /'
+    training_status
     shards $(( $(left $(by 40)) - 10 ))
     summary
     report ;;
