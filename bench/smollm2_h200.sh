@@ -76,13 +76,14 @@ by() { echo $(( CALL_S - $1 )); }   # the moment $1 seconds before the call's en
 NGPU=$(nvidia-smi -L | wc -l)
 gpu() { echo "env CUDA_VISIBLE_DEVICES=$(( $1 % NGPU ))"; }   # $(gpu N) cmd...: run cmd on GPU N mod NGPU
 
-train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each), family k on GPU k
-  local limit=$1 fam k=0 d
+train_all() {  # independent drafters in parallel processes (launch-bound: one CPU core each); family k's
+  # base (then head-only) chain is process 2k, its + Domino process 2k+1, spread round-robin over the GPUs
+  # (the committed gpu-puzzles and gpu-puzzles-x3 runs put all of family k on GPU k; only wall times depend on it)
+  local limit=$1 fam k=0
   for fam in $FAMILIES; do
-    d=$k; [ "$(echo $FAMILIES | wc -w)" = 1 ] && d=1   # one family: + Domino on the next GPU
-    ( timeout "$(left "$limit")" $(gpu $d) $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
-    ( timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
-      && timeout "$(left "$limit")" $(gpu $k) $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
+    ( timeout "$(left "$limit")" $(gpu $((2 * k + 1))) $PIPE --stages train --only ${fam}_domino >> "$WORK/train_${fam}_domino.log" 2>&1 ) &
+    ( timeout "$(left "$limit")" $(gpu $((2 * k))) $PIPE --stages train --only ${fam}_base >> "$WORK/train_${fam}_base.log" 2>&1 \
+      && timeout "$(left "$limit")" $(gpu $((2 * k))) $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1 ) &
     k=$((k + 1))
   done
   wait
