@@ -160,9 +160,10 @@ report() {
 case "$PHASE" in
   train)
     regen 300
-    # GPU_TESTS=1: the kernels' -m gpu parity tests (full Qwen3-8B shapes) on GPU 0 while it trains
+    # GPU_TESTS=1: the kernels' -m gpu parity tests (full Qwen3-8B shapes) on GPU $GPU_TESTS_ON
+    # (default 0) while it trains; with one family on 2 GPUs, GPU 1 (+ Domino alone) has the room
     if [ "${GPU_TESTS:-0}" = 1 ]; then
-      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site timeout 400 python3 -m pytest -q -rA -m gpu \
+      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=${GPU_TESTS_ON:-0} PYTHONPATH=.:/tmp/site timeout 400 python3 -m pytest -q -rA -m gpu \
           -p no:cacheprovider -o addopts="" tests/test_kernels.py > "$OUTDIR/gpu_tests.log" 2>&1
         tail -3 "$OUTDIR/gpu_tests.log" ) &
     fi

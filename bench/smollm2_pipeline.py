@@ -127,6 +127,14 @@ SCALES = {
     # a quarter of the table's steps (base and + Domino equal, as always), head-only 100 steps.
     # Comparable within itself, not with the table's 1,500-step drafters.
     "gpu-pard-short": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 400, "head_steps": 100},
+    # gpu-puzzles with the DFlash drafter of DESIGN §1 instead of the CPU-sized one: block 16 (15
+    # proposals) with γ = 7, and 4 layers (15.8M parameters, ~12% of the target, as z-lab's 1.05B
+    # drafter is of Qwen3-8B). The head-side levers (rank, slot 1, data, GRU width, γ at block 8)
+    # are spent on DFlash x HumanEval; this is the drafter side. A CPU step costs 1.7x gpu-puzzles'
+    # (block 16 1.5x, the two extra layers 1.08x); Medusa and PARD are gpu-puzzles' exactly.
+    "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
+                    "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
+                                                    "drafter.num_layers=4"]}},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
