@@ -20,7 +20,7 @@ SETS = ("humaneval", "gsm8k")
 
 def main(src: str, out: str) -> None:
     rep = json.load(open(src))
-    fams = [f for f in ("dflash", "medusa") if f in rep]
+    fams = [f for f in ("dflash", "medusa", "pard") if f in rep]
     fig, axes = plt.subplots(len(fams), 1 + len(SETS), figsize=(13, 3.6 * len(fams)), squeeze=False)
     width = 0.8 / len(VARIANTS)
     for row, fam in zip(axes, fams):
@@ -43,8 +43,10 @@ def main(src: str, out: str) -> None:
             ax.set_xlabel("slot j (given slots < j accepted)")
             ax.set_title(f"{fam}, {s}: greedy acceptance by slot ({r[s]['num_prompts_greedy']} prompts)", fontsize=9)
             ax.grid(alpha=0.3)
-    fig.suptitle("SmolLM2-135M-Instruct target on H200s: drafters trained from scratch, chain verification",
-                 fontsize=10)
+    title = "SmolLM2-135M-Instruct target on H200s: drafters trained from scratch, chain verification"
+    if "combined_from" in rep:  # the README table: each family's rows from its own run
+        title += "\n" + "; ".join(f"{f}: {src['file'].split('/')[-1]}" for f, src in rep["combined_from"].items())
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
 

@@ -11,8 +11,8 @@ projected speedup(τ) = τ · t_ar / (t_verify + t_draft [+ t_head])
 
     PYTHONPATH=<dir with domino_graft.adapters> python bench/qwen3_projection.py --out result.json
     python bench/qwen3_projection.py --recombine bench/results/qwen3_projection_h200.json
-        # no GPU: keep the measured component latencies, redo the τ points from the latest
-        # bench/results/smollm2_h200.json
+        # no GPU: keep the measured target and drafter latencies, take t_head from the latest
+        # bench/results/head_latency_h200.json and the τ points from bench/results/smollm2_h200.json
 """
 
 from __future__ import annotations
@@ -44,9 +44,23 @@ def time_ms(fn, warmup=5, iters=30) -> float:
 
 
 def measured_taus() -> dict:
-    """τ of the SmolLM2 DFlash drafters measured on the H200 (block 8), as example points."""
+    """τ of the SmolLM2 DFlash drafters measured on the H200 (the README table's), as example points."""
     rep = json.loads((REPO / "bench" / "results" / "smollm2_h200.json").read_text())["dflash"]
     return {f"tau_{v}_smollm2_{s}": rep[s][f"tau_{v}"] for s in ("gsm8k", "humaneval") for v in ("base", "domino")}
+
+
+def tau_source() -> str:
+    rep = json.loads((REPO / "bench" / "results" / "smollm2_h200.json").read_text())
+    src = rep.get("combined_from", {}).get("dflash", {}).get("file", "bench/results/smollm2_h200.json")
+    block = len(rep["dflash"]["gsm8k"]["per_slot_acceptance"]["domino"]) + 1  # proposals + the anchor
+    return f"{src} (SmolLM2-135M DFlash drafters, block {block}, H200)"
+
+
+def head_latency_ms() -> dict:
+    """The Domino head's rollout at Qwen3-8B shapes, batch 1, from the committed kernel benchmark."""
+    heads = json.loads((REPO / "bench" / "results" / "head_latency_h200.json").read_text())
+    row = heads["shapes"]["qwen3_8b"]["batches"]["1"]
+    return {k: row[k] for k in ("graph_ms", "fused_full_ms", "fused_pool_ms")}
 
 
 def project(components: dict) -> dict:
@@ -64,14 +78,16 @@ def project(components: dict) -> dict:
             "measured_tau_points": {name: {"tau": tau, "base": proj(tau, 0.0), "domino_fused_full": proj(tau, t_head)}
                                     for name, tau in measured_taus().items()},
         },
-        "tau_source": "bench/results/smollm2_h200.json (SmolLM2-135M DFlash drafters, block 8, H200)",
-        "note": "τ of a Qwen3-8B drafter is not measured here; the SmolLM2 τ points (block 8) are only examples. "
+        "tau_source": tau_source(),
+        "t_head_source": "bench/results/head_latency_h200.json (qwen3_8b, batch 1)",
+        "note": "τ of a Qwen3-8B drafter is not measured here; the SmolLM2 τ points are only examples. "
                 "Each point uses the τ of its own drafter: base τ with the base cost, Domino τ with the head's cost",
     }
 
 
 def recombine(path: str) -> None:
     report = json.loads(Path(path).read_text())
+    report["t_head_ms"] = head_latency_ms()
     report.update(project(report))
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["projected_speedup"]["measured_tau_points"], indent=2))
@@ -127,9 +143,7 @@ def main() -> None:
         lm(h[:, : BLOCK - 1])
 
     t_draft = time_ms(draft)
-    heads = json.loads((REPO / "bench" / "results" / "head_latency_h200.json").read_text())
-    row = heads["shapes"]["qwen3_8b"]["batches"]["1"]
-    t_head = {k: row[k] for k in ("graph_ms", "fused_full_ms", "fused_pool_ms")}
+    t_head = head_latency_ms()
 
     report = {
         "kind": "PROJECTION from component latencies (random weights, eager, batch 1, context 512)",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SmolLM2 benchmark (bench/smollm2_pipeline.py --scale $SCALE, default gpu-large; the committed
-# table is SCALE=gpu-puzzles) on the H200, in phases that fit the device's 10-minute calls. Files
-# outside the checkout survive between back-to-back calls.
+# table is SCALE=gpu-block16, whose Medusa and PARD settings are gpu-puzzles') on the H200, in phases
+# that fit the device's 10-minute calls. Files outside the checkout survive between back-to-back calls.
 #
 # One or two GPUs (nvidia-h200 or nvidia-h200-x2: regeneration, training and eval shards spread
 # over every GPU the machine has). The GPU image has no package registry: run
@@ -23,7 +23,7 @@
 #                                          (the greedy prompts left, temperature 1; HEAD_LATENCY=1:
 #                                          bench/head_latency.py on GPU 0 meanwhile)
 # SCALE=gpu-puzzles-x3 has the same prompts as gpu-puzzles: REUSE that run's responses
-# (bench/results/smollm2_h200's data.json + its train.regen.jsonl.gz, from the returned runs_meta)
+# (bench/results/smollm2_h200_gpu_puzzles' data.json + its train.regen.jsonl.gz, from the returned runs_meta)
 # and nothing is regenerated. Its run (bench/results/smollm2_h200_gpu_puzzles_x3.json): call 1
 # carried that pair as .stage/prev_puzzles (cp -r .stage/prev_puzzles ~/stage/prev), call 2 took
 # 500 s (31 -m gpu tests in 80 s meanwhile), call 3 523 s, call 4 (HEAD_LATENCY=1) 300 s, and a
@@ -31,10 +31,23 @@
 # PARD, short (bench/results/smollm2_h200_pard_short.json, the ~6 device-minutes left after that):
 #   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 302 s:
 #   FAMILIES=pard SCALE=gpu-pard-short REUSE=~/stage/prev CALL_S=330 EVAL_S=165 bash .snap/bench/smollm2_h200.sh quick
+# The table's DFlash rows (bench/results/smollm2_h200_gpu_block16.json, code b68470c), one family
+# on 2 GPUs (base chain on GPU 0, + Domino on GPU 1), the same .stage/prev_puzzles:
+#   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 405 s, all training done:
+#   FAMILIES=dflash SCALE=gpu-block16 REUSE=~/stage/prev GPU_TESTS=1 GPU_TESTS_ON=1 CALL_S=590 bash .snap/bench/smollm2_h200.sh train
+#   call 3 (carry .snap), 359 s, timing and every greedy prompt:
+#   FAMILIES=dflash SCALE=gpu-block16 FINISH_S=10 CALL_S=585 PACK_SHARDS="0 1 2 3" bash .snap/bench/smollm2_h200.sh eval
+#   call 4, 112 s, T = 1: FAMILIES=dflash SCALE=gpu-block16 CALL_S=330 T1_S=300 PACK_SHARDS="4 5 6 7" ... resume
+#   (a fifth call copied weights.8-9). Then the table's PARD rows (bench/results/smollm2_h200_pard.json)
+#   in the same session: mv /tmp/work /tmp/work_b16 (a fresh WORK), then
+#   FAMILIES=pard SCALE=gpu-puzzles REUSE=~/stage/prev CALL_S=560 EVAL_S=250 ... quick   (479 s: training
+#   ~2.5 min, all 264 greedy prompts), FINISH_S=5 CALL_S=240 ... eval (113 s, timing), and
+#   CALL_S=170 T1_S=165 ... resume (101 s, T = 1 on 24 + 26 of the 30 + 30 prompts).
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
-#   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200 &&
-#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200 --stages report --scale gpu-puzzles
-# rebuilds bench/results/smollm2_h200.json from those records.
+#   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200_<run> &&
+#   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200_<run> --stages report --scale <scale> \
+#       --families <families> --out bench/results/smollm2_h200_<run>.json
+# rebuilds that run's report from those records; bench/combine_smollm2.py then rebuilds the table.
 set -uo pipefail
 PHASE=${1:?usage: smollm2_h200.sh train|eval|resume|quick}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code snapshot (or the checkout)

@@ -26,7 +26,8 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
                        distribution test lives in tests/test_sampling.py); shardable, untimed;
               timing   greedy tokens/s of the target alone and of every drafter on the same engine,
                        run alone on the device (`--kind timing`) so no other process skews it;
-  report    merges the records into bench/results/smollm2_h200.json (+ plots).
+  report    merges the records into a report (--out; default bench/results/smollm2_h200.json, which
+            the committed table instead builds per family with bench/combine_smollm2.py).
 
 On the H200 (bench/smollm2_h200.sh, one or two GPUs):  data, train  then  eval (timing, then
 greedy/t1 shards).
@@ -113,8 +114,9 @@ SCALES = {
     "gpu-large": _GPU_LARGE,
     # HumanEval-like code first: every function of the python-puzzles asset (small algorithms with
     # typed signatures and doctests), then library functions up to the same 8,000.
-    # The committed table (bench/results/smollm2_h200.json); its other 10,946 prompts are gpu-large's
-    # word for word, so `--reuse` regenerates only the puzzles.
+    # The table's Medusa rows (bench/results/smollm2_h200_gpu_puzzles.json; its DFlash rows were the
+    # table's until gpu-block16); its other 10,946 prompts are gpu-large's word for word, so
+    # `--reuse` regenerates only the puzzles. PARD at this scale: bench/results/smollm2_h200_pard.json.
     "gpu-puzzles": {**_GPU_LARGE, "puzzle_asset": "python-puzzles"},
     # gpu-puzzles with each puzzle response 3 times in the training file (same steps and batch: the
     # puzzles' share of the draws goes from 9% to 22%). A CPU proxy (bench/dflash_data_probe.sh,
@@ -131,7 +133,9 @@ SCALES = {
     # proposals) with γ = 7, and 4 layers (15.8M parameters, ~12% of the target, as z-lab's 1.05B
     # drafter is of Qwen3-8B). The head-side levers (rank, slot 1, data, GRU width, γ at block 8)
     # are spent on DFlash x HumanEval; this is the drafter side. A CPU step costs 1.7x gpu-puzzles'
-    # (block 16 1.5x, the two extra layers 1.08x); Medusa and PARD are gpu-puzzles' exactly.
+    # (block 16 1.5x, the two extra layers 1.08x); Medusa and PARD are gpu-puzzles' exactly. The
+    # table's DFlash rows (bench/results/smollm2_h200_gpu_block16.json): GSM8K x1.252, HumanEval
+    # x1.146 (gpu-puzzles: x1.193, x1.115); 1,500 steps took ~260 s, one drafter per H200.
     "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
                     "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
                                                     "drafter.num_layers=4"]}},
