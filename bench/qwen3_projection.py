@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from domino_graft.checkpoint import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[1]
 CTX, BLOCK = 512, 16
 
@@ -89,7 +91,7 @@ def recombine(path: str) -> None:
     report = json.loads(Path(path).read_text())
     report["t_head_ms"] = head_latency_ms()
     report.update(project(report))
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(path), json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["projected_speedup"]["measured_tau_points"], indent=2))
 
 
@@ -152,7 +154,7 @@ def main() -> None:
         "t_ar_ms": t_ar, "t_verify16_ms": t_verify, "t_draft_ms": t_draft, "t_head_ms": t_head,
     }
     report.update(project(report))
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 

@@ -139,6 +139,13 @@ SCALES = {
     "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
                     "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
                                                     "drafter.num_layers=4"]}},
+    # NOT RUN YET (the next device session's plan): gpu-block16 with twice the steps, base and
+    # + Domino equal as always. gpu-block16's training-tau curves still climb until the LR anneals.
+    # ~500 s of training per drafter on its own H200; checkpoints every 250 steps so that what a
+    # call's limit cuts off resumes in the next call (FINISH_S) with little lost.
+    "gpu-block16-long": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
+                         "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
+                                                         "drafter.num_layers=4", "train.save_every=250"]}},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
