@@ -1,0 +1,89 @@
+"""Temperature-1 τ per drafter, with paired per-prompt differences, from smollm2_pipeline eval records.
+
+    python bench/t1_paired.py bench/results/smollm2_h200_gpu_block16 [MORE_RECORD_DIRS] --family dflash \
+        --out result.json
+
+The pooled τ (Σ tokens per step / Σ steps, as the report computes it) of a few dozen sampled prompts
+moves by several hundredths between drafters by chance alone. Every drafter decodes the same prompts
+with the same seed per prompt, so the per-prompt differences (τ_a − τ_b on one prompt) cancel
+the prompt's own difficulty; their mean ± standard error says whether a gap is more than noise.
+Several record folders (e.g. the GPU's and a CPU re-run's) are pooled as independent prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PAIRS = (("domino", "base"), ("headonly", "base"), ("domino", "headonly"))
+
+
+def load(dirs: list[Path], family: str) -> dict:
+    """{set: {variant: {prompt key: (step_tokens, steps)}}} over every t1 record of the family."""
+    out: dict = {}
+    for d in dirs:
+        files = sorted((d / "eval").glob("t1_*.jsonl"))
+        if not files:
+            raise FileNotFoundError(f"{d}: no eval/t1_*.jsonl records (valid: a work or records folder "
+                                    "of bench/smollm2_pipeline.py after `--stages eval --kind t1`)")
+        for f in files:
+            for line in f.read_text().splitlines():
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                if r.get("kind") != "t1" or not r["mode"].startswith(family + "_"):
+                    continue
+                variant = r["mode"][len(family) + 1:]
+                out.setdefault(r["set"], {}).setdefault(variant, {})[(str(d), r["idx"])] = (r["step_tokens"], r["decode_steps"])
+    if not out:
+        raise ValueError(f"no t1 records of family {family!r} in {', '.join(map(str, dirs))}")
+    return out
+
+
+def _mean_se(xs: list[float]) -> dict:
+    n = len(xs)
+    mean = sum(xs) / n
+    se = (sum((x - mean) ** 2 for x in xs) / (n - 1) / n) ** 0.5 if n > 1 else None
+    return {"mean": mean, "stderr": se, "n": n}
+
+
+def summarize(recs: dict) -> dict:
+    report = {}
+    for eval_set, by_variant in sorted(recs.items()):
+        tau = {v: sum(t for t, _ in p.values()) / sum(s for _, s in p.values()) for v, p in by_variant.items()}
+        paired = {}
+        for a, b in PAIRS:
+            if a in by_variant and b in by_variant:
+                common = sorted(set(by_variant[a]) & set(by_variant[b]))
+                diffs = [by_variant[a][k][0] / by_variant[a][k][1] - by_variant[b][k][0] / by_variant[b][k][1]
+                         for k in common]
+                if diffs:
+                    paired[f"{a}_minus_{b}"] = _mean_se(diffs)
+        report[eval_set] = {"prompts": {v: len(p) for v, p in by_variant.items()}, "tau_pooled": tau,
+                            "per_prompt_tau_difference": paired}
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dirs", nargs="+", type=Path, help="folders holding eval/t1_*.jsonl")
+    p.add_argument("--family", default="dflash", choices=("dflash", "medusa", "pard"))
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    report = {"what": "temperature-1 tau per drafter and paired per-prompt differences",
+              "family": args.family, "records": [str(d) for d in args.dirs],
+              "command": "python bench/t1_paired.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "sets": summarize(load(args.dirs, args.family))}
+    text = json.dumps(report, indent=2) + "\n"
+    if args.out:
+        from domino_graft.checkpoint import atomic_write_text
+
+        atomic_write_text(args.out, text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
