@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Temperature 1 again, on a CPU, for a run's three DFlash drafters: more sampled prompts than the
+# device's 30 per set, to tell a real gap between drafters from sampling noise (bench/t1_paired.py).
+#
+#   bash bench/t1_cpu_recheck.sh SHARDS_DIR WORK PROMPTS_PER_SET [SCALE]
+#
+# SHARDS_DIR: every weights.N.safetensors + runs_meta.tar.gz a device run returned (PACK_SHARDS);
+# WORK: a scratch folder (the unpacked runs; its eval/ gets the records). Two processes, one per
+# core: shard 0 takes GSM8K's prompts, shard 1 HumanEval's (the pipeline deals prompt n to shard
+# n % 2). The unpacked weights are the bf16 shards read back as fp32, the precision bundles ship in;
+# the device evaluated the fp32 weights it trained, so the sampled tokens differ from the device's
+# even on the same prompts: the records are new samples, not a replay. ~80 s per prompt and shard
+# on 2 busy cores (3 drafters, 96 new tokens). Interrupting it keeps every finished prompt.
+# The committed re-run: SHARDS_DIR = the gpu-block16 run's 10 shards, 60 prompts per set (2,633 s);
+# WORK/eval/t1_*.jsonl and WORK/eval_t1_*.log copied to bench/results/t1_cpu_block16/, then
+#   python bench/t1_paired.py bench/results/smollm2_h200_gpu_block16 bench/results/t1_cpu_block16 \
+#       --family dflash --out bench/results/t1_paired_dflash_block16.json
+set -euo pipefail
+SHARDS=${1:?usage: t1_cpu_recheck.sh SHARDS_DIR WORK PROMPTS_PER_SET [SCALE]}
+WORK=${2:?}
+N=${3:?}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$SRC/.venv/bin/python}
+[ -d "$WORK/dflash_domino" ] || "$PY" "$SRC/bench/pack_runs.py" unpack "$SHARDS" "$WORK"
+for i in 0 1; do
+  OMP_NUM_THREADS=1 "$PY" "$SRC/bench/smollm2_pipeline.py" --work "$WORK" --scale "${4:-cpu}" --families dflash \
+      --stages eval --kind t1 --max-per-set "$N" --t1-prompts "$N" --max-new-tokens 96 --shard "$i/2" \
+      >> "$WORK/eval_t1_$i.log" 2>&1 &
+done
+wait
