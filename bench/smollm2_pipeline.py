@@ -105,6 +105,9 @@ _GPU_LARGE = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_pro
                   regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
                   family_overrides={"dflash": ["head.rank=256"]})
 
+# DFlash at DESIGN §1's drafter shape (scales gpu-block16*): block 16, γ = 7, 4 layers, rank-256 head
+_DFLASH_DESIGN = ["head.rank=256", "drafter.block_size=16", "train.gamma=7", "drafter.num_layers=4"]
+
 # Sizes per machine. gpu: one or two H200s (bench/smollm2_h200.sh); cpu: 2 cores, ~1 h; smoke: a
 # minutes-long check of every stage on a CPU (its numbers mean nothing). The gpu-large variants
 # differ from it only in the keys they name.
@@ -136,16 +139,13 @@ SCALES = {
     # (block 16 1.5x, the two extra layers 1.08x); Medusa and PARD are gpu-puzzles' exactly. The
     # table's DFlash rows (bench/results/smollm2_h200_gpu_block16.json): GSM8K x1.252, HumanEval
     # x1.146 (gpu-puzzles: x1.193, x1.115); 1,500 steps took ~260 s, one drafter per H200.
-    "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
-                    "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
-                                                    "drafter.num_layers=4"]}},
+    "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "family_overrides": {"dflash": _DFLASH_DESIGN}},
     # NOT RUN YET (the next device session's plan): gpu-block16 with twice the steps, base and
     # + Domino equal as always. gpu-block16's training-tau curves still climb until the LR anneals.
     # ~500 s of training per drafter on its own H200; checkpoints every 250 steps so that what a
     # call's limit cuts off resumes in the next call (FINISH_S) with little lost.
     "gpu-block16-long": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
-                         "family_overrides": {"dflash": ["head.rank=256", "drafter.block_size=16", "train.gamma=7",
-                                                         "drafter.num_layers=4", "train.save_every=250"]}},
+                         "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=250"]}},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
