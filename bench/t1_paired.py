@@ -22,21 +22,18 @@ PAIRS = (("domino", "base"), ("headonly", "base"), ("domino", "headonly"))
 
 def load(dirs: list[Path], family: str) -> dict:
     """{set: {variant: {prompt key: (step_tokens, steps)}}} over every t1 record of the family."""
+    from smollm2_pipeline import _read_records  # the report's own reader of eval/*.jsonl
+
     out: dict = {}
     for d in dirs:
-        files = sorted((d / "eval").glob("t1_*.jsonl"))
-        if not files:
+        if not any((d / "eval").glob("t1_*.jsonl")):
             raise FileNotFoundError(f"{d}: no eval/t1_*.jsonl records (valid: a work or records folder "
                                     "of bench/smollm2_pipeline.py after `--stages eval --kind t1`)")
-        for f in files:
-            for line in f.read_text().splitlines():
-                if not line.strip():
-                    continue
-                r = json.loads(line)
-                if r.get("kind") != "t1" or not r["mode"].startswith(family + "_"):
-                    continue
-                variant = r["mode"][len(family) + 1:]
-                out.setdefault(r["set"], {}).setdefault(variant, {})[(str(d), r["idx"])] = (r["step_tokens"], r["decode_steps"])
+        for r in _read_records(d):
+            if r.get("kind") != "t1" or not r["mode"].startswith(family + "_"):
+                continue
+            variant = r["mode"][len(family) + 1:]
+            out.setdefault(r["set"], {}).setdefault(variant, {})[(str(d), r["idx"])] = (r["step_tokens"], r["decode_steps"])
     if not out:
         raise ValueError(f"no t1 records of family {family!r} in {', '.join(map(str, dirs))}")
     return out
