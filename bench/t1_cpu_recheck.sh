@@ -22,9 +22,13 @@ N=${3:?}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$SRC/.venv/bin/python}
 [ -d "$WORK/dflash_domino" ] || "$PY" "$SRC/bench/pack_runs.py" unpack "$SHARDS" "$WORK"
+pids=()
 for i in 0 1; do
   OMP_NUM_THREADS=1 "$PY" "$SRC/bench/smollm2_pipeline.py" --work "$WORK" --scale "${4:-cpu}" --families dflash \
       --stages eval --kind t1 --max-per-set "$N" --t1-prompts "$N" --max-new-tokens 96 --shard "$i/2" \
       >> "$WORK/eval_t1_$i.log" 2>&1 &
+  pids+=($!)
 done
-wait
+for i in 0 1; do  # a bare `wait` returns 0 whatever the shards did: fail loudly, naming the log
+  wait "${pids[$i]}" || { echo "t1 shard $i/2 failed: see $WORK/eval_t1_$i.log" >&2; exit 1; }
+done
