@@ -8,7 +8,14 @@ Each source is itself rebuilt from its committed per-prompt records by `smollm2_
 --stages report` (its "command" key). Combining is allowed only when every source trained on the
 same responses (data sha256) for the same target (config hash, asset payload): the rows then differ
 only in the drafter family and its own settings (the source's scale), never in what they learned
-from or what they drafted for. Numbers are copied, never recomputed or averaged.
+from or what they drafted for. A family with one source has its numbers copied, never recomputed.
+
+A family with several sources (TABLE lists files) is a set of seed repeats: the same scale with
+only the `*.seed` overrides changed (checked). Declared before the second seed ran (the comment on
+scale gpu-block16-seed1 in bench/smollm2_pipeline.py), its rows are the mean over the seeds: tau,
+speedups and per-slot acceptance averaged, tau_ratio_domino_over_base the ratio of the mean taus,
+identical_to_target true only if it is true in every seed; each seed's own numbers stay beside them
+under `per_seed`.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 
-# family -> the result file its rows come from. DFlash at DESIGN's drafter shape (block 16, 4 layers:
+# family -> the result file its rows come from (a list: seed repeats, averaged). DFlash at DESIGN's drafter shape (block 16, 4 layers:
 # scale gpu-block16); Medusa and PARD have no block size and use gpu-puzzles' settings, which
 # gpu-block16 shares for them exactly. All three trained on the same 12,000 responses.
 TABLE = {
-    "dflash": "smollm2_h200_gpu_block16.json",
+    # two seeds of gpu-block16, averaged (the rule above)
+    "dflash": ["smollm2_h200_gpu_block16.json", "smollm2_h200_gpu_block16_seed1.json"],
     "medusa": "smollm2_h200_gpu_puzzles.json",
     "pard": "smollm2_h200_pard.json",
 }
@@ -39,33 +47,128 @@ def _get(d: dict, path: tuple):
     return d
 
 
-def combine(table: dict[str, str] = TABLE, results: Path = RESULTS) -> dict:
-    sources = {}
-    for fam, name in table.items():
-        path = results / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
-                                    "bench/smollm2_pipeline.py --stages report)")
-        rep = json.loads(path.read_text())
-        if fam not in rep:
-            have = sorted(k for k in rep if k in ("dflash", "medusa", "pard"))
-            raise ValueError(f"{fam}: {name} has no '{fam}' section (it has: {', '.join(have) or 'none'})")
-        sources[fam] = (name, rep)
-    first_fam, (first_name, first) = next(iter(sources.items()))
-    for fam, (name, rep) in sources.items():
-        for key in SHARED:
-            if _get(rep, key) != _get(first, key):
-                raise ValueError(f"{fam}: {name} differs from {first_name} ({first_fam}) in {'.'.join(key)}: "
-                                 "rows trained or evaluated differently cannot share one table")
+def _mean(values: list):
+    """Mean of numbers; None where every value is None (a slot no seed reached), else over the rest."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _mean_rates(rows: list[list]) -> list:
+    """Element-wise mean of per-slot acceptance lists (None: the slot was never reached)."""
+    return [_mean(list(col)) for col in zip(*rows)]
+
+
+def _same_count(counts: list):
+    """A per-seed prompt count: the count when every seed has it, else the list (a cut-short seed)."""
+    return counts[0] if len(set(counts)) == 1 else counts
+
+
+def _without_seeds(overrides: list[str]) -> list[str]:
+    """The overrides minus `*.seed=N` (seed 0, the recipes' own, needs no override)."""
+    return sorted(o for o in overrides if not o.split("=")[0].endswith(".seed"))
+
+
+def _check_seed_repeats(fam: str, sources: list[tuple[str, dict]]) -> None:
+    """Seed repeats must be one configuration: the same variants and sets, the same prompts, and
+    training overrides that differ only in `*.seed` values."""
+    name0, rep0 = sources[0]
+    sec0 = rep0[fam]
+    for name, rep in sources[1:]:
+        sec = rep[fam]
+        if sorted(sec) != sorted(sec0):
+            raise ValueError(f"{fam}: {name} has sections {sorted(sec)}, {name0} has {sorted(sec0)}: not seed repeats")
+        for variant, budget in sec0["training_budget"].items():
+            other = sec["training_budget"].get(variant)
+            if other is None or other["steps"] != budget["steps"] or \
+                    _without_seeds(other["overrides"]) != _without_seeds(budget["overrides"]):
+                raise ValueError(f"{fam}: {name}'s {variant} training differs from {name0}'s in more than its "
+                                 "*.seed overrides (or in steps): not seed repeats of one configuration")
+        if rep["recipes"][fam] != rep0["recipes"][fam]:
+            raise ValueError(f"{fam}: {name} uses recipe {rep['recipes'][fam]}, {name0} {rep0['recipes'][fam]}")
+        for s in (k for k in sec0 if k != "training_budget"):
+            if sec[s]["num_prompts_greedy"] != sec0[s]["num_prompts_greedy"]:
+                raise ValueError(f"{fam}: {name} decoded {sec[s]['num_prompts_greedy']} {s} prompts, "
+                                 f"{name0} {sec0[s]['num_prompts_greedy']}: the means would mix prompt sets")
+
+
+def _average_seeds(fam: str, sources: list[tuple[str, dict]]) -> dict:
+    _check_seed_repeats(fam, sources)
+    secs = [rep[fam] for _, rep in sources]
+    files = [name for name, _ in sources]
+    variants = [v for v in ("base", "domino", "headonly") if f"tau_{v}" in secs[0][next(iter(
+        k for k in secs[0] if k != "training_budget"))]]
+    out: dict = {"averaged_over": files}
+    for s in (k for k in secs[0] if k != "training_budget"):
+        rows = [sec[s] for sec in secs]
+        row: dict = {f"tau_{v}": _mean([r[f"tau_{v}"] for r in rows]) for v in variants}
+        row["tau_ratio_domino_over_base"] = row["tau_domino"] / row["tau_base"]
+        row["identical_to_target"] = all(r["identical_to_target"] for r in rows)
+        row["num_prompts_greedy"] = rows[0]["num_prompts_greedy"]
+        row["per_slot_acceptance"] = {v: _mean_rates([r["per_slot_acceptance"][v] for r in rows]) for v in variants}
+        for v in variants:
+            row[f"speedup_{v}"] = _mean([r.get(f"speedup_{v}") for r in rows])
+        # prompt counts are per seed (every seed decodes the same prompts); num_seeds says how many
+        row["num_seeds"] = len(rows)
+        row["num_prompts_timing"] = _same_count([r.get("num_prompts_timing") for r in rows])
+        if all("t1" in r for r in rows):
+            row["t1"] = {**{f"tau_{v}": _mean([r["t1"][f"tau_{v}"] for r in rows]) for v in variants},
+                         "num_prompts": _same_count([r["t1"]["num_prompts"] for r in rows]),
+                         "per_slot_acceptance": {v: _mean_rates([r["t1"]["per_slot_acceptance"][v] for r in rows])
+                                                 for v in variants}}
+        row["per_seed"] = [
+            {"file": f, **{k: r.get(k) for k in ("tau_base", "tau_domino", "tau_headonly", "tau_ratio_domino_over_base",
+                                                  "speedup_base", "speedup_domino", "speedup_headonly",
+                                                  "identical_to_target", "target_tokens_per_s")}}
+            for f, r in zip(files, rows)]
+        out[s] = row
+    out["training_budget"] = {
+        variant: {"steps": budget["steps"],
+                  "per_seed": [{"file": f, "step_seconds": sec["training_budget"][variant]["step_seconds"],
+                                "overrides": sec["training_budget"][variant]["overrides"]}
+                               for f, sec in zip(files, secs)]}
+        for variant, budget in secs[0]["training_budget"].items()}
+    return out
+
+
+def _display(path: Path) -> str:
+    """A source's path as the table records it: relative to the repository when inside it."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _provenance(name: str, rep: dict, fam: str) -> dict:
+    return {"file": name, "git_sha": rep["git_sha"], "command": rep["command"],
+            "recipe": rep["recipes"][fam], "rollout": rep["rollout"], "hardware": rep["hardware"],
+            "versions": rep["versions"]}
+
+
+def combine(table: dict = TABLE, results: Path = RESULTS) -> dict:
+    sources: dict[str, list[tuple[str, dict]]] = {}
+    for fam, names in table.items():
+        for name in ([names] if isinstance(names, str) else names):
+            path = results / name
+            if not path.is_file():
+                raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
+                                        "bench/smollm2_pipeline.py --stages report)")
+            rep = json.loads(path.read_text())
+            if fam not in rep:
+                have = sorted(k for k in rep if k in ("dflash", "medusa", "pard"))
+                raise ValueError(f"{fam}: {name} has no '{fam}' section (it has: {', '.join(have) or 'none'})")
+            sources.setdefault(fam, []).append((_display(path), rep))
+    first_fam, ((first_name, first), *_) = next(iter(sources.items()))
+    for fam, reps in sources.items():
+        for name, rep in reps:
+            for key in SHARED:
+                if _get(rep, key) != _get(first, key):
+                    raise ValueError(f"{fam}: {name} differs from {first_name} ({first_fam}) in {'.'.join(key)}: "
+                                     "rows trained or evaluated differently cannot share one table")
     out = {
         "what": first["what"],
         "combined_from": {
-            fam: {"file": f"bench/results/{name}", "git_sha": rep["git_sha"], "command": rep["command"],
-                  "recipe": rep["recipes"][fam], "rollout": rep["rollout"], "hardware": rep["hardware"],
-                  "versions": rep["versions"]}
-            for fam, (name, rep) in sources.items()
+            fam: (_provenance(*reps[0], fam) if len(reps) == 1 else [_provenance(n, r, fam) for n, r in reps])
+            for fam, reps in sources.items()
         },
-        **{fam: rep[fam] for fam, (_, rep) in sources.items()},
+        **{fam: (reps[0][1][fam] if len(reps) == 1 else _average_seeds(fam, reps)) for fam, reps in sources.items()},
         "data": first["data"],
         "eval": first["eval"],
         "target": first["target"],
@@ -78,13 +181,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(RESULTS / "smollm2_h200.json"))
     p.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the folder the sources are read from")
+    p.add_argument("--source", action="append", default=[], metavar="FAMILY=FILE[,FILE...]",
+                   help="replace TABLE's sources for a family (several files: seed repeats, averaged); "
+                        "with any --source, only the families given are combined")
     args = p.parse_args(argv)
-    report = combine()
+    table = TABLE
+    if args.source:
+        table = {}
+        for item in args.source:
+            fam, _, files = item.partition("=")
+            if fam not in ("dflash", "medusa", "pard") or not files:
+                p.error(f"--source {item!r}: valid: FAMILY=FILE[,FILE...] with FAMILY one of dflash, medusa, pard")
+            names = files.split(",")
+            table[fam] = names[0] if len(names) == 1 else names
+    report = combine(table, args.results)
     text = json.dumps(report, indent=2) + "\n"
     out = Path(args.out)
     if args.check:
         same = out.is_file() and json.loads(out.read_text()) == report
-        print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(TABLE.values())}")
+        names = [n for v in table.values() for n in ([v] if isinstance(v, str) else v)]
+        print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(names)}")
         return 0 if same else 1
     from domino_graft.checkpoint import atomic_write_text
 

@@ -45,7 +45,10 @@ def main(src: str, out: str) -> None:
             ax.grid(alpha=0.3)
     title = "SmolLM2-135M-Instruct target on H200s: drafters trained from scratch, chain verification"
     if "combined_from" in rep:  # the README table: each family's rows from its own run
-        title += "\n" + "; ".join(f"{f}: {src['file'].split('/')[-1]}" for f, src in rep["combined_from"].items())
+        def name(src):  # one source, or seed repeats (their mean is plotted)
+            files = [s["file"].split("/")[-1] for s in ([src] if isinstance(src, dict) else src)]
+            return files[0] if len(files) == 1 else "mean of " + " + ".join(files)
+        title += "\n" + "; ".join(f"{f}: {name(src)}" for f, src in rep["combined_from"].items())
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -53,7 +53,11 @@ def measured_taus() -> dict:
 
 def tau_source() -> str:
     rep = json.loads((REPO / "bench" / "results" / "smollm2_h200.json").read_text())
-    src = rep.get("combined_from", {}).get("dflash", {}).get("file", "bench/results/smollm2_h200.json")
+    prov = rep.get("combined_from", {}).get("dflash", {"file": "bench/results/smollm2_h200.json"})
+    if isinstance(prov, list):  # seed repeats: the table's τ is their mean
+        src = "the mean of " + " and ".join(p["file"] for p in prov)
+    else:
+        src = prov["file"]
     block = len(rep["dflash"]["gsm8k"]["per_slot_acceptance"]["domino"]) + 1  # proposals + the anchor
     return f"{src} (SmolLM2-135M DFlash drafters, block {block}, H200)"
 

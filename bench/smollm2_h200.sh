@@ -43,6 +43,14 @@
 #   FAMILIES=pard SCALE=gpu-puzzles REUSE=~/stage/prev CALL_S=560 EVAL_S=250 ... quick   (479 s: training
 #   ~2.5 min, all 264 greedy prompts), FINISH_S=5 CALL_S=240 ... eval (113 s, timing), and
 #   CALL_S=170 T1_S=165 ... resume (101 s, T = 1 on 24 + 26 of the 30 + 30 prompts).
+# The second DFlash seed (bench/results/smollm2_h200_gpu_block16_seed1.json, code 6e26e82), on ONE
+# H200 (nvidia-h200: both trainings on GPU 0 at once, MPS=1), the same .stage/prev_puzzles:
+#   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 552 s, base and + Domino trained:
+#   MPS=1 FAMILIES=dflash SCALE=gpu-block16-seed1 REUSE=~/stage/prev GPU_TESTS=1 CALL_S=585 ... train
+#   call 3 (carry .snap), 381 s, head-only (restarted: no checkpoint), timing, all 264 greedy prompts:
+#   MPS=1 FAMILIES=dflash SCALE=gpu-block16-seed1 FINISH_S=110 CALL_S=580 PACK_SHARDS="0 1 2 3" ... eval
+#   call 4, 123 s, T = 1: MPS=1 ... CALL_S=300 T1_S=280 PACK_SHARDS="4 5 6 7 8" ... resume
+#   (weights.8 did not fit the 64 MiB return; a fifth call copied weights.8-9).
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200_<run> &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200_<run> --stages report --scale <scale> \

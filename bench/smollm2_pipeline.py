@@ -158,6 +158,10 @@ SCALES = {
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
                   head_steps=2, batch=2, max_length=160, device="cpu"),
+    # smoke with gpu-block16-seed1's seed overrides: bench/reproduce_smollm2_table.sh's mechanics on a CPU
+    "smoke-seed1": dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
+                        head_steps=2, batch=2, max_length=160, device="cpu",
+                        family_overrides={"dflash": ["drafter.seed=1", "head.seed=1", "train.seed=1"]}),
 }
 
 

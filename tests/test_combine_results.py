@@ -1,5 +1,6 @@
-"""bench/combine_smollm2.py: the README table's results file is a pure copy of each family's
-source report, and sources that trained on different data cannot share it."""
+"""bench/combine_smollm2.py: the README table's results file is a copy of each family's source
+report (the mean of its seed repeats where it has several), and sources that trained on different
+data, or "seed repeats" that differ in more than their seeds, cannot share it."""
 
 from __future__ import annotations
 
@@ -17,10 +18,59 @@ import combine_smollm2 as comb  # noqa: E402
 def test_committed_table_is_a_rebuild_of_its_sources():
     committed = json.loads((comb.RESULTS / "smollm2_h200.json").read_text())
     assert committed == comb.combine()
-    for fam, name in comb.TABLE.items():
-        source = json.loads((comb.RESULTS / name).read_text())
-        assert committed[fam] == source[fam]
-        assert committed["combined_from"][fam]["git_sha"] == source["git_sha"]
+    for fam, names in comb.TABLE.items():
+        if isinstance(names, str):
+            source = json.loads((comb.RESULTS / names).read_text())
+            assert committed[fam] == source[fam]
+            assert committed["combined_from"][fam]["git_sha"] == source["git_sha"]
+            continue
+        sources = [json.loads((comb.RESULTS / n).read_text())[fam] for n in names]
+        for s in ("gsm8k", "humaneval"):
+            row = committed[fam][s]
+            for v in ("base", "domino"):
+                assert row[f"tau_{v}"] == pytest.approx(sum(src[s][f"tau_{v}"] for src in sources) / len(sources))
+            assert row["tau_ratio_domino_over_base"] == pytest.approx(row["tau_domino"] / row["tau_base"])
+            assert [p["tau_domino"] for p in row["per_seed"]] == [src[s]["tau_domino"] for src in sources]
+            assert row["identical_to_target"] is all(src[s]["identical_to_target"] for src in sources)
+
+
+def _seed_source(tmp_path: Path, name: str, seed: int, taus: tuple, slots: list, prompts: int = 10,
+                 extra: tuple = ()) -> None:
+    overrides = ["head.rank=8", *extra] + ([f"drafter.seed={seed}", f"train.seed={seed}"] if seed else [])
+    row = {"tau_base": taus[0], "tau_domino": taus[1], "identical_to_target": True, "num_prompts_greedy": prompts,
+           "speedup_base": 1.5, "speedup_domino": 1.5 + seed, "num_prompts_timing": 2,
+           "per_slot_acceptance": {"base": slots, "domino": slots}}
+    (tmp_path / name).write_text(json.dumps({
+        "what": "w", "dflash": {"gsm8k": row, "training_budget": {"base": {"steps": 4, "step_seconds": 1.0,
+                                                                           "overrides": overrides}}},
+        "data": {"sha256": "d"}, "target": {"config_hash": "c", "asset_payload_sha256": "p"}, "eval": {"sets": {}},
+        "git_sha": f"g{seed}", "command": "cmd", "recipes": {"dflash": "recipes/dflash.yaml"}, "rollout": "triton",
+        "hardware": {}, "versions": {}}))
+
+
+def test_seed_repeats_are_averaged_with_each_seed_beside_the_mean(tmp_path):
+    _seed_source(tmp_path, "s0.json", 0, (2.0, 2.2), [0.5, None, None])
+    _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7, 0.4, None])
+    out = comb.combine({"dflash": ["s0.json", "s1.json"]}, tmp_path)
+    row = out["dflash"]["gsm8k"]
+    assert row["tau_base"] == pytest.approx(2.1) and row["tau_domino"] == pytest.approx(2.4)
+    assert row["tau_ratio_domino_over_base"] == pytest.approx(2.4 / 2.1)  # the ratio of the means
+    assert row["speedup_domino"] == pytest.approx(2.0) and row["num_prompts_timing"] == 2 and row["num_seeds"] == 2
+    assert row["per_slot_acceptance"]["base"][:2] == pytest.approx([0.6, 0.4])  # slot 2: seed 1's alone
+    assert row["per_slot_acceptance"]["base"][2] is None
+    assert [p["tau_base"] for p in row["per_seed"]] == [2.0, 2.2]
+    assert [c["git_sha"] for c in out["combined_from"]["dflash"]] == ["g0", "g1"]
+    assert out["dflash"]["averaged_over"] == [str((tmp_path / n).resolve()) for n in ("s0.json", "s1.json")]
+
+
+def test_seed_repeats_that_differ_in_more_than_seeds_are_refused(tmp_path):
+    _seed_source(tmp_path, "s0.json", 0, (2.0, 2.2), [0.5])
+    _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7], extra=("train.gamma=7",))
+    with pytest.raises(ValueError, match=r"\S*/s1.json's base training differs from \S*/s0.json's in more than its"):
+        comb.combine({"dflash": ["s0.json", "s1.json"]}, tmp_path)
+    _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7], prompts=9)
+    with pytest.raises(ValueError, match=r"\S*/s1.json decoded 9 gsm8k prompts, \S*/s0.json 10"):
+        comb.combine({"dflash": ["s0.json", "s1.json"]}, tmp_path)
 
 
 def _source(tmp_path: Path, name: str, fam: str, data_sha: str) -> None:
@@ -34,11 +84,11 @@ def _source(tmp_path: Path, name: str, fam: str, data_sha: str) -> None:
 def test_sources_with_different_training_data_are_refused(tmp_path):
     _source(tmp_path, "a.json", "dflash", "sha-one")
     _source(tmp_path, "b.json", "medusa", "sha-two")
-    with pytest.raises(ValueError, match=r"medusa: b.json differs from a.json \(dflash\) in data.sha256"):
+    with pytest.raises(ValueError, match=r"medusa: \S*/b.json differs from \S*/a.json \(dflash\) in data.sha256"):
         comb.combine({"dflash": "a.json", "medusa": "b.json"}, tmp_path)
     _source(tmp_path, "b.json", "medusa", "sha-one")
     out = comb.combine({"dflash": "a.json", "medusa": "b.json"}, tmp_path)
-    assert out["medusa"] == {"gsm8k": {"tau_base": 2.0}} and out["combined_from"]["dflash"]["file"] == "bench/results/a.json"
+    assert out["medusa"] == {"gsm8k": {"tau_base": 2.0}} and out["combined_from"]["dflash"]["file"] == str((tmp_path / "a.json").resolve())
 
 
 def test_a_source_without_the_family_names_what_it_has(tmp_path):
@@ -47,3 +97,15 @@ def test_a_source_without_the_family_names_what_it_has(tmp_path):
         comb.combine({"pard": "a.json"}, tmp_path)
     with pytest.raises(FileNotFoundError, match="missing.json does not exist"):
         comb.combine({"pard": "missing.json"}, tmp_path)
+
+
+def test_the_cli_combines_the_sources_it_is_given(tmp_path):
+    _seed_source(tmp_path, "s0.json", 0, (2.0, 2.2), [0.5])
+    _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7])
+    out = tmp_path / "table.json"
+    assert comb.main(["--results", str(tmp_path), "--source", "dflash=s0.json,s1.json", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["dflash"]["gsm8k"]["tau_domino"] == pytest.approx(2.4)
+    assert comb.main(["--results", str(tmp_path), "--source", "dflash=s0.json,s1.json", "--out", str(out),
+                      "--check"]) == 0
+    with pytest.raises(SystemExit):
+        comb.main(["--source", "eagle=s0.json"])
