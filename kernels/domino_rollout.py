@@ -30,6 +30,7 @@ creating exact ties) resolves by lowest id: it is the more precise of the two.
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 from dataclasses import dataclass
@@ -203,6 +204,20 @@ class TorchRollout:
                                  use_head=use_head, pool_size=self.pool_size, pool_select=self.pool_select)
 
 
+# Capture hygiene (CudaGraphRollout._capture). On the H200, with a cold Triton cache only, the first
+# capture of the persistent pool rollout at (batch 4, pure 2, topk) was invalidated ("operation
+# failed due to a previous error during capture"), alone or beside other processes, and with the
+# cache warm it passed (bench/results/gpu_tests_h200_cold_*.log). The two suspects, both outside
+# the captured stream: a garbage collection during the capture freeing an earlier graph or its
+# memory pool (the rollouts hold themselves in a cycle through their bound `_body`, so only the
+# cyclic collector frees them), and a CUDA call from another thread, which the default "global"
+# capture mode also counts against the capture. So: no automatic collection while warming up and
+# capturing (torch.cuda.graph still runs one gc.collect() before it starts), and capture errors
+# counted for this thread only. bench/capture_probe.py turns each off separately.
+GC_OFF_DURING_CAPTURE = True
+CAPTURE_ERROR_MODE = "thread_local"
+
+
 @dataclass
 class _Graph:
     graph: "torch.cuda.CUDAGraph"
@@ -289,15 +304,22 @@ class CudaGraphRollout:
         def run():
             return self.body(s_hidden, s_base, s_anchor, s_u, temperature, top_k, top_p, use_head)
 
-        side = torch.cuda.Stream(device=base.device)
-        side.wait_stream(torch.cuda.current_stream(base.device))
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(base.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ids, q = run()
+        gc_was_on = gc.isenabled()
+        if GC_OFF_DURING_CAPTURE:
+            gc.disable()
+        try:
+            side = torch.cuda.Stream(device=base.device)
+            side.wait_stream(torch.cuda.current_stream(base.device))
+            with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream(base.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode=CAPTURE_ERROR_MODE):
+                ids, q = run()
+        finally:
+            if gc_was_on:
+                gc.enable()
         if in_place:
             return _Graph(graph, None, None, None, s_u, ids, q)
         return _Graph(graph, s_hidden, s_base, s_anchor, s_u, ids, q)
