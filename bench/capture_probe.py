@@ -12,8 +12,10 @@ are collected:
 - `neither`: neither measure (the code before them), the persistent tests only;
 - `gc_only` / `thread_local_only`: one measure each, the persistent tests only.
 
-With the cache warm every variant passed before the measures existed, so only cold runs tell
-them apart. The JSON lists each variant's pytest summary line and exit status.
+The failure it was written for (3 of 31 on two machines, cold cache only) did not occur on the
+fresh machine it first ran on, in any variant, alone, beside an idle CUDA context or beside a busy
+one (bench/results/capture_probe_h200*.json). The JSON lists each variant's pytest summary line,
+failed tests and exit status.
 """
 
 from __future__ import annotations

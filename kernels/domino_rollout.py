@@ -204,16 +204,17 @@ class TorchRollout:
                                  use_head=use_head, pool_size=self.pool_size, pool_select=self.pool_select)
 
 
-# Capture hygiene (CudaGraphRollout._capture). On the H200, with a cold Triton cache only, the first
-# capture of the persistent pool rollout at (batch 4, pure 2, topk) was invalidated ("operation
-# failed due to a previous error during capture"), alone or beside other processes, and with the
-# cache warm it passed (bench/results/gpu_tests_h200_cold_*.log). The two suspects, both outside
-# the captured stream: a garbage collection during the capture freeing an earlier graph or its
-# memory pool (the rollouts hold themselves in a cycle through their bound `_body`, so only the
-# cyclic collector frees them), and a CUDA call from another thread, which the default "global"
-# capture mode also counts against the capture. So: no automatic collection while warming up and
-# capturing (torch.cuda.graph still runs one gc.collect() before it starts), and capture errors
-# counted for this thread only. bench/capture_probe.py turns each off separately.
+# Capture hygiene (CudaGraphRollout._capture). On two H200 machines that had been training drafters,
+# with a cold Triton cache only, the first capture of the persistent pool rollout at (batch 4,
+# pure 2, topk) was invalidated ("operation failed due to a previous error during capture"); with
+# the cache warm it passed (bench/results/gpu_tests_h200_*.log). Two suspects lie outside the
+# captured stream: a garbage collection during the capture freeing an earlier graph or its memory
+# pool (a rollout holds itself in a cycle through its bound `_body`, so only the cyclic collector
+# frees it), and a CUDA call from another thread, which the default "global" capture mode counts
+# against the capture. So: no automatic collection while warming up and capturing (torch.cuda.graph
+# still runs one gc.collect() before it starts), and capture errors counted for this thread only.
+# Not shown to be the fix: on a fresh machine the failure did not occur even without them
+# (bench/capture_probe.py, bench/results/capture_probe_h200*.json).
 GC_OFF_DURING_CAPTURE = True
 CAPTURE_ERROR_MODE = "thread_local"
 
