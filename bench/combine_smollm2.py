@@ -73,6 +73,14 @@ def _check_seed_repeats(fam: str, sources: list[tuple[str, dict]]) -> None:
     training overrides that differ only in `*.seed` values."""
     name0, rep0 = sources[0]
     sec0 = rep0[fam]
+    seen: dict[tuple, str] = {}
+    for name, rep in sources:  # a repeat must be another draw: its own seeds
+        seeds = tuple(sorted(o for b in rep[fam]["training_budget"].values() for o in b["overrides"]
+                             if o.split("=")[0].endswith(".seed")))
+        if seeds in seen:
+            raise ValueError(f"{fam}: {name} and {seen[seeds]} trained with the same seeds "
+                             f"({', '.join(seeds) or 'no *.seed overrides'}): not two draws")
+        seen[seeds] = name
     for name, rep in sources[1:]:
         sec = rep[fam]
         if sorted(sec) != sorted(sec0):
@@ -95,10 +103,10 @@ def _average_seeds(fam: str, sources: list[tuple[str, dict]]) -> dict:
     _check_seed_repeats(fam, sources)
     secs = [rep[fam] for _, rep in sources]
     files = [name for name, _ in sources]
-    variants = [v for v in ("base", "domino", "headonly") if f"tau_{v}" in secs[0][next(iter(
-        k for k in secs[0] if k != "training_budget"))]]
+    sets = [k for k in secs[0] if k != "training_budget"]
+    variants = [v for v in ("base", "domino", "headonly") if f"tau_{v}" in secs[0][sets[0]]]
     out: dict = {"averaged_over": files}
-    for s in (k for k in secs[0] if k != "training_budget"):
+    for s in sets:
         rows = [sec[s] for sec in secs]
         row: dict = {f"tau_{v}": _mean([r[f"tau_{v}"] for r in rows]) for v in variants}
         row["tau_ratio_domino_over_base"] = row["tau_domino"] / row["tau_base"]

@@ -2,7 +2,7 @@
 # The README's SmolLM2 table in one command, on a GPU machine with a package registry and no time
 # limit (the committed runs were split into 10-minute device calls: bench/smollm2_h200.sh):
 #
-#   bash bench/reproduce_smollm2_table.sh [WORK]        # default WORK: bench/work/table
+#   bash bench/reproduce_smollm2_table.sh [WORK [PIPELINE ARGS...]]   # default WORK: bench/work/table
 #
 # 1. scale gpu-block16, all three families: DFlash at seed 0, and Medusa and PARD at the settings
 #    the table's Medusa and PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly);
@@ -10,17 +10,20 @@
 # 3. bench/combine_smollm2.py over the two reports -> WORK/smollm2_h200.json, DFlash as the mean
 #    of its two seeds (the rule the committed table follows), then its plot.
 # Every stage of each run is bench/smollm2_pipeline.py's (prompts, data, train, eval, report);
-# nothing here writes into bench/results. SCALE0=smoke SCALE1=smoke-seed1 runs the same steps on a
-# CPU in minutes, as a check of the mechanics (its numbers mean nothing).
+# nothing here writes into bench/results. Arguments after WORK go to both pipeline runs. A check of
+# the mechanics on a CPU in minutes (numbers meaningless):
+#   SCALE0=smoke SCALE1=smoke-seed1 bash bench/reproduce_smollm2_table.sh /tmp/table \
+#       --max-per-set 1 --timing-prompts 1 --t1-prompts 1 --max-new-tokens 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-bench/work/table}
+shift || true
 mkdir -p "$WORK"
 PY=${PYTHON:-python}
 $PY bench/smollm2_pipeline.py --scale "${SCALE0:-gpu-block16}" --families dflash,medusa,pard --work "$WORK/seed0" \
-    --max-new-tokens 96 --out "$WORK/seed0.json"
+    --max-new-tokens 96 --out "$WORK/seed0.json" "$@"
 $PY bench/smollm2_pipeline.py --scale "${SCALE1:-gpu-block16-seed1}" --families dflash --work "$WORK/seed1" \
-    --reuse "$WORK/seed0" --max-new-tokens 96 --out "$WORK/seed1.json"
+    --reuse "$WORK/seed0" --max-new-tokens 96 --out "$WORK/seed1.json" "$@"
 $PY bench/combine_smollm2.py --results "$WORK" --source dflash=seed0.json,seed1.json \
     --source medusa=seed0.json --source pard=seed0.json --out "$WORK/smollm2_h200.json"
 $PY bench/plot_smollm2.py "$WORK/smollm2_h200.json" "$WORK/smollm2_h200.png"

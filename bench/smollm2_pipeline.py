@@ -26,8 +26,8 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
                        distribution test lives in tests/test_sampling.py); shardable, untimed;
               timing   greedy tokens/s of the target alone and of every drafter on the same engine,
                        run alone on the device (`--kind timing`) so no other process skews it;
-  report    merges the records into a report (--out; default bench/results/smollm2_h200.json, which
-            the committed table instead builds per family with bench/combine_smollm2.py).
+  report    merges the records into a report (--out; default WORK/report.json). The committed table,
+            bench/results/smollm2_h200.json, is built from such reports by bench/combine_smollm2.py.
 
 On the H200 (bench/smollm2_h200.sh, one or two GPUs):  data, train  then  eval (timing, then
 greedy/t1 shards).
@@ -696,7 +696,8 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=1e9, help="eval: stop starting prompts after this many seconds")
     p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "smollm2_h200.json"))
+    # not bench/results/smollm2_h200.json: that is the README table, built by bench/combine_smollm2.py
+    p.add_argument("--out", default=None, help="the report (default: WORK/report.json)")
     p.add_argument("--reuse", type=Path, default=None,
                    help="data: an earlier run's work dir; its responses to identical prompts are kept")
     args = p.parse_args()
@@ -725,7 +726,7 @@ def main() -> int:
             stage_eval(work, scale, kind=kind, shard=(i, n), budget_s=args.budget_s,
                        max_new_tokens=args.max_new_tokens, max_per_set=limit)
     if "report" in stages:
-        stage_report(work, Path(args.out), max_new_tokens=args.max_new_tokens, command=" ".join(sys.argv))
+        stage_report(work, Path(args.out) if args.out else work / "report.json", max_new_tokens=args.max_new_tokens, command=" ".join(sys.argv))
     return 0
 
 

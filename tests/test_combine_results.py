@@ -68,6 +68,8 @@ def test_seed_repeats_that_differ_in_more_than_seeds_are_refused(tmp_path):
     _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7], extra=("train.gamma=7",))
     with pytest.raises(ValueError, match=r"\S*/s1.json's base training differs from \S*/s0.json's in more than its"):
         comb.combine({"dflash": ["s0.json", "s1.json"]}, tmp_path)
+    with pytest.raises(ValueError, match=r"\S*/s0.json and \S*/s0.json trained with the same seeds"):
+        comb.combine({"dflash": ["s0.json", "s0.json"]}, tmp_path)
     _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7], prompts=9)
     with pytest.raises(ValueError, match=r"\S*/s1.json decoded 9 gsm8k prompts, \S*/s0.json 10"):
         comb.combine({"dflash": ["s0.json", "s1.json"]}, tmp_path)
