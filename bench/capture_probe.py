@@ -21,7 +21,6 @@ failed tests and exit status.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys

@@ -73,13 +73,18 @@ def main(argv=None) -> int:
               "family": args.family, "records": [str(d) for d in args.dirs],
               "command": "python bench/t1_paired.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "sets": summarize(load(args.dirs, args.family))}
+    write_report(report, args.out)
+    return 0
+
+
+def write_report(report: dict, out: Path | None) -> None:
+    """Print the report as JSON, and write it to `out` (atomically) when given."""
     text = json.dumps(report, indent=2) + "\n"
-    if args.out:
+    if out:
         from domino_graft.checkpoint import atomic_write_text
 
-        atomic_write_text(args.out, text)
+        atomic_write_text(out, text)
     print(text, end="")
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,11 +20,11 @@ resamples whose ratio reaches each threshold: a description of the spread, not a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
+from t1_paired import write_report
 
 THRESHOLDS = (1.10, 1.15)
 
@@ -136,16 +136,10 @@ def main(argv=None) -> int:
                 for fam, dirs in runs.items()}
     report = {"what": f"paired prompt bootstrap of the greedy tau ratio {args.num} / {args.den}",
               "resamples": args.resamples, "seed": args.seed, "command": command, "families": families}
-    text = json.dumps(report, indent=2) + "\n"
-    if args.out:
-        from domino_graft.checkpoint import atomic_write_text
-
-        atomic_write_text(args.out, text)
-    print(text, end="")
+    write_report(report, args.out)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # domino_graft from a plain checkout
     sys.exit(main())

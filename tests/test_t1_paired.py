@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,15 +10,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import t1_paired  # noqa: E402
+from tests.eval_records import write_eval_records  # noqa: E402
 
 
 def _records(folder: Path, rows: list[tuple]) -> None:
-    (folder / "eval").mkdir(parents=True)
-    lines = [json.dumps({"kind": "t1", "set": s, "idx": i, "mode": m, "step_tokens": t, "decode_steps": n})
-             for s, i, m, t, n in rows]
-    lines.append(json.dumps({"kind": "t1", "set": "gsm8k", "idx": 0, "mode": "medusa_base", "step_tokens": 1,
-                             "decode_steps": 1}))  # another family: ignored
-    (folder / "eval" / "t1_0of1.jsonl").write_text("\n".join(lines) + "\n")
+    write_eval_records(folder, "t1", rows + [("gsm8k", 0, "medusa_base", 1, 1)])  # another family: ignored
 
 
 def test_pooled_tau_and_paired_differences(tmp_path):

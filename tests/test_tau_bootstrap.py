@@ -13,15 +13,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import tau_bootstrap as tb  # noqa: E402
+from tests.eval_records import write_eval_records  # noqa: E402
 
 
 def _records(folder: Path, rows: list[tuple]) -> Path:
-    """rows: (set, idx, mode, accepted tokens, target forwards) -> folder/eval/greedy_0of1.jsonl"""
-    (folder / "eval").mkdir(parents=True)
-    lines = [json.dumps({"kind": "greedy", "set": s, "idx": i, "mode": m, "step_tokens": t, "decode_steps": n})
-             for s, i, m, t, n in rows]
-    (folder / "eval" / "greedy_0of1.jsonl").write_text("\n".join(lines) + "\n")
-    return folder
+    return write_eval_records(folder, "greedy", rows)
 
 
 def test_committed_bootstrap_reproduces_the_committed_table_ratios():
