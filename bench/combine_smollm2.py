@@ -64,8 +64,12 @@ def _same_count(counts: list):
 
 
 def _without_seeds(overrides: list[str]) -> list[str]:
-    """The overrides minus `*.seed=N` (seed 0, the recipes' own, needs no override)."""
-    return sorted(o for o in overrides if not o.split("=")[0].endswith(".seed"))
+    """The overrides minus `*.seed=N` (seed 0, the recipes' own, needs no override), with the run's
+    work folder (the folder of train.data.path) written as <WORK>: runs in different folders pass
+    paths into their own (their data's identity is checked by sha256, SHARED)."""
+    data = [o.split("=", 1)[1] for o in overrides if o.startswith("train.data.path=")]
+    work = str(Path(data[0]).parent) + "/" if data else None
+    return sorted(o.replace(work, "<WORK>/") if work else o for o in overrides if not o.split("=")[0].endswith(".seed"))
 
 
 def _check_seed_repeats(fam: str, sources: list[tuple[str, dict]]) -> None:

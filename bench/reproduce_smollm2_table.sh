@@ -6,7 +6,7 @@
 #
 # 1. scale gpu-block16, all three families: DFlash at seed 0, and Medusa and PARD at the settings
 #    the table's Medusa and PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly);
-# 2. scale gpu-block16-seed1, DFlash only, on the same responses (--reuse: nothing regenerated);
+# 2. scale gpu-block16-seed1, DFlash only, on the same response file (nothing regenerated);
 # 3. bench/combine_smollm2.py over the two reports -> WORK/smollm2_h200.json, DFlash as the mean
 #    of its two seeds (the rule the committed table follows), then its plot.
 # Every stage of each run is bench/smollm2_pipeline.py's (prompts, data, train, eval, report);
@@ -22,8 +22,12 @@ mkdir -p "$WORK"
 PY=${PYTHON:-python}
 $PY bench/smollm2_pipeline.py --scale "${SCALE0:-gpu-block16}" --families dflash,medusa,pard --work "$WORK/seed0" \
     --max-new-tokens 96 --out "$WORK/seed0.json" "$@"
+# the second seed trains on the first run's response file itself (byte for byte: the table
+# refuses rows whose training data differ, and a regenerated or merged file may differ in order)
+mkdir -p "$WORK/seed1"
+cp "$WORK/seed0/train.regen.jsonl" "$WORK/seed0/data.json" "$WORK/seed1/"
 $PY bench/smollm2_pipeline.py --scale "${SCALE1:-gpu-block16-seed1}" --families dflash --work "$WORK/seed1" \
-    --reuse "$WORK/seed0" --max-new-tokens 96 --out "$WORK/seed1.json" "$@"
+    --max-new-tokens 96 --out "$WORK/seed1.json" "$@"
 $PY bench/combine_smollm2.py --results "$WORK" --source dflash=seed0.json,seed1.json \
     --source medusa=seed0.json --source pard=seed0.json --out "$WORK/smollm2_h200.json"
 $PY bench/plot_smollm2.py "$WORK/smollm2_h200.json" "$WORK/smollm2_h200.png"

@@ -36,7 +36,9 @@ def test_committed_table_is_a_rebuild_of_its_sources():
 
 def _seed_source(tmp_path: Path, name: str, seed: int, taus: tuple, slots: list, prompts: int = 10,
                  extra: tuple = ()) -> None:
-    overrides = ["head.rank=8", *extra] + ([f"drafter.seed={seed}", f"train.seed={seed}"] if seed else [])
+    work = f"/runs/seed{seed}"  # each run in its own folder, as bench/reproduce_smollm2_table.sh runs them
+    overrides = ["head.rank=8", f"train.data.path={work}/train.regen.jsonl", f"drafter.path={work}/base", *extra] + \
+        ([f"drafter.seed={seed}", f"train.seed={seed}"] if seed else [])
     row = {"tau_base": taus[0], "tau_domino": taus[1], "identical_to_target": True, "num_prompts_greedy": prompts,
            "speedup_base": 1.5, "speedup_domino": 1.5 + seed, "num_prompts_timing": 2,
            "per_slot_acceptance": {"base": slots, "domino": slots}}
