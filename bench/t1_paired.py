@@ -20,17 +20,23 @@ from pathlib import Path
 PAIRS = (("domino", "base"), ("headonly", "base"), ("domino", "headonly"))
 
 
+def records_of_kind(folder: Path, kind: str) -> list[dict]:
+    """The eval records of one kind (greedy, t1, timing) in a record folder, read by the report's
+    own reader; a clear error when the folder holds none."""
+    from smollm2_pipeline import _read_records
+
+    if not any((folder / "eval").glob(f"{kind}_*.jsonl")):
+        raise FileNotFoundError(f"{folder}: no eval/{kind}_*.jsonl records (valid: a work or records folder "
+                                f"of bench/smollm2_pipeline.py after `--stages eval --kind {kind}`)")
+    return [r for r in _read_records(folder) if r.get("kind") == kind]
+
+
 def load(dirs: list[Path], family: str) -> dict:
     """{set: {variant: {prompt key: (step_tokens, steps)}}} over every t1 record of the family."""
-    from smollm2_pipeline import _read_records  # the report's own reader of eval/*.jsonl
-
     out: dict = {}
     for d in dirs:
-        if not any((d / "eval").glob("t1_*.jsonl")):
-            raise FileNotFoundError(f"{d}: no eval/t1_*.jsonl records (valid: a work or records folder "
-                                    "of bench/smollm2_pipeline.py after `--stages eval --kind t1`)")
-        for r in _read_records(d):
-            if r.get("kind") != "t1" or not r["mode"].startswith(family + "_"):
+        for r in records_of_kind(d, "t1"):
+            if not r["mode"].startswith(family + "_"):
                 continue
             variant = r["mode"][len(family) + 1:]
             out.setdefault(r["set"], {}).setdefault(variant, {})[(str(d), r["idx"])] = (r["step_tokens"], r["decode_steps"])

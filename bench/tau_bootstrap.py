@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from t1_paired import write_report
+from t1_paired import records_of_kind, write_report
 
 THRESHOLDS = (1.10, 1.15)
 
@@ -32,15 +32,10 @@ THRESHOLDS = (1.10, 1.15)
 def load(dirs: list[Path], family: str, num: str, den: str) -> dict:
     """{set: (tokens [folders, prompts, 2], steps [folders, prompts, 2])}, drafters (den, num), prompts
     in index order; every folder must hold both drafters' greedy records of the same prompts."""
-    from smollm2_pipeline import _read_records  # the report's own reader of eval/*.jsonl
-
     per: dict = {}
     for d in dirs:
-        if not any((d / "eval").glob("greedy_*.jsonl")):
-            raise FileNotFoundError(f"{d}: no eval/greedy_*.jsonl records (valid: a work or records folder of "
-                                    "bench/smollm2_pipeline.py after `--stages eval --kind greedy`)")
-        for r in _read_records(d):
-            if r.get("kind") == "greedy" and r["mode"] in (f"{family}_{den}", f"{family}_{num}"):
+        for r in records_of_kind(d, "greedy"):
+            if r["mode"] in (f"{family}_{den}", f"{family}_{num}"):
                 per.setdefault(r["set"], {}).setdefault(str(d), {})[(r["idx"], r["mode"])] = (r["step_tokens"],
                                                                                             r["decode_steps"])
     if not per:
