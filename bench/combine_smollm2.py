@@ -58,6 +58,15 @@ def _mean_rates(rows: list[list]) -> list:
     return [_mean(list(col)) for col in zip(*rows)]
 
 
+def source_files(entry) -> list[str]:
+    """A TABLE entry as a list of result files (one source, or seed repeats)."""
+    return [entry] if isinstance(entry, str) else list(entry)
+
+
+def _is_seed(override: str) -> bool:
+    return override.split("=")[0].endswith(".seed")
+
+
 def _same_count(counts: list):
     """A per-seed prompt count: the count when every seed has it, else the list (a cut-short seed)."""
     return counts[0] if len(set(counts)) == 1 else counts
@@ -69,7 +78,7 @@ def _without_seeds(overrides: list[str]) -> list[str]:
     paths into their own (their data's identity is checked by sha256, SHARED)."""
     data = [o.split("=", 1)[1] for o in overrides if o.startswith("train.data.path=")]
     work = str(Path(data[0]).parent) + "/" if data else None
-    return sorted(o.replace(work, "<WORK>/") if work else o for o in overrides if not o.split("=")[0].endswith(".seed"))
+    return sorted(o.replace(work, "<WORK>/") if work else o for o in overrides if not _is_seed(o))
 
 
 def _check_seed_repeats(fam: str, sources: list[tuple[str, dict]]) -> None:
@@ -79,8 +88,7 @@ def _check_seed_repeats(fam: str, sources: list[tuple[str, dict]]) -> None:
     sec0 = rep0[fam]
     seen: dict[tuple, str] = {}
     for name, rep in sources:  # a repeat must be another draw: its own seeds
-        seeds = tuple(sorted(o for b in rep[fam]["training_budget"].values() for o in b["overrides"]
-                             if o.split("=")[0].endswith(".seed")))
+        seeds = tuple(sorted(o for b in rep[fam]["training_budget"].values() for o in b["overrides"] if _is_seed(o)))
         if seeds in seen:
             raise ValueError(f"{fam}: {name} and {seen[seeds]} trained with the same seeds "
                              f"({', '.join(seeds) or 'no *.seed overrides'}): not two draws")
@@ -157,7 +165,7 @@ def _provenance(name: str, rep: dict, fam: str) -> dict:
 def combine(table: dict = TABLE, results: Path = RESULTS) -> dict:
     sources: dict[str, list[tuple[str, dict]]] = {}
     for fam, names in table.items():
-        for name in ([names] if isinstance(names, str) else names):
+        for name in source_files(names):
             path = results / name
             if not path.is_file():
                 raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
@@ -212,7 +220,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.check:
         same = out.is_file() and json.loads(out.read_text()) == report
-        names = [n for v in table.values() for n in ([v] if isinstance(v, str) else v)]
+        names = [n for v in table.values() for n in source_files(v)]
         print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(names)}")
         return 0 if same else 1
     from domino_graft.checkpoint import atomic_write_text

@@ -102,10 +102,9 @@ def summarize(data: dict, dirs: list, resamples: int, seed: int) -> dict:
 
 def table_dirs() -> dict[str, list[Path]]:
     """family -> the record folders of the README table's source runs."""
-    from combine_smollm2 import RESULTS, TABLE
+    from combine_smollm2 import RESULTS, TABLE, source_files
 
-    return {fam: [RESULTS / Path(n).stem for n in ([names] if isinstance(names, str) else names)]
-            for fam, names in TABLE.items()}
+    return {fam: [RESULTS / Path(n).stem for n in source_files(entry)] for fam, entry in TABLE.items()}
 
 
 def main(argv=None) -> int:
