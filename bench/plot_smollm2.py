@@ -27,15 +27,17 @@ def main(src: str, out: str) -> None:
         r = rep[fam]
         labels = [f"{s}\ngreedy ({r[s]['num_prompts_greedy']})" for s in SETS] + \
                  [f"{s}\nT=1 ({r[s]['t1']['num_prompts']})" for s in SETS]  # prompt counts: T=1 may be partial
-        for i, (v, label) in enumerate(VARIANTS):
+        # a variant the run never finished training is absent from its report (its "not_trained")
+        variants = [(v, label) for v, label in VARIANTS if f"tau_{v}" in r[SETS[0]]]
+        for i, (v, label) in enumerate(variants):
             taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in SETS]
             row[0].bar([x + i * width for x in range(len(labels))], taus, width, label=label)
         row[0].set_xticks([x + width for x in range(len(labels))], labels, fontsize=8)
         row[0].set_ylabel("tau (tokens per target forward)")
-        row[0].set_title(f"{fam}: tau")
+        row[0].set_title(f"{fam}: tau" + (f" (not trained: {', '.join(r['not_trained'])})" if "not_trained" in r else ""))
         row[0].legend(fontsize=7)
         for ax, s in zip(row[1:], SETS):
-            for v, label in VARIANTS:
+            for v, label in variants:
                 acc = r[s]["per_slot_acceptance"][v]
                 ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], marker="o", label=label)
             ax.set_xticks(range(1, len(acc) + 1))

@@ -165,8 +165,10 @@ SCALES = {
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
                 head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": _SMOKE,
-    # smoke with gpu-block16-seed1's seed overrides: bench/reproduce_smollm2_table.sh's mechanics on a CPU
+    # smoke with gpu-block16-seed1's seed overrides, and with twice the steps (as gpu-block16-long):
+    # bench/reproduce_smollm2_table.sh's mechanics on a CPU
     "smoke-seed1": {**_SMOKE, "family_overrides": {"dflash": _SEED1}},
+    "smoke-long": {**_SMOKE, "steps": 2 * _SMOKE["steps"]},
 }
 
 
@@ -445,14 +447,28 @@ def _last_step(run: Path) -> int:
 
 
 # ---------------------------------------------------------------------------- eval
+def trained(work: Path, name: str) -> bool:
+    """Whether drafter `name` finished its training: `training_<name>.json` is written only when
+    a run reaches its planned steps. A run cut off before that still has an applied bundle (an
+    untrained head is the identity, so it drafts exactly like its base): never evaluate or
+    report one as if it were the drafter the plan describes."""
+    return (work / f"training_{name}.json").exists()
+
+
 def _load(work: Path, device: str):
-    """Every drafter, sharing one target (same identity, checked by load_run)."""
+    """Every trained drafter, sharing one target (same identity, checked by load_run)."""
     from domino_graft.decoding.chat import stop_token_ids
     from domino_graft.decoding.engine import Engine
     from domino_graft.rundir import load_run
 
-    runs = {name: load_run(work / name, device=device) for name in DRAFTERS}
-    target = runs[DRAFTERS[0]].target
+    names = [n for n in DRAFTERS if trained(work, n)]
+    for n in DRAFTERS:
+        if n not in names:
+            log(f"{n}: NOT EVALUATED: its training has not finished (no training_{n}.json)")
+    if not names:
+        raise SystemExit(f"eval: no drafter in {work} has finished training (no training_<drafter>.json)")
+    runs = {name: load_run(work / name, device=device) for name in names}
+    target = runs[names[0]].target
     for r in runs.values():
         r.adapter.target = target
     stops = stop_token_ids(target)
@@ -472,9 +488,10 @@ def _write_environment(work: Path, run, rollout: str) -> None:
                                                   "rollout": rollout})
 
 
-def _modes():
-    """(label, run name, head on?) — `<family>_base` is the equal-budget drafter without a head."""
-    return [(f"{f}_{v}", f"{f}_{v}", v != "base") for f in FAMILIES for v in VARIANTS]
+def _modes(work: Path):
+    """(label, run name, head on?) of every trained drafter — `<family>_base` is the equal-budget
+    drafter without a head."""
+    return [(f"{f}_{v}", f"{f}_{v}", v != "base") for f in FAMILIES for v in VARIANTS if trained(work, f"{f}_{v}")]
 
 
 def _eval_items(max_per_set: int | None):
@@ -513,15 +530,16 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
     done = set()
     if out.exists():
         done = {(r["set"], r["idx"], r["mode"]) for r in map(json.loads, out.read_text().splitlines())}
-    any_run = runs[DRAFTERS[0]]
+    modes = _modes(work)
+    any_run = runs[modes[0][1]]
     _write_environment(work, any_run, rollout)
     items = [t for n, t in enumerate(_eval_items(max_per_set)) if n % shard[1] == shard[0]]
     greedy, t1 = Sampling(), Sampling(temperature=1.0, seed=1234)
     sampling = t1 if kind == "t1" else greedy
     # one-off costs (allocator, kernel compilation, CUDA-graph capture) out of the timings
     warm = encode(any_run, items[0][2])
-    engines[DRAFTERS[0]].target_only(warm, max_new_tokens=8, sampling=sampling)
-    for label, name, head in _modes():
+    engines[modes[0][1]].target_only(warm, max_new_tokens=8, sampling=sampling)
+    for label, name, head in modes:
         engines[name].speculative(warm, max_new_tokens=8, sampling=sampling, use_head=head)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -531,15 +549,15 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
             if time.time() - t_start > budget_s:
                 log(f"{kind} shard {shard}: time budget {budget_s:.0f} s reached after {n_prompts} prompts")
                 break
-            if all((set_name, idx, m) in done for m in ["target"] + [lab for lab, _, _ in _modes()]):
+            if all((set_name, idx, m) in done for m in ["target"] + [lab for lab, _, _ in modes]):
                 continue  # finished by an earlier call
             ids = encode(any_run, item)
             ref = None
             if kind != "t1":
-                ref = engines[DRAFTERS[0]].target_only(ids, max_new_tokens=max_new_tokens, sampling=greedy)
+                ref = engines[modes[0][1]].target_only(ids, max_new_tokens=max_new_tokens, sampling=greedy)
                 if (set_name, idx, "target") not in done:
                     f.write(json.dumps(_record(kind, set_name, idx, "target", ref)) + "\n")
-            for label, name, head in _modes():
+            for label, name, head in modes:
                 if (set_name, idx, label) in done:
                     continue
                 r = engines[name].speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling, use_head=head,
@@ -625,40 +643,47 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
 
     families = {}
     for fam in FAMILIES:
+        # a variant whose training never finished is left out with its records (see `trained`)
+        variants = [v for v in VARIANTS if trained(work, f"{fam}_{v}")]
+        not_trained = {f"{fam}_{v}": f"no training_{fam}_{v}.json: its training never finished; its eval records "
+                                     "(if any) are ignored" for v in VARIANTS if v not in variants}
+        if not {"base", "domino"} <= set(variants):
+            families[fam] = {"not_trained": not_trained}
+            continue
         per_set = {}
         for s in EVAL_SETS:
-            g = {v: get("greedy", s, f"{fam}_{v}") for v in VARIANTS}
-            t = {v: get("timing", s, f"{fam}_{v}") for v in VARIANTS}
-            s1 = {v: get("t1", s, f"{fam}_{v}") for v in VARIANTS}
+            g = {v: get("greedy", s, f"{fam}_{v}") for v in variants}
+            t = {v: get("timing", s, f"{fam}_{v}") for v in variants}
+            s1 = {v: get("t1", s, f"{fam}_{v}") for v in variants}
             tgt = get("timing", s, "target")
             if not all(g.values()):
                 continue
             entry = {
-                "tau_base": g["base"].tau(), "tau_domino": g["domino"].tau(), "tau_headonly": g["headonly"].tau(),
+                **{f"tau_{v}": g[v].tau() for v in variants},
                 "tau_ratio_domino_over_base": g["domino"].tau() / g["base"].tau(),
                 "identical_to_target": all(x.identical for x in g.values()),
                 "num_prompts_greedy": min(x.prompts for x in g.values()),
-                "per_slot_acceptance": {v: g[v].per_slot() for v in VARIANTS},
+                "per_slot_acceptance": {v: g[v].per_slot() for v in variants},
             }
             if tgt and all(t.values()):
                 entry.update({
-                    "speedup_base": t["base"].tokens_per_s() / tgt.tokens_per_s(), "speedup_domino": t["domino"].tokens_per_s() / tgt.tokens_per_s(),
-                    "speedup_headonly": t["headonly"].tokens_per_s() / tgt.tokens_per_s(),
+                    **{f"speedup_{v}": t[v].tokens_per_s() / tgt.tokens_per_s() for v in variants},
                     "target_tokens_per_s": tgt.tokens_per_s(),
-                    "tokens_per_s": {v: t[v].tokens_per_s() for v in VARIANTS},
+                    "tokens_per_s": {v: t[v].tokens_per_s() for v in variants},
                     "num_prompts_timing": tgt.prompts,
                     "domino_over_base_tokens_per_s_per_prompt": _per_prompt_ratio(records, s, f"{fam}_domino",
                                                                                   f"{fam}_base"),
                 })
             if all(s1.values()):
-                entry["t1"] = {"tau_base": s1["base"].tau(), "tau_domino": s1["domino"].tau(),
-                               "tau_headonly": s1["headonly"].tau(), "num_prompts": min(x.prompts for x in s1.values()),
-                               "per_slot_acceptance": {v: s1[v].per_slot() for v in VARIANTS}}
-            divs = {v: g[v].divergences for v in VARIANTS if g[v].divergences}
+                entry["t1"] = {**{f"tau_{v}": s1[v].tau() for v in variants},
+                               "num_prompts": min(x.prompts for x in s1.values()),
+                               "per_slot_acceptance": {v: s1[v].per_slot() for v in variants}}
+            divs = {v: g[v].divergences for v in variants if g[v].divergences}
             if divs:
                 entry["divergences"] = divs
             per_set[s] = entry
-        families[fam] = {**per_set, "training_budget": {v: _budget(work, f"{fam}_{v}") for v in VARIANTS}}
+        families[fam] = {**per_set, "training_budget": {v: _budget(work, f"{fam}_{v}") for v in variants},
+                         **({"not_trained": not_trained} if not_trained else {})}
     env = json.loads((work / "environment.json").read_text()) if (work / "environment.json").exists() else {}
     report = {
         "what": TARGETS[TARGET]["what"] + "; per family a drafter trained from "

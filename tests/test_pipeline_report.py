@@ -1,0 +1,67 @@
+"""bench/smollm2_pipeline.py's report: a drafter whose training never finished (no
+training_<drafter>.json) is neither evaluated nor reported, even when eval records of its
+untrained bundle exist — an untrained Domino head is the identity and would pass for a result."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import smollm2_pipeline as sp  # noqa: E402
+
+# (mode, step tokens, target forwards) per prompt: tau = step tokens / forwards
+MODES = (("target", 10, 10), ("dflash_base", 10, 5), ("dflash_domino", 10, 4), ("dflash_headonly", 10, 5))
+
+
+def _work(tmp_path: Path, trained: tuple[str, ...]) -> Path:
+    work = tmp_path / "work"
+    (work / "eval").mkdir(parents=True)
+    lines = [json.dumps({"kind": "greedy", "set": s, "idx": i, "mode": m, "tokens": t, "seconds": 1.0,
+                         "decode_steps": n, "step_tokens": t, "reached": [n], "accepted": [n - 1],
+                         "identical": True})
+             for s in sp.EVAL_SETS for i in range(3) for m, t, n in MODES]
+    (work / "eval" / "greedy_0of1.jsonl").write_text("\n".join(lines) + "\n")
+    for name in trained:
+        (work / f"training_{name}.json").write_text(json.dumps({"steps": 10}))
+    return work
+
+
+@pytest.fixture(autouse=True)
+def _dflash_only():
+    saved = list(sp.FAMILIES)
+    sp.set_families(["dflash"])
+    yield
+    sp.set_families(saved)
+
+
+def test_an_unfinished_drafter_is_left_out_of_the_report(tmp_path):
+    work = _work(tmp_path, ("dflash_base", "dflash_domino"))
+    assert sp.trained(work, "dflash_base") and not sp.trained(work, "dflash_headonly")
+    report = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")
+    for s in sp.EVAL_SETS:
+        entry = report["dflash"][s]
+        assert entry["tau_base"] == pytest.approx(2.0) and entry["tau_domino"] == pytest.approx(2.5)
+        assert entry["tau_ratio_domino_over_base"] == pytest.approx(1.25)
+        assert not any("headonly" in k for k in entry)
+        assert set(entry["per_slot_acceptance"]) == {"base", "domino"}
+    assert set(report["dflash"]["not_trained"]) == {"dflash_headonly"}
+    assert set(report["dflash"]["training_budget"]) == {"base", "domino"}
+
+
+def test_every_finished_drafter_is_reported(tmp_path):
+    work = _work(tmp_path, ("dflash_base", "dflash_domino", "dflash_headonly"))
+    report = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")
+    assert report["dflash"]["gsm8k"]["tau_headonly"] == pytest.approx(2.0)
+    assert "not_trained" not in report["dflash"]
+
+
+def test_a_family_without_its_base_or_domino_run_has_no_rows(tmp_path):
+    work = _work(tmp_path, ("dflash_base",))
+    report = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")
+    assert set(report["dflash"]) == {"not_trained"}
+    assert set(report["dflash"]["not_trained"]) == {"dflash_domino", "dflash_headonly"}
