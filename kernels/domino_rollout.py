@@ -43,6 +43,9 @@ from .reference import (POOL_SELECTS, bucket_candidates, draw_uniforms, filtered
                         radix_candidates, reference_rollout)
 
 ROLLOUT_NAMES = ("torch", "triton", "triton_pool")
+# the persistent pool rollout's grid-barrier waits: triton_persistent.BARRIERS's names (kept here
+# too because that module imports triton, which validating a KernelConfig must not need)
+PERSISTENT_BARRIERS = ("rmw", "volatile", "ld_acquire")
 
 _warned: set[str] = set()
 
@@ -151,6 +154,11 @@ class KernelConfig:
     # faster, agrees token for token with the multi-launch path and never trips its error flag.
     pool_persistent: bool = False
     pool_persistent_max_batch: int = 4
+    # How its programs wait at a grid barrier (PERSISTENT_BARRIERS, `triton_persistent._grid_barrier`):
+    # "rmw" (tl.atomic_add(bar, 0) acquire reads, the code measured above), "volatile" (volatile
+    # loads, then one acquire read) or "ld_acquire" (inline-PTX acquire loads). Not measured yet
+    # against each other: bench/barrier_probe.py times them.
+    pool_persistent_barrier: str = "rmw"
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel
     # (`triton_rollout` docstring), hiding the launch gap between the ~30 dependent kernels of a
@@ -338,6 +346,9 @@ class FusedRollout:
         self.config = config or KernelConfig()
         if self.config.pool_select not in POOL_SELECTS:
             raise ValueError(f"KernelConfig.pool_select {self.config.pool_select!r}: valid: {', '.join(POOL_SELECTS)}")
+        if self.config.pool_persistent_barrier not in PERSISTENT_BARRIERS:
+            raise ValueError(f"KernelConfig.pool_persistent_barrier {self.config.pool_persistent_barrier!r}: "
+                             f"valid: {', '.join(PERSISTENT_BARRIERS)}")
         self.cuda_graphs = cuda_graphs
         self._prepared: dict = {}
         self._graphs = CudaGraphRollout(self._body)
@@ -539,7 +550,7 @@ class FusedRollout:
         tp.pool_rollout_persistent(toks=toks, table=prep.table, whh=prep.whh, w1b=prep.w1b, w2=prep.w2,
                                    ids=pool_ids, vals=pool_vals, zacc=zacc, states=states, pval=pval, pidx=pidx,
                                    draft=draft, bar=sync[0:1], err=sync[1:2], pure=pure, block_g=block_g,
-                                   block_p=self.config.pool_block_p)
+                                   block_p=self.config.pool_block_p, barrier=self.config.pool_persistent_barrier)
         self.persistent_error = sync[1:2]
         return draft
 

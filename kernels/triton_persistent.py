@@ -11,6 +11,12 @@ Measured on the H200 (bench/results/head_latency_h200.json, "pool_persistent_pro
 token equal to the multi-launch path, but slower (0.432 vs 0.224 ms at Qwen3-8B shapes, batch 1):
 the two barriers a step cost more than the launches they replace. Off by default
 (KernelConfig.pool_persistent).
+
+How a program waits at a barrier after arriving is a choice (`BARRIERS`,
+KernelConfig.pool_persistent_barrier): "rmw" (tl.atomic_add(bar, 0) acquire reads, one thread
+reading for the CTA; the default, and the code measured above), "volatile" (volatile loads by
+every thread, then one acquire read) or "ld_acquire" (inline-PTX acquire loads by every thread).
+Which is fastest is measured by bench/barrier_probe.py, not assumed.
 """
 
 from __future__ import annotations
@@ -21,21 +27,60 @@ import triton.language as tl
 from .triton_rollout import _gru_cell, _pool_score, _pow2, _reduce_partials
 
 
+BARRIERS = {"rmw": 0, "volatile": 1, "ld_acquire": 2}  # barrier name -> _grid_barrier's SPIN
+
+
 @triton.jit
-def _grid_barrier(bar_ptr, err_ptr, target, failed, MAX_SPIN: tl.constexpr):
+def _ld_acquire_gpu(ptr):
+    """ld.acquire.gpu of the int32 at `ptr`, issued by every thread (inline PTX, the pattern of
+    PyTorch's symmetric-memory Triton helpers). GPU only: the interpreter cannot run PTX."""
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_barrier(bar_ptr, err_ptr, target, failed, MAX_SPIN: tl.constexpr, SPIN: tl.constexpr):
     """Software grid barrier of a persistent kernel: every program adds 1 to a counter that is
-    never reset during the launch (barrier n waits for n x programs), then spins on an acquire
-    read. The CTA barriers around it and the acq_rel/acquire atomics at gpu scope make the
-    writes of every program before the barrier visible to every program after it (the pattern
-    of cooperative groups' grid.sync). Bounded: after MAX_SPIN reads it sets *err_ptr and
-    returns failed=1, and a failed program never spins again, so a launch whose programs are
-    not all co-resident ends (with garbage drafts and the flag set) instead of hanging."""
+    never reset during the launch (barrier n waits for n x programs), then spins until the
+    counter reaches its target. The CTA barriers around it and the acq_rel arrival plus an
+    acquire read of the counter at gpu scope make the writes of every program before the barrier
+    visible to every program after it (the pattern of cooperative groups' grid.sync). Bounded:
+    after MAX_SPIN reads it sets *err_ptr and returns failed=1, and a failed program never spins
+    again, so a launch whose programs are not all co-resident ends (with garbage drafts and the
+    flag set) instead of hanging.
+
+    SPIN (`BARRIERS`) picks how a program reads the counter while it waits:
+    0 "rmw": tl.atomic_add(bar, 0, acquire), which Triton (3.6 and 3.9, PTX for sm_90) emits as
+      an ld.acquire.gpu by one thread whose value reaches the others through shared memory
+      between two CTA barriers, at every read.
+    1 "volatile": volatile loads by every thread (no shared memory, no CTA barrier in the loop),
+      then one read as in "rmw".
+    2 "ld_acquire": ld.acquire.gpu loads by every thread (inline PTX), nothing afterwards. Each
+      thread decides on its own reads, so warps could disagree on a timeout read at the
+      MAX_SPIN limit (the flag is written by a scalar atomic, which one thread runs).
+    One acquire read of a value >= target is all the ordering needs: a program arrives at
+    barrier n only after passing barrier n-1, so the first n x programs arrivals in the
+    counter's modification order are those at barriers 1..n, and every write after the launch's
+    zeroing is an RMW, so a value >= target lies in the release sequence of each of them."""
     tl.debug_barrier()
     cnt = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") + 1
     spins = 0
-    while (cnt < target) & (spins < MAX_SPIN) & (failed == 0):
+    if SPIN == 0:
+        while (cnt < target) & (spins < MAX_SPIN) & (failed == 0):
+            cnt = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            spins += 1
+    elif SPIN == 1:
+        while (cnt < target) & (spins < MAX_SPIN) & (failed == 0):
+            cnt = tl.load(bar_ptr, volatile=True)
+            spins += 1
+        # A volatile load orders nothing, so one acquire read after the loop (enough: see above).
+        # By coherence it reads no older value than the loop's last load in the same thread, so
+        # it sees what ended the loop; its value also decides the timeout.
         cnt = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        spins += 1
+    else:
+        while (cnt < target) & (spins < MAX_SPIN) & (failed == 0):
+            cnt = _ld_acquire_gpu(bar_ptr)
+            spins += 1
     timed_out = cnt < target
     if timed_out:
         tl.atomic_xchg(err_ptr, 1, sem="relaxed", scope="gpu")
@@ -50,7 +95,7 @@ def _pool_rollout_persistent_kernel(
     B, K, PURE, P, p_per_prog, NPROG,
     G: tl.constexpr, R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr, BLOCK_NP: tl.constexpr, BLOCK_KC: tl.constexpr,
-    MAX_SPIN: tl.constexpr,
+    MAX_SPIN: tl.constexpr, SPIN: tl.constexpr,
 ):
     """All K steps of a greedy pool rollout in one launch; see `pool_rollout_persistent`.
 
@@ -100,7 +145,7 @@ def _pool_rollout_persistent_kernel(
             tl.atomic_add(zacc_ptr + (j - 1) * B * R + b[None, :] * R + rr[:, None], part,
                           mask=rmask[:, None] & bmask[None, :], sem="relaxed")
         nbar += 1
-        failed = _grid_barrier(bar_ptr, err_ptr, nbar * NPROG, failed, MAX_SPIN)
+        failed = _grid_barrier(bar_ptr, err_ptr, nbar * NPROG, failed, MAX_SPIN, SPIN)
         # ---- phase B: score this program's pool slice; W_hh[rows]·S_j for the next step
         if j > PURE:
             c = j - PURE - 1
@@ -127,13 +172,13 @@ def _pool_rollout_persistent_kernel(
                 acc_n += tl.sum(w_n[:, None, :] * s_all[None, :, :], 2)
             gh_r, gh_z, gh_n = acc_r, acc_z, acc_n
         nbar += 1
-        failed = _grid_barrier(bar_ptr, err_ptr, nbar * NPROG, failed, MAX_SPIN)
+        failed = _grid_barrier(bar_ptr, err_ptr, nbar * NPROG, failed, MAX_SPIN, SPIN)
     tok = _reduce_partials(pval_ptr + K * B * NPROG, pidx_ptr + K * B * NPROG, b, bmask, NPROG, BLOCK_NP)
     tl.store(draft_ptr + b * draft_stride + (K - 1), tok.to(tl.int64), mask=bmask & ((b * 0 + pid) == 0))
 
 
 
-PERSISTENT_MAX_SPIN = 1 << 20  # ~1 s of acquire reads before a barrier gives up (sets the error flag)
+PERSISTENT_MAX_SPIN = 1 << 20  # counter reads (~1 s of "rmw" reads) before a barrier gives up (sets the error flag)
 
 
 def persistent_programs(g: int, sms: int, min_block_g: int = 4):
@@ -144,14 +189,18 @@ def persistent_programs(g: int, sms: int, min_block_g: int = 4):
 
 
 def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, states, pval, pidx, draft, bar, err,
-                            pure, block_g, block_p=16, block_kc=128, num_warps=4, max_spin=PERSISTENT_MAX_SPIN):
+                            pure, block_g, block_p=16, block_kc=128, num_warps=4, max_spin=PERSISTENT_MAX_SPIN,
+                            barrier: str = "rmw"):
     """The greedy pool rollout's K GRU steps and K - pure pool scorings in ONE launch (GPU only:
     under TRITON_INTERPRET programs run one after another and the grid barrier could not pass).
 
     toks [B, pure+1] int64: the anchor and the pure slots' drafts (draft[:, :pure] holds them
     too); ids/vals [B, K-pure, P] (same strides); zacc [K, B, r] fp32 holding W1a·H_j; states
     [K+1, B, G] (weight dtype); pval/pidx [K+1, B, NPROG]; bar/err int32 [1], zeroed by the
-    caller before every launch (err != 0 afterwards: a barrier timed out, the drafts are void)."""
+    caller before every launch (err != 0 afterwards: a barrier timed out, the drafts are void).
+    barrier: how programs wait at the grid barriers (a `BARRIERS` name; see `_grid_barrier`)."""
+    if barrier not in BARRIERS:
+        raise ValueError(f"pool_rollout_persistent: barrier {barrier!r}: valid: {', '.join(BARRIERS)}")
     bsz, n_c, p = ids.shape
     if ids.stride() != vals.stride():
         raise ValueError("pool_rollout_persistent: ids and vals must share strides")
@@ -168,5 +217,6 @@ def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, state
         zacc, states, pval, pidx, draft, draft.stride(0), bar, err,
         bsz, k, pure, p, p_per_prog, nprog,
         G=g, R=r, BLOCK_B=_pow2(bsz, 1), BLOCK_G=block_g, BLOCK_P=block_p, BLOCK_R=block_r, R_CHUNKS=1,
-        BLOCK_NP=_pow2(nprog, 2), BLOCK_KC=min(block_kc, _pow2(g)), MAX_SPIN=max_spin, num_warps=num_warps,
+        BLOCK_NP=_pow2(nprog, 2), BLOCK_KC=min(block_kc, _pow2(g)), MAX_SPIN=max_spin, SPIN=BARRIERS[barrier],
+        num_warps=num_warps,
     )
