@@ -16,6 +16,11 @@ scale gpu-block16-seed1 in bench/smollm2_pipeline.py), its rows are the mean ove
 speedups and per-slot acceptance averaged, tau_ratio_domino_over_base the ratio of the mean taus,
 identical_to_target true only if it is true in every seed; each seed's own numbers stay beside them
 under `per_seed`.
+
+BESIDE lists results shown next to a family's table rows without being them, under "beside"
+(the same checks, the same averaging). Declared before gpu-block16-long ran (its comment in
+bench/smollm2_pipeline.py): DFlash's rows are that run, the longest equal-budget training, and
+the two 1,500-step seeds that were the rows before it stay beside them.
 """
 
 from __future__ import annotations
@@ -32,10 +37,14 @@ RESULTS = REPO / "bench" / "results"
 # scale gpu-block16); Medusa and PARD have no block size and use gpu-puzzles' settings, which
 # gpu-block16 shares for them exactly. All three trained on the same 12,000 responses.
 TABLE = {
-    # two seeds of gpu-block16, averaged (the rule above)
-    "dflash": ["smollm2_h200_gpu_block16.json", "smollm2_h200_gpu_block16_seed1.json"],
+    "dflash": "smollm2_h200_gpu_block16_long.json",  # gpu-block16 at 3,000 steps instead of 1,500
     "medusa": "smollm2_h200_gpu_puzzles.json",
     "pard": "smollm2_h200_pard.json",
+}
+# family -> (what it is, its sources): shown beside the family's rows, never instead of them
+BESIDE = {
+    "dflash": ("gpu-block16 (1,500 steps), the mean of seeds 0 and 1",
+               ["smollm2_h200_gpu_block16.json", "smollm2_h200_gpu_block16_seed1.json"]),
 }
 # what must be identical across sources for their rows to share one table
 SHARED = (("data", "sha256"), ("target", "config_hash"), ("target", "asset_payload_sha256"), ("eval",))
@@ -162,21 +171,34 @@ def _provenance(name: str, rep: dict, fam: str) -> dict:
             "versions": rep["versions"]}
 
 
-def combine(table: dict = TABLE, results: Path = RESULTS) -> dict:
-    sources: dict[str, list[tuple[str, dict]]] = {}
-    for fam, names in table.items():
-        for name in source_files(names):
-            path = results / name
-            if not path.is_file():
-                raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
-                                        "bench/smollm2_pipeline.py --stages report)")
-            rep = json.loads(path.read_text())
-            if fam not in rep:
-                have = sorted(k for k in rep if k in ("dflash", "medusa", "pard"))
-                raise ValueError(f"{fam}: {name} has no '{fam}' section (it has: {', '.join(have) or 'none'})")
-            sources.setdefault(fam, []).append((_display(path), rep))
+def _read_sources(fam: str, names, results: Path) -> list[tuple[str, dict]]:
+    reps = []
+    for name in source_files(names):
+        path = results / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
+                                    "bench/smollm2_pipeline.py --stages report)")
+        rep = json.loads(path.read_text())
+        if fam not in rep:
+            have = sorted(k for k in rep if k in ("dflash", "medusa", "pard"))
+            raise ValueError(f"{fam}: {name} has no '{fam}' section (it has: {', '.join(have) or 'none'})")
+        reps.append((_display(path), rep))
+    return reps
+
+
+def _section(fam: str, reps: list[tuple[str, dict]]) -> dict:
+    """One source's section copied, or the mean of seed repeats."""
+    return reps[0][1][fam] if len(reps) == 1 else _average_seeds(fam, reps)
+
+
+def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = None) -> dict:
+    """The table from `table`'s sources; `beside` defaults to BESIDE for the committed TABLE only."""
+    if beside is None:
+        beside = BESIDE if table is TABLE else {}
+    sources = {fam: _read_sources(fam, names, results) for fam, names in table.items()}
+    extra = {fam: (what, _read_sources(fam, names, results)) for fam, (what, names) in beside.items()}
     first_fam, ((first_name, first), *_) = next(iter(sources.items()))
-    for fam, reps in sources.items():
+    for fam, reps in [*sources.items(), *((f, r) for f, (_, r) in extra.items())]:
         for name, rep in reps:
             for key in SHARED:
                 if _get(rep, key) != _get(first, key):
@@ -188,13 +210,24 @@ def combine(table: dict = TABLE, results: Path = RESULTS) -> dict:
             fam: (_provenance(*reps[0], fam) if len(reps) == 1 else [_provenance(n, r, fam) for n, r in reps])
             for fam, reps in sources.items()
         },
-        **{fam: (reps[0][1][fam] if len(reps) == 1 else _average_seeds(fam, reps)) for fam, reps in sources.items()},
+        **{fam: _section(fam, reps) for fam, reps in sources.items()},
+        **({"beside": {fam: {"what": what, "combined_from": [_provenance(n, r, fam) for n, r in reps],
+                             **_section(fam, reps)} for fam, (what, reps) in extra.items()}} if extra else {}),
         "data": first["data"],
         "eval": first["eval"],
         "target": first["target"],
         "command": "python bench/combine_smollm2.py",
     }
     return out
+
+
+def _family_files(p: argparse.ArgumentParser, flag: str, item: str):
+    """FAMILY=FILE[,FILE...] -> (family, one file or seed repeats)."""
+    fam, _, files = item.partition("=")
+    if fam not in ("dflash", "medusa", "pard") or not files:
+        p.error(f"{flag} {item!r}: valid: FAMILY=FILE[,FILE...] with FAMILY one of dflash, medusa, pard")
+    names = files.split(",")
+    return fam, names[0] if len(names) == 1 else names
 
 
 def main(argv=None) -> int:
@@ -205,22 +238,26 @@ def main(argv=None) -> int:
     p.add_argument("--source", action="append", default=[], metavar="FAMILY=FILE[,FILE...]",
                    help="replace TABLE's sources for a family (several files: seed repeats, averaged); "
                         "with any --source, only the families given are combined")
+    p.add_argument("--beside", action="append", default=[], metavar="FAMILY=FILE[,FILE...]",
+                   help="with --source: the results shown beside a family's rows (BESIDE's families only)")
     args = p.parse_args(argv)
-    table = TABLE
+    table, beside = TABLE, BESIDE
     if args.source:
-        table = {}
-        for item in args.source:
-            fam, _, files = item.partition("=")
-            if fam not in ("dflash", "medusa", "pard") or not files:
-                p.error(f"--source {item!r}: valid: FAMILY=FILE[,FILE...] with FAMILY one of dflash, medusa, pard")
-            names = files.split(",")
-            table[fam] = names[0] if len(names) == 1 else names
-    report = combine(table, args.results)
+        table = dict(_family_files(p, "--source", item) for item in args.source)
+        beside = {}
+        for item in args.beside:
+            fam, names = _family_files(p, "--beside", item)
+            if fam not in BESIDE:
+                p.error(f"--beside {item!r}: valid families: {', '.join(BESIDE)}")
+            beside[fam] = (BESIDE[fam][0], names)
+    elif args.beside:
+        p.error("--beside goes with --source (without --source, TABLE and BESIDE are used)")
+    report = combine(table, args.results, beside)
     text = json.dumps(report, indent=2) + "\n"
     out = Path(args.out)
     if args.check:
         same = out.is_file() and json.loads(out.read_text()) == report
-        names = [n for v in table.values() for n in source_files(v)]
+        names = [n for v in [*table.values(), *(f for _, f in beside.values())] for n in source_files(v)]
         print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(names)}")
         return 0 if same else 1
     from domino_graft.checkpoint import atomic_write_text

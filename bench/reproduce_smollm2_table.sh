@@ -4,15 +4,17 @@
 #
 #   bash bench/reproduce_smollm2_table.sh [WORK [PIPELINE ARGS...]]   # default WORK: bench/work/table
 #
-# 1. scale gpu-block16, all three families: DFlash at seed 0, and Medusa and PARD at the settings
-#    the table's Medusa and PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly);
+# 1. scale gpu-block16, all three families: Medusa and PARD at the settings the table's Medusa and
+#    PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly), and DFlash's seed 0;
 # 2. scale gpu-block16-seed1, DFlash only, on the same response file (nothing regenerated);
-# 3. bench/combine_smollm2.py over the two reports -> WORK/smollm2_h200.json, DFlash as the mean
-#    of its two seeds (the rule the committed table follows), then its plot.
+# 3. scale gpu-block16-long (3,000 steps), DFlash only, on the same response file;
+# 4. bench/combine_smollm2.py over the three reports -> WORK/smollm2_h200.json: DFlash's rows from
+#    the 3,000-step run, the mean of the two 1,500-step seeds beside them (the rule the committed
+#    table follows), then its plot.
 # Every stage of each run is bench/smollm2_pipeline.py's (prompts, data, train, eval, report);
-# nothing here writes into bench/results. Arguments after WORK go to both pipeline runs. A check of
+# nothing here writes into bench/results. Arguments after WORK go to every pipeline run. A check of
 # the mechanics on a CPU in minutes (numbers meaningless):
-#   SCALE0=smoke SCALE1=smoke-seed1 bash bench/reproduce_smollm2_table.sh /tmp/table \
+#   SCALE0=smoke SCALE1=smoke-seed1 SCALE2=smoke-long bash bench/reproduce_smollm2_table.sh /tmp/table \
 #       --max-per-set 1 --timing-prompts 1 --t1-prompts 1 --max-new-tokens 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,12 +24,18 @@ mkdir -p "$WORK"
 PY=${PYTHON:-python}
 $PY bench/smollm2_pipeline.py --scale "${SCALE0:-gpu-block16}" --families dflash,medusa,pard --work "$WORK/seed0" \
     --max-new-tokens 96 --out "$WORK/seed0.json" "$@"
-# the second seed trains on the first run's response file itself (byte for byte: the table
+# the DFlash-only runs train on the first run's response file itself (byte for byte: the table
 # refuses rows whose training data differ, and a regenerated or merged file may differ in order)
-mkdir -p "$WORK/seed1"
-cp "$WORK/seed0/train.regen.jsonl" "$WORK/seed0/data.json" "$WORK/seed1/"
-$PY bench/smollm2_pipeline.py --scale "${SCALE1:-gpu-block16-seed1}" --families dflash --work "$WORK/seed1" \
-    --max-new-tokens 96 --out "$WORK/seed1.json" "$@"
-$PY bench/combine_smollm2.py --results "$WORK" --source dflash=seed0.json,seed1.json \
-    --source medusa=seed0.json --source pard=seed0.json --out "$WORK/smollm2_h200.json"
+dflash_run() {  # NAME SCALE [pipeline args]
+  local name=$1 scale=$2
+  shift 2
+  mkdir -p "$WORK/$name"
+  cp "$WORK/seed0/train.regen.jsonl" "$WORK/seed0/data.json" "$WORK/$name/"
+  $PY bench/smollm2_pipeline.py --scale "$scale" --families dflash --work "$WORK/$name" \
+      --max-new-tokens 96 --out "$WORK/$name.json" "$@"
+}
+dflash_run seed1 "${SCALE1:-gpu-block16-seed1}" "$@"
+dflash_run long "${SCALE2:-gpu-block16-long}" "$@"
+$PY bench/combine_smollm2.py --results "$WORK" --source dflash=long.json --source medusa=seed0.json \
+    --source pard=seed0.json --beside dflash=seed0.json,seed1.json --out "$WORK/smollm2_h200.json"
 $PY bench/plot_smollm2.py "$WORK/smollm2_h200.json" "$WORK/smollm2_h200.png"

@@ -51,6 +51,17 @@
 #   MPS=1 FAMILIES=dflash SCALE=gpu-block16-seed1 FINISH_S=110 CALL_S=580 PACK_SHARDS="0 1 2 3" ... eval
 #   call 4, 123 s, T = 1: MPS=1 ... CALL_S=300 T1_S=280 PACK_SHARDS="4 5 6 7 8" ... resume
 #   (weights.8 did not fit the 64 MiB return; a fifth call copied weights.8-9).
+# The table's DFlash rows now (bench/results/smollm2_h200_gpu_block16_long.json, code 93b8063): 3,000 steps on
+# ONE H200 (MPS=1), the same .stage/prev_puzzles; 1,800 device-seconds held, all of them needed:
+#   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 551 s, steps 0 -> ~1,700, cut seconds before the 1,750 checkpoint (0.295 s/step each):
+#   MPS=1 FAMILIES=dflash SCALE=gpu-block16-long REUSE=~/stage/prev CALL_S=585 ... train
+#   call 3 (carry .snap), 550 s, the same command: base and + Domino resumed at 1,500, done in 442 s; head-only started, cut off
+#   call 4, 381 s: MPS=1 FAMILIES=dflash SCALE=gpu-block16-long FINISH_S=110 CALL_S=440 ... eval
+#   (head-only cut off again at FINISH_S: 500 steps need ~90 s after a ~40 s start; it is NOT TRAINED and
+#   the report leaves it out; timing; 227 of 264 greedy prompts)
+#   call 5, 172 s: MPS=1 ... CALL_S=232 T1_S=165 ... resume (34 greedy prompts more: 261 of 264, 3 HumanEval
+#   prompts never decoded; T = 1 on 27 + 25 of the 30 + 30 prompts). No weights returned (no device time left).
+#   A head-only run needs FINISH_S >= 150 in its first eval call.
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200_<run> &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200_<run> --stages report --scale <scale> \

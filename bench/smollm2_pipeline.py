@@ -146,20 +146,23 @@ SCALES = {
     "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "family_overrides": {"dflash": _DFLASH_DESIGN}},
     # gpu-block16 with twice the steps (~8 epochs of the 12,000 responses), base and + Domino equal
     # as always. gpu-block16's training-tau curves still climb until the LR anneals. ~500 s of
-    # training per drafter on its own H200, ~870 s for both on ONE H200 under MPS (0.29 s/step,
-    # measured for gpu-block16-seed1): checkpoints every 250 steps, so that what a call's limit
-    # cuts off resumes in the next call with little lost. Declared before it ran (session 10):
-    # whatever it shows, the table's DFlash rows become this run (the longest equal-budget
+    # training per drafter on its own H200; checkpoints every 250 steps, so that what a call's
+    # limit cuts off resumes in the next call with little lost. Declared before it ran (session
+    # 10): whatever it shows, the table's DFlash rows become this run (the longest equal-budget
     # training run), and gpu-block16's two-seed mean stays beside it as the 1,500-step result;
     # the seed spread measured there (<= 0.6 points of the ratio) is the yardstick for one run.
+    # Run on ONE H200 under MPS, both drafters at once, 0.295 s/step each (bench/results/
+    # smollm2_h200_gpu_block16_long.json): HumanEval x1.161 (161 of 164 prompts: the device time
+    # ran out), GSM8K x1.250; its head-only drafter was cut off before finishing (not reported).
     "gpu-block16-long": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
                          "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=250"]}},
     # gpu-block16 again with every DFlash seed (drafter init, head init, data order) 1 instead of 0:
     # the same data and budget, a second draw. Declared before it ran: DFlash x HumanEval's x1.146
     # at seed 0 is within the spread between runs, so the table's DFlash rows become the mean of
     # the two seeds (tau per drafter and set averaged over seeds 0 and 1, the ratio of those
-    # means), both seeds shown. Chosen over gpu-block16-long because one H200 was lent, not two:
-    # 2 x 3,000 steps on one GPU does not fit the 30 device-minutes with the eval.
+    # means), both seeds shown. Chosen over gpu-block16-long because one H200 was lent, not two,
+    # and 2 x 3,000 steps on one GPU looked too long for 30 device-minutes with the eval (session
+    # 10 ran it so under MPS: it took every device-second and still left 3 prompts undecoded).
     "gpu-block16-seed1": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
                           "family_overrides": {"dflash": _DFLASH_DESIGN + _SEED1}},
     "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,

@@ -5,8 +5,9 @@ a paired bootstrap over the eval prompts, from smollm2_pipeline eval records.
         bench/results/smollm2_h200_gpu_block16_seed1 --family dflash --out result.json
     python bench/tau_bootstrap.py --table --out bench/results/tau_bootstrap_smollm2_h200.json
 
-`--table`: every family of the README table, each from the record folders of its source runs
-(bench/combine_smollm2.py's TABLE: a report X.json has its records in the folder X/).
+`--table`: every family of the README table, each from the record folders of its source runs, and
+the results shown beside its rows (bench/combine_smollm2.py's TABLE and BESIDE: a report X.json
+has its records in the folder X/).
 
 Every drafter decodes the same prompts, so one resample draws prompt indices with replacement and
 recomputes, for each record folder (a seed), the pooled τ (Σ accepted tokens / Σ target forwards,
@@ -100,11 +101,16 @@ def summarize(data: dict, dirs: list, resamples: int, seed: int) -> dict:
     return report
 
 
-def table_dirs() -> dict[str, list[Path]]:
-    """family -> the record folders of the README table's source runs."""
-    from combine_smollm2 import RESULTS, TABLE, source_files
+def table_dirs() -> tuple[dict[str, list[Path]], dict[str, list[Path]]]:
+    """(family -> the record folders of the README table's source runs, the same for the results
+    shown beside its rows: combine_smollm2's TABLE and BESIDE)."""
+    from combine_smollm2 import BESIDE, RESULTS, TABLE, source_files
 
-    return {fam: [RESULTS / Path(n).stem for n in source_files(entry)] for fam, entry in TABLE.items()}
+    def folders(entry) -> list[Path]:
+        return [RESULTS / Path(n).stem for n in source_files(entry)]
+
+    return ({fam: folders(entry) for fam, entry in TABLE.items()},
+            {fam: folders(entry) for fam, (_, entry) in BESIDE.items()})
 
 
 def main(argv=None) -> int:
@@ -123,13 +129,16 @@ def main(argv=None) -> int:
     if args.table == bool(args.dirs):
         p.error("give record folders or --table (not both)")
     command = "python bench/tau_bootstrap.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    runs = table_dirs() if args.table else {args.family: args.dirs}
-    families = {fam: {"records": [_shown(d) for d in dirs],
-                      "sets": summarize(load(dirs, fam, args.num, args.den), [_shown(d) for d in dirs],
-                                        args.resamples, args.seed)}
-                for fam, dirs in runs.items()}
+    runs, beside = table_dirs() if args.table else ({args.family: args.dirs}, {})
+
+    def boot(fam: str, dirs: list[Path]) -> dict:
+        shown = [_shown(d) for d in dirs]
+        return {"records": shown, "sets": summarize(load(dirs, fam, args.num, args.den), shown, args.resamples, args.seed)}
+
     report = {"what": f"paired prompt bootstrap of the greedy tau ratio {args.num} / {args.den}",
-              "resamples": args.resamples, "seed": args.seed, "command": command, "families": families}
+              "resamples": args.resamples, "seed": args.seed, "command": command,
+              "families": {fam: boot(fam, dirs) for fam, dirs in runs.items()},
+              **({"beside": {fam: boot(fam, dirs) for fam, dirs in beside.items()}} if beside else {})}
     write_report(report, args.out)
     return 0
 

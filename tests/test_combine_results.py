@@ -113,3 +113,32 @@ def test_the_cli_combines_the_sources_it_is_given(tmp_path):
                       "--check"]) == 0
     with pytest.raises(SystemExit):
         comb.main(["--source", "eagle=s0.json"])
+
+
+def test_the_committed_beside_rows_are_the_means_of_their_sources():
+    committed = json.loads((comb.RESULTS / "smollm2_h200.json").read_text())
+    for fam, (what, names) in comb.BESIDE.items():
+        beside = committed["beside"][fam]
+        assert beside["what"] == what
+        sources = [json.loads((comb.RESULTS / n).read_text())[fam] for n in names]
+        for s in ("gsm8k", "humaneval"):
+            for v in ("base", "domino"):
+                assert beside[s][f"tau_{v}"] == pytest.approx(sum(src[s][f"tau_{v}"] for src in sources) / len(sources))
+        assert committed[fam] != {k: v for k, v in beside.items() if k not in ("what", "combined_from")}
+
+
+def test_beside_rows_are_shown_next_to_the_table_rows_not_instead(tmp_path):
+    _seed_source(tmp_path, "s0.json", 0, (2.0, 2.2), [0.5])
+    _seed_source(tmp_path, "s1.json", 1, (2.2, 2.6), [0.7])
+    _seed_source(tmp_path, "long.json", 0, (2.5, 3.0), [0.8])
+    out = tmp_path / "table.json"
+    assert comb.main(["--results", str(tmp_path), "--source", "dflash=long.json",
+                      "--beside", "dflash=s0.json,s1.json", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert table["dflash"]["gsm8k"]["tau_domino"] == pytest.approx(3.0)
+    assert table["beside"]["dflash"]["gsm8k"]["tau_domino"] == pytest.approx(2.4)
+    assert [c["git_sha"] for c in table["beside"]["dflash"]["combined_from"]] == ["g0", "g1"]
+    with pytest.raises(SystemExit):  # BESIDE has no Medusa entry
+        comb.main(["--results", str(tmp_path), "--source", "dflash=long.json", "--beside", "medusa=s0.json"])
+    with pytest.raises(SystemExit):  # --beside replaces BESIDE only together with --source
+        comb.main(["--results", str(tmp_path), "--beside", "dflash=s0.json"])

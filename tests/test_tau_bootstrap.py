@@ -23,9 +23,12 @@ def _records(folder: Path, rows: list[tuple]) -> Path:
 def test_committed_bootstrap_reproduces_the_committed_table_ratios():
     boot = json.loads((REPO / "bench" / "results" / "tau_bootstrap_smollm2_h200.json").read_text())
     table = json.loads((REPO / "bench" / "results" / "smollm2_h200.json").read_text())
-    for fam, res in boot["families"].items():
+    rows = [(table[fam], res) for fam, res in boot["families"].items()] + \
+        [(table["beside"][fam], res) for fam, res in boot["beside"].items()]
+    assert len(rows) == len(table["combined_from"]) + len(table["beside"])
+    for section, res in rows:
         for s, row in res["sets"].items():
-            want = table[fam][s]["tau_domino"] / table[fam][s]["tau_base"]
+            want = section[s]["tau_domino"] / section[s]["tau_base"]
             assert row["ratio"] == pytest.approx(want, rel=1e-12)
             lo, hi = row["bootstrap_ratio_95"]
             assert lo < row["ratio"] < hi
