@@ -42,7 +42,10 @@ decoding the target's forward runs between two rollouts, so no rollout finds the
 weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
 l2_reuse_sweep and pdl_probe, which time whole rollouts; pdl_probe, on sm_90+, keeps
 KernelConfig.pdl (on by default) for the rest of the run only if programmatic dependent launch is
-faster for every rollout it probes and drafts the same tokens, and turns it off otherwise.) Floors:
+faster for every rollout it probes and drafts the same tokens, and turns it off otherwise;
+pool_persistent_probe, on a GPU, probes the persistent pool rollout once per grid-barrier wait
+(KernelConfig.pool_persistent_barrier) and adopts the wait `persistent_choice` picks, if any,
+for the rest of the run.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -96,6 +99,7 @@ def _import_kernels():
 
 
 K = _import_kernels()
+from domino_graft.kernels.domino_rollout import PERSISTENT_BARRIERS  # noqa: E402
 from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
 
 DEV = "cuda"
@@ -608,6 +612,21 @@ def persistent_verdict(probe: dict):
     return ok
 
 
+def persistent_choice(probes: dict):
+    """(barrier, max batch) of the grid-barrier wait whose persistent launch is adopted up to the
+    largest batch (`persistent_verdict`), the faster at batch 1 on a tie; None: none is."""
+    ok = []
+    for barrier, probe in probes.items():
+        upto = persistent_verdict(probe)
+        batch1 = [row["persistent_ms"] for row in probe.get("batches", []) if row["batch"] == 1]
+        if upto and batch1:
+            ok.append((upto, -batch1[0], barrier))
+    if not ok:
+        return None
+    upto, _, barrier = max(ok)
+    return barrier, upto
+
+
 _POOL_SELECT: dict = {}  # batch -> {"pool_select", "pool_chunks"} of the fastest EXACT method, from the sweep
 
 
@@ -916,13 +935,17 @@ def main():
             pin = best(res["l2_reuse_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
             if pin:
                 cfg.w2_zigzag, cfg.w2_stream, cfg.w2_l2_pin_fraction = pin["zigzag"], pin["stream"], pin["fraction"]
-            if on_gpu():  # the persistent pool rollout: adopted only if faster and identical
-                res["pool_persistent_probe"] = pool_persistent_probe(cfg)
-                if "error" in res["pool_persistent_probe"]:
-                    errors.append(f"pool_persistent_probe: {res['pool_persistent_probe']['error']}")
-                upto = persistent_verdict(res["pool_persistent_probe"])
-                if upto:
-                    cfg.pool_persistent, cfg.pool_persistent_max_batch = True, upto
+            if on_gpu():  # the persistent pool rollout, per grid-barrier wait: adopted only if faster and identical
+                probes = {}
+                for barrier in PERSISTENT_BARRIERS:
+                    probes[barrier] = pool_persistent_probe(dataclasses.replace(cfg, pool_persistent_barrier=barrier))
+                    if "error" in probes[barrier]:
+                        errors.append(f"pool_persistent_probe ({barrier}): {probes[barrier]['error']}")
+                res["pool_persistent_probe"] = {"barriers": probes}
+                chosen = persistent_choice(probes)
+                if chosen:
+                    res["pool_persistent_probe"]["chosen"] = chosen[0]
+                    cfg.pool_persistent, cfg.pool_persistent_barrier, cfg.pool_persistent_max_batch = True, *chosen
             # programmatic dependent launch (--smoke: the code path only, PDL is ignored on a CPU)
             if not on_gpu() or torch.cuda.get_device_capability()[0] >= 9:
                 res["pdl_probe"] = pdl_probe(d, head, emb, cfg)

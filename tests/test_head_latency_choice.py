@@ -1,0 +1,34 @@
+"""bench/head_latency.py's adoption rules for the persistent pool rollout: a grid-barrier wait is
+adopted only up to the largest batch where it agreed token for token, kept its error flag clear
+and beat the multi-launch path; between waits, the one adopted for more batches, then the faster."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import head_latency as hl  # noqa: E402
+
+
+def _row(batch: int, persistent_ms: float, multi_ms: float = 0.2, agree: float = 1.0, flag: int = 0) -> dict:
+    return dict(batch=batch, error_flag=flag, token_agreement_with_multi_launch=agree, agrees_after_replays=agree == 1.0,
+                multi_launch_ms=multi_ms, persistent_ms=persistent_ms)
+
+
+def test_verdict_stops_at_the_first_batch_that_fails():
+    assert hl.persistent_verdict({"batches": [_row(1, 0.1), _row(4, 0.3)]}) == 1  # slower at batch 4
+    assert hl.persistent_verdict({"batches": [_row(1, 0.1, agree=0.9), _row(4, 0.1)]}) is None
+    assert hl.persistent_verdict({"batches": [_row(1, 0.1, flag=1)]}) is None
+    assert hl.persistent_verdict({"error": "timed out", "batches": []}) is None
+
+
+def test_choice_prefers_more_batches_then_the_faster_wait():
+    probes = {"rmw": {"batches": [_row(1, 0.40), _row(4, 0.70)]},  # slower than multi-launch: never adopted
+              "volatile": {"batches": [_row(1, 0.15), _row(4, 0.19)]},
+              "ld_acquire": {"batches": [_row(1, 0.12), _row(4, 0.25)]}}
+    assert hl.persistent_choice(probes) == ("volatile", 4)
+    probes["volatile"]["batches"][1] = _row(4, 0.25)
+    assert hl.persistent_choice(probes) == ("ld_acquire", 1)
+    assert hl.persistent_choice({"rmw": probes["rmw"], "x": {"error": "fault", "batches": []}}) is None
