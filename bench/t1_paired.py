@@ -31,15 +31,24 @@ def records_of_kind(folder: Path, kind: str) -> list[dict]:
     return [r for r in _read_records(folder) if r.get("kind") == kind]
 
 
+def prompt_counts(folder: Path, kind: str, family: str) -> dict:
+    """{set: {variant: {prompt idx: (accepted tokens, target forwards)}}} of one family's records of
+    one kind in a record folder, in record order."""
+    out: dict = {}
+    for r in records_of_kind(folder, kind):
+        if r["mode"].startswith(family + "_"):
+            variant = r["mode"][len(family) + 1:]
+            out.setdefault(r["set"], {}).setdefault(variant, {})[r["idx"]] = (r["step_tokens"], r["decode_steps"])
+    return out
+
+
 def load(dirs: list[Path], family: str) -> dict:
-    """{set: {variant: {prompt key: (step_tokens, steps)}}} over every t1 record of the family."""
+    """{set: {variant: {(folder, prompt idx): (step_tokens, steps)}}} over every t1 record of the family."""
     out: dict = {}
     for d in dirs:
-        for r in records_of_kind(d, "t1"):
-            if not r["mode"].startswith(family + "_"):
-                continue
-            variant = r["mode"][len(family) + 1:]
-            out.setdefault(r["set"], {}).setdefault(variant, {})[(str(d), r["idx"])] = (r["step_tokens"], r["decode_steps"])
+        for eval_set, by_variant in prompt_counts(d, "t1", family).items():
+            for variant, counts in by_variant.items():
+                out.setdefault(eval_set, {}).setdefault(variant, {}).update({(str(d), i): c for i, c in counts.items()})
     if not out:
         raise ValueError(f"no t1 records of family {family!r} in {', '.join(map(str, dirs))}")
     return out

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from t1_paired import records_of_kind, write_report
+from t1_paired import prompt_counts, write_report
 
 THRESHOLDS = (1.10, 1.15)
 
@@ -35,17 +35,16 @@ def load(dirs: list[Path], family: str, num: str, den: str) -> dict:
     in index order; every folder must hold both drafters' greedy records of the same prompts."""
     per: dict = {}
     for d in dirs:
-        for r in records_of_kind(d, "greedy"):
-            if r["mode"] in (f"{family}_{den}", f"{family}_{num}"):
-                per.setdefault(r["set"], {}).setdefault(str(d), {})[(r["idx"], r["mode"])] = (r["step_tokens"],
-                                                                                            r["decode_steps"])
+        for eval_set, by_variant in prompt_counts(d, "greedy", family).items():
+            if den in by_variant or num in by_variant:
+                per.setdefault(eval_set, {})[str(d)] = by_variant
     if not per:
         raise ValueError(f"no greedy records of {family}_{den} / {family}_{num} in {', '.join(map(str, dirs))}")
     out = {}
     for eval_set, by_dir in sorted(per.items()):
         if len(by_dir) != len(dirs):
             raise ValueError(f"{eval_set}: greedy records in {len(by_dir)} of the {len(dirs)} folders")
-        idx_sets = [sorted({i for i, _ in recs}) for recs in by_dir.values()]
+        idx_sets = [sorted(set(by_variant.get(den, {})) | set(by_variant.get(num, {}))) for by_variant in by_dir.values()]
         if any(s != idx_sets[0] for s in idx_sets):
             raise ValueError(f"{eval_set}: the folders decoded different prompts; a paired resample needs the same")
         idx = idx_sets[0]
@@ -53,10 +52,10 @@ def load(dirs: list[Path], family: str, num: str, den: str) -> dict:
         steps = np.zeros_like(tok)
         for f, d in enumerate(map(str, dirs)):
             for p, i in enumerate(idx):
-                for c, mode in enumerate((f"{family}_{den}", f"{family}_{num}")):
-                    if (i, mode) not in by_dir[d]:
-                        raise ValueError(f"{eval_set}: {d} has no {mode} record of prompt {i}")
-                    tok[f, p, c], steps[f, p, c] = by_dir[d][(i, mode)]
+                for c, variant in enumerate((den, num)):
+                    if i not in by_dir[d].get(variant, {}):
+                        raise ValueError(f"{eval_set}: {d} has no {family}_{variant} record of prompt {i}")
+                    tok[f, p, c], steps[f, p, c] = by_dir[d][variant][i]
         out[eval_set] = (tok, steps)
     return out
 

@@ -29,7 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from t1_paired import records_of_kind, write_report
+from t1_paired import prompt_counts, write_report
 from tau_bootstrap import _shown
 
 THRESHOLDS = (1.15,)
@@ -37,13 +37,13 @@ BASE_TAUS = (1.5, 2.0, 2.5, 3.0)  # base τ on the undecoded prompts the thresho
 
 
 def per_prompt(folder: Path, family: str) -> dict:
-    """{set: {idx: {variant: (accepted tokens, target forwards)}}} for base and + Domino."""
-    out: dict = {}
-    for r in records_of_kind(folder, "greedy"):
-        for v in ("base", "domino"):
-            if r["mode"] == f"{family}_{v}":
-                out.setdefault(r["set"], {}).setdefault(r["idx"], {})[v] = (r["step_tokens"], r["decode_steps"])
-    return {s: {i: d for i, d in rows.items() if len(d) == 2} for s, rows in out.items()}
+    """{set: {idx: {variant: (accepted tokens, target forwards)}}} for base and + Domino, over the
+    prompts both decoded."""
+    out = {}
+    for eval_set, by_variant in prompt_counts(folder, "greedy", family).items():
+        base, domino = by_variant.get("base", {}), by_variant.get("domino", {})
+        out[eval_set] = {i: {"base": base[i], "domino": domino[i]} for i in base if i in domino}
+    return out
 
 
 def pooled(rows: dict, idxs) -> dict:
