@@ -192,9 +192,9 @@ def _section(fam: str, reps: list[tuple[str, dict]]) -> dict:
 
 
 def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = None) -> dict:
-    """The table from `table`'s sources; `beside` defaults to BESIDE for the committed TABLE only."""
-    if beside is None:
-        beside = BESIDE if table is TABLE else {}
+    """The table from `table`'s sources, plus `beside`'s (family -> (what, sources)) next to it.
+    The committed file is combine(TABLE, RESULTS, BESIDE)."""
+    beside = beside or {}
     sources = {fam: _read_sources(fam, names, results) for fam, names in table.items()}
     extra = {fam: (what, _read_sources(fam, names, results)) for fam, (what, names) in beside.items()}
     first_fam, ((first_name, first), *_) = next(iter(sources.items()))
