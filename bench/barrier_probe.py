@@ -156,15 +156,7 @@ def micro_all(smoke: bool) -> list[dict]:
 
 def rollout_all(cfg) -> list[dict]:
     """head_latency's persistent-vs-multi-launch probe (its own child process) per variant."""
-    out = []
-    for variant in tp.BARRIERS:
-        res = hl.pool_persistent_probe(dataclasses.replace(cfg, pool_persistent_barrier=variant),
-                                       timeout_s=ROLLOUT_TIMEOUT_S)
-        for row in res["batches"]:
-            row["barrier"] = variant
-        out.append(dict(barrier=variant, **res))
-        print("rollout", out[-1], flush=True)
-    return out
+    return [dict(barrier=b, **probe) for b, probe in hl.pool_persistent_probes(cfg, ROLLOUT_TIMEOUT_S).items()]
 
 
 def select_only(cfg, batches=(1, 4)) -> list[dict]:

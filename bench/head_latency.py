@@ -612,6 +612,18 @@ def persistent_verdict(probe: dict):
     return ok
 
 
+def pool_persistent_probes(cfg, timeout_s=150) -> dict:
+    """`pool_persistent_probe` once per grid-barrier wait (KernelConfig.pool_persistent_barrier):
+    {barrier: probe}, each row tagged with its barrier."""
+    probes = {}
+    for barrier in PERSISTENT_BARRIERS:
+        probes[barrier] = pool_persistent_probe(dataclasses.replace(cfg, pool_persistent_barrier=barrier), timeout_s)
+        for row in probes[barrier]["batches"]:
+            row["barrier"] = barrier
+        print("pool_persistent_probe", barrier, probes[barrier], flush=True)
+    return probes
+
+
 def persistent_choice(probes: dict):
     """(barrier, max batch) of the grid-barrier wait whose persistent launch is adopted up to the
     largest batch (`persistent_verdict`), the faster at batch 1 on a tie; None: none is."""
@@ -936,11 +948,8 @@ def main():
             if pin:
                 cfg.w2_zigzag, cfg.w2_stream, cfg.w2_l2_pin_fraction = pin["zigzag"], pin["stream"], pin["fraction"]
             if on_gpu():  # the persistent pool rollout, per grid-barrier wait: adopted only if faster and identical
-                probes = {}
-                for barrier in PERSISTENT_BARRIERS:
-                    probes[barrier] = pool_persistent_probe(dataclasses.replace(cfg, pool_persistent_barrier=barrier))
-                    if "error" in probes[barrier]:
-                        errors.append(f"pool_persistent_probe ({barrier}): {probes[barrier]['error']}")
+                probes = pool_persistent_probes(cfg)
+                errors += [f"pool_persistent_probe ({b}): {p['error']}" for b, p in probes.items() if "error" in p]
                 res["pool_persistent_probe"] = {"barriers": probes}
                 chosen = persistent_choice(probes)
                 if chosen:
