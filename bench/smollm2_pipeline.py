@@ -616,8 +616,8 @@ def _read_records(work: Path) -> list[dict]:
 
 
 def _budget(work: Path, name: str) -> dict:
-    path = work / f"training_{name}.json"
-    return json.loads(path.read_text()) if path.exists() else {"missing": str(path)}
+    """A trained drafter's training summary (`trained`: it exists)."""
+    return json.loads((work / f"training_{name}.json").read_text())
 
 
 def _per_prompt_ratio(recs: list[dict], eval_set: str, num: str, den: str) -> dict:

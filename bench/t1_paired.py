@@ -92,6 +92,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def shown_path(d: Path) -> str:
+    """A folder as a report names it: relative to the repository when inside it."""
+    repo = Path(__file__).resolve().parents[1]
+    d = d.resolve()
+    return str(d.relative_to(repo)) if d.is_relative_to(repo) else str(d)
+
+
 def write_report(report: dict, out: Path | None) -> None:
     """Print the report as JSON, and write it to `out` (atomically) when given."""
     text = json.dumps(report, indent=2) + "\n"

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from t1_paired import prompt_counts, write_report
+from t1_paired import prompt_counts, shown_path, write_report
 
 THRESHOLDS = (1.10, 1.15)
 
@@ -77,13 +77,6 @@ def bootstrap(tok: np.ndarray, steps: np.ndarray, resamples: int, seed: int, chu
     return np.concatenate(out)
 
 
-def _shown(d: Path) -> str:
-    """A folder as the report names it: relative to the repository when inside it."""
-    repo = Path(__file__).resolve().parents[1]
-    d = d.resolve()
-    return str(d.relative_to(repo)) if d.is_relative_to(repo) else str(d)
-
-
 def summarize(data: dict, dirs: list, resamples: int, seed: int) -> dict:
     report = {}
     for eval_set, (tok, steps) in data.items():
@@ -131,7 +124,7 @@ def main(argv=None) -> int:
     runs, beside = table_dirs() if args.table else ({args.family: args.dirs}, {})
 
     def boot(fam: str, dirs: list[Path]) -> dict:
-        shown = [_shown(d) for d in dirs]
+        shown = [shown_path(d) for d in dirs]
         return {"records": shown, "sets": summarize(load(dirs, fam, args.num, args.den), shown, args.resamples, args.seed)}
 
     report = {"what": f"paired prompt bootstrap of the greedy tau ratio {args.num} / {args.den}",

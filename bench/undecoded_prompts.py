@@ -29,8 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from t1_paired import prompt_counts, write_report
-from tau_bootstrap import _shown
+from t1_paired import prompt_counts, shown_path, write_report
 
 THRESHOLDS = (1.15,)
 BASE_TAUS = (1.5, 2.0, 2.5, 3.0)  # base τ on the undecoded prompts the thresholds are solved for
@@ -69,7 +68,7 @@ def extra_forwards_to_fall_below(rows: dict, n_missing: int, threshold: float, b
 
 def analyse(run: Path, compare: list[Path], family: str) -> dict:
     mine = per_prompt(run, family)
-    others = {_shown(c): per_prompt(c, family) for c in compare}
+    others = {shown_path(c): per_prompt(c, family) for c in compare}
     sets = {}
     for s, rows in sorted(mine.items()):
         decoded = sorted(rows)
@@ -77,7 +76,7 @@ def analyse(run: Path, compare: list[Path], family: str) -> dict:
         undecoded = [i for i in everyone if i not in rows]
         missing = [c for c, o in others.items() if not set(decoded) <= set(o.get(s, {}))]
         if missing:
-            raise ValueError(f"{s}: {', '.join(missing)} did not decode every prompt {_shown(run)} decoded "
+            raise ValueError(f"{s}: {', '.join(missing)} did not decode every prompt {shown_path(run)} decoded "
                              "(valid: comparison runs that decoded the whole set)")
         diffs = [rows[i]["domino"][1] - rows[i]["base"][1] for i in decoded]
         same = {c: {"on_the_same_prompts": pooled(o[s], decoded), "on_all_its_prompts": pooled(o[s], sorted(o[s]))}
@@ -100,7 +99,7 @@ def analyse(run: Path, compare: list[Path], family: str) -> dict:
                 f"{t:.2f}": {f"base_tau_{b}": extra_forwards_to_fall_below(rows, len(undecoded), t, b)
                              for b in BASE_TAUS} for t in THRESHOLDS}
         sets[s] = entry
-    return {"run": _shown(run), "compare": list(others), "family": family, "sets": sets}
+    return {"run": shown_path(run), "compare": list(others), "family": family, "sets": sets}
 
 
 def main(argv=None) -> int:
