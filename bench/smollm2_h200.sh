@@ -77,7 +77,9 @@ export PYTHONUNBUFFERED=1 DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/w
 # Up to ~25 GPU processes share the host: one CPU thread each (torch would start one per core in
 # every process). Suspected cause: the 2-GPU run without this timed the target at 31-48 tokens/s, 53 alone.
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-export DG_GIT_SHA=$(cat "$(dirname "$0")/../GIT_SHA" 2>/dev/null)
+# the code's commit: .snap/GIT_SHA, or DG_GIT_SHA=... when the script runs from the checkout itself
+# (no .git travels to the device)
+export DG_GIT_SHA=${DG_GIT_SHA:-$(cat "$(dirname "$0")/../GIT_SHA" 2>/dev/null)}
 
 if [ ! -d /tmp/site/pydantic ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
