@@ -311,6 +311,36 @@ def _write_jsonl(path: Path, records: Sequence[dict]) -> None:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 12345 ünïcode\n\tdef f(x):\n    return x"
+# PROBE_TEXT's ids under each model's own tokenizer, from a conversion checked token by token
+# (transformers 5.24.0: whole-word tokens, Gemma's <bos> first). A transformers whose GGUF tokenizer
+# conversion is wrong can fail in ways a save-and-reload check alone would miss: 5.17.0 splits
+# Gemma-3's words into pieces ("▁qu", "ick") and its saved copy into single characters.
+PROBE_IDS = {
+    "smollm2-135m-instruct": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 216, 33, 34, 35, 36, 37,
+                              5549, 137, 94, 25972, 4635, 198, 197, 1604, 275, 24, 104, 727, 472, 1003, 1792],
+    "gemma3-270m": [2, 818, 3823, 8864, 37423, 38167, 1024, 506, 31770, 4799, 236761, 236743, 236770, 236778,
+                    236800, 236812, 236810, 174898, 238527, 3970, 107, 255968, 2063, 517, 236769, 236781, 1473, 107,
+                    140, 2060, 1123],
+}
+VERIFIED_TRANSFORMERS = "5.24.0"  # the version whose conversions gave PROBE_IDS
+
+
+def tokenizer_problems(name: str, gguf_ids: list[int], saved_ids: list[int], transformers_version: str) -> list[str]:
+    """What is wrong with a converted tokenizer: the GGUF-loaded one must encode PROBE_TEXT as the
+    model's tokenizer does (PROBE_IDS), and the saved copy exactly as the GGUF-loaded one."""
+    problems = []
+    want = PROBE_IDS.get(name)
+    if want is not None and gguf_ids != want:
+        problems.append(
+            f"transformers {transformers_version} converts {name}'s GGUF tokenizer wrongly: the probe text "
+            f"encodes as {gguf_ids[:6]}... ({len(gguf_ids)} ids) instead of {want[:6]}... ({len(want)} ids); "
+            f"valid: a transformers whose conversion gives the model's ids ({VERIFIED_TRANSFORMERS} does)")
+    if saved_ids != gguf_ids:
+        problems.append("the saved tokenizer encodes text differently from the GGUF one")
+    return problems
+
+
 def _gguf_to_hf(ctx: BuildContext, gguf: Path, *, architecture: str, tokenizer_class: Optional[str] = None,
                 max_length: Optional[int] = None) -> None:
     """Dequantise a GGUF into a plain fp32 safetensors Hugging Face folder (DESIGN §7) that
@@ -339,12 +369,10 @@ def _gguf_to_hf(ctx: BuildContext, gguf: Path, *, architecture: str, tokenizer_c
     # The saved folder must give back exactly the dequantised model's logits and the GGUF
     # tokenizer's ids and chat prompt (tied embeddings, rope settings and tokenizer classes
     # are where conversions go wrong).
-    text = "The quick brown fox jumps over the lazy dog. 12345 ünïcode\n\tdef f(x):\n    return x"
+    text = PROBE_TEXT
     tok2 = transformers.AutoTokenizer.from_pretrained(str(ctx.out))
     chat = [{"role": "user", "content": "What is 2+2?"}]
-    problems = []
-    if tok2(text)["input_ids"] != tok(text)["input_ids"]:
-        problems.append("the saved tokenizer encodes text differently from the GGUF one")
+    problems = tokenizer_problems(ctx.name, tok(text)["input_ids"], tok2(text)["input_ids"], transformers.__version__)
     if tok.chat_template and (tok2.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
                               != tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)):
         problems.append("the saved chat template renders differently")

@@ -398,3 +398,43 @@ def test_python_puzzles_parses_its_own_pinned_libraries(cache):
     recs = [json.loads(x) for x in (folder / "functions.jsonl").read_text().splitlines()]
     assert {r["package"] for r in recs} == {req.split("==")[0] for req in assets.PUZZLE_REQS}
     assert recs[0]["signature"] == "def anagram(first: str, second: str) -> bool:" and recs[0]["doc"] == doc
+
+
+# ---------------------------------------------------------------- converted tokenizers
+# transformers 5.17.0's conversion of Gemma-3's GGUF tokenizer (the GPU image's, 2026-12): word
+# pieces from the GGUF, then single characters after a save. Recorded on the real file.
+GEMMA_5_17_GGUF_IDS = [818, 690, 936, 518, 530, 1417, 517, 1169, 673, 597, 975, 512, 595, 494, 499, 759, 2946, 513]
+
+
+def test_a_conversion_that_agrees_with_the_model_tokenizer_passes():
+    want = assets.PROBE_IDS["gemma3-270m"]
+    assert assets.tokenizer_problems("gemma3-270m", list(want), list(want), "5.24.0") == []
+
+
+def test_a_wrong_gguf_tokenizer_is_named_even_when_its_saved_copy_agrees():
+    problems = assets.tokenizer_problems("gemma3-270m", GEMMA_5_17_GGUF_IDS, GEMMA_5_17_GGUF_IDS, "5.17.0")
+    assert len(problems) == 1
+    msg = problems[0]
+    assert "transformers 5.17.0" in msg and "gemma3-270m" in msg  # the version and the model
+    assert str(GEMMA_5_17_GGUF_IDS[:6]) in msg and str(assets.PROBE_IDS["gemma3-270m"][:6]) in msg  # got, wanted
+    assert assets.VERIFIED_TRANSFORMERS in msg  # what would be valid
+
+
+def test_a_saved_copy_that_differs_is_its_own_problem():
+    want = assets.PROBE_IDS["smollm2-135m-instruct"]
+    problems = assets.tokenizer_problems("smollm2-135m-instruct", list(want), want[:-1], "5.24.0")
+    assert problems == ["the saved tokenizer encodes text differently from the GGUF one"]
+
+
+def test_probe_ids_are_the_cached_models_own():
+    """Where a real model asset is in the developer's cache, its tokenizer gives PROBE_IDS."""
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    home = Path(os.path.expanduser("~/.cache/domino-graft/assets"))
+    found = [n for n in assets.PROBE_IDS if (home / n / "tokenizer.json").is_file()]
+    if not found:
+        pytest.skip("no real model asset fetched on this machine")
+    for name in found:
+        tok = transformers.AutoTokenizer.from_pretrained(str(home / name))
+        assert tok(assets.PROBE_TEXT)["input_ids"] == assets.PROBE_IDS[name], name
