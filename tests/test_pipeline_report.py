@@ -65,3 +65,23 @@ def test_a_family_without_its_base_or_domino_run_has_no_rows(tmp_path):
     report = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")
     assert set(report["dflash"]) == {"not_trained"}
     assert set(report["dflash"]["not_trained"]) == {"dflash_domino", "dflash_headonly"}
+
+
+def test_the_committed_gemma3_report_is_a_rebuild_of_its_records(tmp_path, monkeypatch):
+    """bench/results/gemma3_h200.json (the device's run) equals what the report stage builds from
+    the committed records, bar the command line; its eval prompts are described as plain text."""
+    monkeypatch.setenv("DOMINO_GRAFT_CACHE", str(tmp_path / "no-assets"))  # needs none
+    committed = json.loads((REPO / "bench/results/gemma3_h200.json").read_text())
+    saved = sp.TARGET
+    sp.set_target("gemma3")
+    try:
+        rebuilt = sp.stage_report(REPO / "bench/results/gemma3_h200", tmp_path / "r.json", max_new_tokens=96,
+                                  command=committed["command"])
+    finally:
+        sp.set_target(saved)
+    assert json.loads(json.dumps(rebuilt)) == committed
+    assert "chat template" not in json.dumps(committed["eval"]["sets"])
+    for s in sp.EVAL_SETS:
+        assert committed["dflash"][s]["identical_to_target"] is True
+    assert committed["dflash"]["humaneval"]["num_prompts_greedy"] == 164
+    assert committed["dflash"]["gsm8k"]["num_prompts_greedy"] == 100
