@@ -2,10 +2,10 @@
 
 A software grid barrier (`_grid_barrier`) replaces the launch boundary between the GRU phase and
 the scoring phase of every step, so the kernel's programs must all be co-resident (at most one
-per SM). GPU only: under TRITON_INTERPRET programs run one after another and a barrier could
-never pass, so the interpreter keeps the multi-launch sequence of `triton_rollout`; both share
-its @triton.jit device functions (`_gru_cell`, `_reduce_partials`, `_pool_score`), which CI
-tests there.
+per SM). Under TRITON_INTERPRET programs run one after another and a barrier with two programs
+could never pass, so the interpreter runs it with ONE program (block_g = G), whose barriers pass
+at once: CI checks every step of the kernel there, and the GPU tests its barriers. It shares
+`triton_rollout`'s @triton.jit device functions (`_gru_cell`, `_reduce_partials`, `_pool_score`).
 
 Measured on the H200 (bench/results/head_latency_h200.json, "pool_persistent_probe"): token for
 token equal to the multi-launch path, but slower (0.432 vs 0.224 ms at Qwen3-8B shapes, batch 1).
@@ -194,8 +194,9 @@ def persistent_programs(g: int, sms: int, min_block_g: int = 4):
 def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, states, pval, pidx, draft, bar, err,
                             pure, block_g, block_p=16, block_kc=128, num_warps=4, max_spin=PERSISTENT_MAX_SPIN,
                             barrier: str = "rmw"):
-    """The greedy pool rollout's K GRU steps and K - pure pool scorings in ONE launch (GPU only:
-    under TRITON_INTERPRET programs run one after another and the grid barrier could not pass).
+    """The greedy pool rollout's K GRU steps and K - pure pool scorings in ONE launch (under
+    TRITON_INTERPRET with one program only, block_g >= G: programs run one after another there,
+    and a grid barrier of several could not pass).
 
     toks [B, pure+1] int64: the anchor and the pure slots' drafts (draft[:, :pure] holds them
     too); ids/vals [B, K-pure, P] (same strides); zacc [K, B, r] fp32 holding W1a·H_j; states

@@ -447,6 +447,33 @@ def test_domino_rollout_pool(pool, select):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("b,pure", [(1, 1), (3, 1), (4, 2)])
+@pytest.mark.parametrize("select", ["topk", "bucket"])
+@pytest.mark.parametrize("barrier", ["rmw", "volatile"])  # ld_acquire is inline PTX: GPU only
+def test_pool_persistent_one_program_matches_multi_launch(b, pure, select, barrier):
+    """The persistent pool kernel's steps (GRU rows, W1b atomics, pool scoring, partial
+    reductions, the per-step buffers) under the interpreter, with one program: the same tokens as
+    the multi-launch rollout and the eager reference, and its error flag clear. Several programs
+    and real barriers: TestGPU."""
+    k, h, g, r, v = 5, 24, 20, 12, 1013
+    head = make_head(h, g, r, v, pure=pure, w2_scale=8.0)
+    emb, block, anchor = make_inputs(b, k, h, v)
+    embed = K.reference.dense_embed(emb)
+    multi = K.make_rollout("triton_pool", head, emb, pool_size=40, config=K.KernelConfig(pool_select=select))
+    cfg = K.KernelConfig(pool_select=select, pool_persistent=True, pool_persistent_barrier=barrier)
+    pers = K.make_rollout("triton_pool", head, emb, pool_size=40, config=cfg)
+    assert pers._use_persistent(block.base_logits.device, b, sampling=False)
+    pers.persistent_error = None
+    out, _ = pers(head, block, anchor, embed)
+    assert pers.persistent_error is not None, "the persistent kernel did not run"
+    assert int(pers.persistent_error.item()) == 0
+    want, _ = multi(head, block, anchor, embed)
+    assert torch.equal(out, want), first_mismatches(out, want)
+    ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=40, pool_select=select)
+    assert torch.equal(out, ref), first_mismatches(out, ref)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("name,pool", [("triton", 0), ("triton_pool", 8)])
 def test_pdl_is_ignored_where_it_cannot_run(name, pool):
     """KernelConfig.pdl only changes how a CUDA sm_90+ greedy chain launches: the interpreter
