@@ -313,9 +313,12 @@ def _write_jsonl(path: Path, records: Sequence[dict]) -> None:
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 12345 ünïcode\n\tdef f(x):\n    return x"
 # PROBE_TEXT's ids under each model's own tokenizer, from a conversion checked token by token
-# (transformers 5.24.0: whole-word tokens, Gemma's <bos> first). A transformers whose GGUF tokenizer
-# conversion is wrong can fail in ways a save-and-reload check alone would miss: 5.17.0 splits
-# Gemma-3's words into pieces ("▁qu", "ick") and its saved copy into single characters.
+# (transformers 5.24.0: whole-word tokens, Gemma's <bos> first). Older transformers convert
+# Gemma-3's GGUF tokenizer wrongly, and a save-and-reload check alone misses some of them (the
+# real GGUF, 2026-12): 5.17.0 splits words into pieces ("▁qu", "ick") and its saved copy into
+# characters; 5.18.0, 5.20.2 and 5.22.2 get the words right but add no <bos>, and their saved
+# copies agree. 5.23.0 and 5.24.0 give these ids (bench/tokenizer_versions.py,
+# bench/results/tokenizer_versions_gemma3.json). SmolLM2's ids are the same under 5.17.0 and 5.24.0.
 PROBE_IDS = {
     "smollm2-135m-instruct": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 216, 33, 34, 35, 36, 37,
                               5549, 137, 94, 25972, 4635, 198, 197, 1604, 275, 24, 104, 727, 472, 1003, 1792],
@@ -323,7 +326,7 @@ PROBE_IDS = {
                     236800, 236812, 236810, 174898, 238527, 3970, 107, 255968, 2063, 517, 236769, 236781, 1473, 107,
                     140, 2060, 1123],
 }
-VERIFIED_TRANSFORMERS = "5.24.0"  # the version whose conversions gave PROBE_IDS
+VERIFIED_TRANSFORMERS = ("5.23.0", "5.24.0")  # versions whose conversions give PROBE_IDS for every model
 
 
 def tokenizer_problems(name: str, gguf_ids: list[int], saved_ids: list[int], transformers_version: str) -> list[str]:
@@ -335,7 +338,7 @@ def tokenizer_problems(name: str, gguf_ids: list[int], saved_ids: list[int], tra
         problems.append(
             f"transformers {transformers_version} converts {name}'s GGUF tokenizer wrongly: the probe text "
             f"encodes as {gguf_ids[:6]}... ({len(gguf_ids)} ids) instead of {want[:6]}... ({len(want)} ids); "
-            f"valid: a transformers whose conversion gives the model's ids ({VERIFIED_TRANSFORMERS} does)")
+            f"valid: a transformers whose conversion gives the model's ids ({' and '.join(VERIFIED_TRANSFORMERS)} do)")
     if saved_ids != gguf_ids:
         problems.append("the saved tokenizer encodes text differently from the GGUF one")
     return problems

@@ -417,7 +417,14 @@ def test_a_wrong_gguf_tokenizer_is_named_even_when_its_saved_copy_agrees():
     msg = problems[0]
     assert "transformers 5.17.0" in msg and "gemma3-270m" in msg  # the version and the model
     assert str(GEMMA_5_17_GGUF_IDS[:6]) in msg and str(assets.PROBE_IDS["gemma3-270m"][:6]) in msg  # got, wanted
-    assert assets.VERIFIED_TRANSFORMERS in msg  # what would be valid
+    assert all(v in msg for v in assets.VERIFIED_TRANSFORMERS)  # what would be valid
+
+
+def test_a_gguf_tokenizer_without_bos_is_wrong_even_when_its_saved_copy_agrees():
+    # transformers 5.18.0, 5.20.2 and 5.22.2 on Gemma-3: the right words, no <bos>
+    no_bos = assets.PROBE_IDS["gemma3-270m"][1:]
+    problems = assets.tokenizer_problems("gemma3-270m", no_bos, no_bos, "5.22.2")
+    assert len(problems) == 1 and "5.22.2" in problems[0] and f"({len(no_bos)} ids)" in problems[0]
 
 
 def test_a_saved_copy_that_differs_is_its_own_problem():
