@@ -48,7 +48,7 @@ def main(src: str, out: str) -> None:
             ax.set_title(f"{fam}, {s}: greedy acceptance by slot ({r[s]['num_prompts_greedy']} prompts)", fontsize=9)
             ax.grid(alpha=0.3)
     target = rep.get("what", "SmolLM2-135M-Instruct target").split(" (")[0]  # e.g. "Gemma-3-270M base target"
-    title = f"{target} on the H200: drafters trained from scratch, chain verification"
+    title = f"{target} (H200): drafters trained from scratch, chain verification"
     if "combined_from" in rep:  # the README table: each family's rows from its own run
         def name(src):  # one source, or seed repeats (their mean is plotted)
             files = [s["file"].split("/")[-1] for s in ([src] if isinstance(src, dict) else src)]
