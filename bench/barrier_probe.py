@@ -185,7 +185,7 @@ def header(smoke: bool) -> dict:
         op="grid_barrier_probe",
         device=torch.cuda.get_device_name(0) if gpu else "cpu (TRITON_INTERPRET=1)",
         sms=torch.cuda.get_device_properties(0).multi_processor_count if gpu else None,
-        torch=torch.__version__, triton=triton.__version__, git_sha=os.environ.get("DG_GIT_SHA") or git_sha(),
+        torch=torch.__version__, triton=triton.__version__, git_sha=git_sha(),
         command="python " + shlex.join(sys.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         smoke=smoke, variants=list(tp.BARRIERS), max_spin=tp.PERSISTENT_MAX_SPIN, timeout_spin=TIMEOUT_SPIN,

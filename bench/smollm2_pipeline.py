@@ -498,7 +498,7 @@ def _write_environment(work: Path, run, rollout: str) -> None:
     from domino_graft.rundir import git_sha, hardware, versions
 
     atomic_write_json(work / "environment.json", {"target": run.manifest.get("target"), "hardware": hardware(),
-                                                  "versions": versions(), "git_sha": os.environ.get("DG_GIT_SHA") or git_sha(),
+                                                  "versions": versions(), "git_sha": git_sha(),
                                                   "rollout": rollout})
 
 

@@ -40,6 +40,10 @@ def versions() -> dict:
 
 
 def git_sha() -> Optional[str]:
+    """The code's commit. DG_GIT_SHA, when set, names it for code that runs outside its checkout
+    (a snapshot, or a copy on a GPU machine whose .git may be absent or older than the files)."""
+    if os.environ.get("DG_GIT_SHA"):
+        return os.environ["DG_GIT_SHA"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)

@@ -85,3 +85,12 @@ def test_the_committed_gemma3_report_is_a_rebuild_of_its_records(tmp_path, monke
         assert committed["dflash"][s]["identical_to_target"] is True
     assert committed["dflash"]["humaneval"]["num_prompts_greedy"] == 164
     assert committed["dflash"]["gsm8k"]["num_prompts_greedy"] == 100
+
+
+def test_git_sha_names_the_commit_given_for_code_outside_its_checkout(monkeypatch):
+    from domino_graft.rundir import git_sha
+
+    monkeypatch.setenv("DG_GIT_SHA", "621adf70df93733ee9fa122cbaaaf955fe1c86c7")
+    assert git_sha() == "621adf70df93733ee9fa122cbaaaf955fe1c86c7"
+    monkeypatch.delenv("DG_GIT_SHA")
+    assert git_sha() != "621adf70df93733ee9fa122cbaaaf955fe1c86c7"  # from git (or None without one)
