@@ -318,7 +318,10 @@ PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 12345 ünïcode\n\tde
 # real GGUF, 2026-12): 5.17.0 splits words into pieces ("▁qu", "ick") and its saved copy into
 # characters; 5.18.0, 5.20.2 and 5.22.2 get the words right but add no <bos>, and their saved
 # copies agree. 5.23.0 and 5.24.0 give these ids (bench/tokenizer_versions.py,
-# bench/results/tokenizer_versions_gemma3.json). SmolLM2's ids are the same under 5.17.0 and 5.24.0.
+# bench/results/tokenizer_versions_gemma3.json). SmolLM2's are right under 5.17.0 and 5.24.0, but
+# 4.56.2 and 4.57.6 prepend <|im_start|> to it, their saved copies agreeing
+# (bench/results/tokenizer_versions_smollm2*.json). The saved folders themselves load the same
+# under 4.56+ (_backport): only the conversion needs a recent transformers.
 PROBE_IDS = {
     "smollm2-135m-instruct": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 216, 33, 34, 35, 36, 37,
                               5549, 137, 94, 25972, 4635, 198, 197, 1604, 275, 24, 104, 727, 472, 1003, 1792],
@@ -326,7 +329,7 @@ PROBE_IDS = {
                     236800, 236812, 236810, 174898, 238527, 3970, 107, 255968, 2063, 517, 236769, 236781, 1473, 107,
                     140, 2060, 1123],
 }
-VERIFIED_TRANSFORMERS = ("5.23.0", "5.24.0")  # versions whose conversions give PROBE_IDS for every model
+VERIFIED_TRANSFORMERS = ("5.23.0", "5.24.0")  # versions whose conversions give PROBE_IDS for both models
 
 
 def tokenizer_problems(name: str, gguf_ids: list[int], saved_ids: list[int], transformers_version: str) -> list[str]:
