@@ -148,17 +148,23 @@ class KernelConfig:
     # (`triton_persistent.pool_rollout_persistent`: a software grid barrier between the GRU and the
     # scoring phase of every step) instead of two launches a step. Measured on the H200
     # (Qwen3-8B, bucket pool): correct (same tokens, no error flag) but slower, 0.432 ms vs
-    # 0.224 ms at batch 1 and 0.897 vs 0.476 at batch 4 (the two grid barriers a step cost more
-    # than the launches they replace), so it stays off:
+    # 0.224 ms at batch 1 and 0.897 vs 0.476 at batch 4 (not the barriers, ~0.8 us each: its
+    # phases, ~10 us each; bench/results/barrier_probe_h200.json), so it stays off:
     # bench/head_latency.py ("pool_persistent_probe", run in a subprocess) turns it on when it is
     # faster, agrees token for token with the multi-launch path and never trips its error flag.
     pool_persistent: bool = False
     pool_persistent_max_batch: int = 4
     # How its programs wait at a grid barrier (PERSISTENT_BARRIERS, `triton_persistent._grid_barrier`):
     # "rmw" (tl.atomic_add(bar, 0) acquire reads, the code measured above), "volatile" (volatile
-    # loads, then one acquire read) or "ld_acquire" (inline-PTX acquire loads). Not measured yet
-    # against each other: bench/barrier_probe.py times them.
+    # loads, then one acquire read) or "ld_acquire" (inline-PTX acquire loads). Measured on the
+    # H200 (bench/barrier_probe.py): 0.79, 1.05 and 0.74 us a barrier, whole rollouts within 1.3%.
     pool_persistent_barrier: str = "rmw"
+    # Each persistent program's rows of W_hh (3 gates x BLOCK_G x G: 48 KB in bf16 at Qwen3-8B's G
+    # with 128 programs) loaded once before the first step and kept on chip for all K steps, as
+    # its W1b slice already is, instead of re-read from L2 in G/BLOCK_KC dependent chunks every
+    # step (the suspect for the ~10 us phases). Same products, summed in another order. NOT
+    # measured yet: bench/barrier_probe.py times it ("rollout_whh_resident").
+    pool_persistent_whh_resident: bool = False
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel
     # (`triton_rollout` docstring), hiding the launch gap between the ~30 dependent kernels of a
@@ -553,7 +559,8 @@ class FusedRollout:
         tp.pool_rollout_persistent(toks=toks, table=prep.table, whh=prep.whh, w1b=prep.w1b, w2=prep.w2,
                                    ids=pool_ids, vals=pool_vals, zacc=zacc, states=states, pval=pval, pidx=pidx,
                                    draft=draft, bar=sync[0:1], err=sync[1:2], pure=pure, block_g=block_g,
-                                   block_p=self.config.pool_block_p, barrier=self.config.pool_persistent_barrier)
+                                   block_p=self.config.pool_block_p, barrier=self.config.pool_persistent_barrier,
+                                   whh_resident=self.config.pool_persistent_whh_resident)
         self.persistent_error = sync[1:2]
         return draft
 

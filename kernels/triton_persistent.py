@@ -98,6 +98,7 @@ def _pool_rollout_persistent_kernel(
     B, K, PURE, P, p_per_prog, NPROG,
     G: tl.constexpr, R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_R: tl.constexpr, R_CHUNKS: tl.constexpr, BLOCK_NP: tl.constexpr, BLOCK_KC: tl.constexpr,
+    WHH_RESIDENT: tl.constexpr, BLOCK_GK: tl.constexpr,
     MAX_SPIN: tl.constexpr, SPIN: tl.constexpr,
 ):
     """All K steps of a greedy pool rollout in one launch; see `pool_rollout_persistent`.
@@ -124,6 +125,13 @@ def _pool_rollout_persistent_kernel(
     gh_r = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)  # W_hh·S_{j-1} for these rows (S_0 = 0)
     gh_z = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
     gh_n = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
+    if WHH_RESIDENT:  # this program's W_hh rows for every step, in the weight dtype (half the registers)
+        kg = tl.arange(0, BLOCK_GK)
+        wres = whh_ptr + g[:, None] * G + kg[None, :]
+        wres_m = gmask[:, None] & (kg < G)[None, :]
+        whh_r = tl.load(wres, mask=wres_m, other=0.0)  # [BLOCK_G, BLOCK_GK]
+        whh_z = tl.load(wres + G * G, mask=wres_m, other=0.0)
+        whh_n = tl.load(wres + 2 * G * G, mask=wres_m, other=0.0)
     failed = pid * 0
     nbar = pid * 0
     for j in range(1, K + 1):
@@ -156,24 +164,32 @@ def _pool_rollout_persistent_kernel(
                 _pool_score(pid, bb, ids_ptr + c * pool_stride_c, vals_ptr + c * pool_stride_c, pool_stride_b,
                             zacc_ptr + (j - 1) * B * R, w2_ptr, pval_ptr + j * B * NPROG, pidx_ptr + j * B * NPROG,
                             pval_ptr, P, R, p_per_prog, NPROG, False, BLOCK_P, BLOCK_R, R_CHUNKS)
-        if j < K:
-            acc_r = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
-            acc_z = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
-            acc_n = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
-            for k0 in range(0, G, BLOCK_KC):
-                kk = k0 + tl.arange(0, BLOCK_KC)
-                kmask = kk < G
-                s_all = tl.load(states_ptr + j * B * G + b[:, None] * G + kk[None, :],
-                                mask=bmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BLOCK_B, BLOCK_KC]
-                wrow = whh_ptr + g[:, None] * G + kk[None, :]
-                wm = gmask[:, None] & kmask[None, :]
-                w_r = tl.load(wrow, mask=wm, other=0.0).to(tl.float32)
-                w_z = tl.load(wrow + G * G, mask=wm, other=0.0).to(tl.float32)
-                w_n = tl.load(wrow + 2 * G * G, mask=wm, other=0.0).to(tl.float32)
-                acc_r += tl.sum(w_r[:, None, :] * s_all[None, :, :], 2)
-                acc_z += tl.sum(w_z[:, None, :] * s_all[None, :, :], 2)
-                acc_n += tl.sum(w_n[:, None, :] * s_all[None, :, :], 2)
-            gh_r, gh_z, gh_n = acc_r, acc_z, acc_n
+        if WHH_RESIDENT:  # S_j read once; the products from the resident rows
+            if j < K:
+                s_all = tl.load(states_ptr + j * B * G + b[:, None] * G + kg[None, :],
+                                mask=bmask[:, None] & (kg < G)[None, :], other=0.0).to(tl.float32)  # [BLOCK_B, BLOCK_GK]
+                gh_r = tl.sum(whh_r.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
+                gh_z = tl.sum(whh_z.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
+                gh_n = tl.sum(whh_n.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
+        else:
+            if j < K:
+                acc_r = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
+                acc_z = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
+                acc_n = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
+                for k0 in range(0, G, BLOCK_KC):
+                    kk = k0 + tl.arange(0, BLOCK_KC)
+                    kmask = kk < G
+                    s_all = tl.load(states_ptr + j * B * G + b[:, None] * G + kk[None, :],
+                                    mask=bmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BLOCK_B, BLOCK_KC]
+                    wrow = whh_ptr + g[:, None] * G + kk[None, :]
+                    wm = gmask[:, None] & kmask[None, :]
+                    w_r = tl.load(wrow, mask=wm, other=0.0).to(tl.float32)
+                    w_z = tl.load(wrow + G * G, mask=wm, other=0.0).to(tl.float32)
+                    w_n = tl.load(wrow + 2 * G * G, mask=wm, other=0.0).to(tl.float32)
+                    acc_r += tl.sum(w_r[:, None, :] * s_all[None, :, :], 2)
+                    acc_z += tl.sum(w_z[:, None, :] * s_all[None, :, :], 2)
+                    acc_n += tl.sum(w_n[:, None, :] * s_all[None, :, :], 2)
+                gh_r, gh_z, gh_n = acc_r, acc_z, acc_n
         nbar += 1
         failed = _grid_barrier(bar_ptr, err_ptr, nbar * NPROG, failed, MAX_SPIN, SPIN)
     tok = _reduce_partials(pval_ptr + K * B * NPROG, pidx_ptr + K * B * NPROG, b, bmask, NPROG, BLOCK_NP)
@@ -193,7 +209,7 @@ def persistent_programs(g: int, sms: int, min_block_g: int = 4):
 
 def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, states, pval, pidx, draft, bar, err,
                             pure, block_g, block_p=16, block_kc=128, num_warps=4, max_spin=PERSISTENT_MAX_SPIN,
-                            barrier: str = "rmw"):
+                            barrier: str = "rmw", whh_resident: bool = False):
     """The greedy pool rollout's K GRU steps and K - pure pool scorings in ONE launch (under
     TRITON_INTERPRET with one program only, block_g >= G: programs run one after another there,
     and a grid barrier of several could not pass).
@@ -202,7 +218,9 @@ def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, state
     too); ids/vals [B, K-pure, P] (same strides); zacc [K, B, r] fp32 holding W1a·H_j; states
     [K+1, B, G] (weight dtype); pval/pidx [K+1, B, NPROG]; bar/err int32 [1], zeroed by the
     caller before every launch (err != 0 afterwards: a barrier timed out, the drafts are void).
-    barrier: how programs wait at the grid barriers (a `BARRIERS` name; see `_grid_barrier`)."""
+    barrier: how programs wait at the grid barriers (a `BARRIERS` name; see `_grid_barrier`).
+    whh_resident: each program loads its W_hh rows once and keeps them for all K steps
+    (KernelConfig.pool_persistent_whh_resident) instead of re-reading them every step."""
     if barrier not in BARRIERS:
         raise ValueError(f"pool_rollout_persistent: barrier {barrier!r}: valid: {', '.join(BARRIERS)}")
     bsz, n_c, p = ids.shape
@@ -222,5 +240,6 @@ def pool_rollout_persistent(*, toks, table, whh, w1b, w2, ids, vals, zacc, state
         bsz, k, pure, p, p_per_prog, nprog,
         G=g, R=r, BLOCK_B=_pow2(bsz, 1), BLOCK_G=block_g, BLOCK_P=block_p, BLOCK_R=block_r, R_CHUNKS=1,
         BLOCK_NP=_pow2(nprog, 2), BLOCK_KC=min(block_kc, _pow2(g)), MAX_SPIN=max_spin, SPIN=BARRIERS[barrier],
+        WHH_RESIDENT=bool(whh_resident), BLOCK_GK=_pow2(g),
         num_warps=num_warps,
     )

@@ -449,18 +449,19 @@ def test_domino_rollout_pool(pool, select):
 @needs_interpreter
 @pytest.mark.parametrize("b,pure", [(1, 1), (3, 1), (4, 2)])
 @pytest.mark.parametrize("select", ["topk", "bucket"])
-@pytest.mark.parametrize("barrier", ["rmw", "volatile"])  # ld_acquire is inline PTX: GPU only
-def test_pool_persistent_one_program_matches_multi_launch(b, pure, select, barrier):
+@pytest.mark.parametrize("barrier,whh_resident", [("rmw", False), ("volatile", False), ("rmw", True)])
+def test_pool_persistent_one_program_matches_multi_launch(b, pure, select, barrier, whh_resident):
     """The persistent pool kernel's steps (GRU rows, W1b atomics, pool scoring, partial
-    reductions, the per-step buffers) under the interpreter, with one program: the same tokens as
-    the multi-launch rollout and the eager reference, and its error flag clear. Several programs
-    and real barriers: TestGPU."""
+    reductions, the per-step buffers; W_hh re-read each step or resident) under the interpreter,
+    with one program: the same tokens as the multi-launch rollout and the eager reference, and
+    its error flag clear. ld_acquire is inline PTX; several programs and real barriers: TestGPU."""
     k, h, g, r, v = 5, 24, 20, 12, 1013
     head = make_head(h, g, r, v, pure=pure, w2_scale=8.0)
     emb, block, anchor = make_inputs(b, k, h, v)
     embed = K.reference.dense_embed(emb)
     multi = K.make_rollout("triton_pool", head, emb, pool_size=40, config=K.KernelConfig(pool_select=select))
-    cfg = K.KernelConfig(pool_select=select, pool_persistent=True, pool_persistent_barrier=barrier)
+    cfg = K.KernelConfig(pool_select=select, pool_persistent=True, pool_persistent_barrier=barrier,
+                         pool_persistent_whh_resident=whh_resident)
     pers = K.make_rollout("triton_pool", head, emb, pool_size=40, config=cfg)
     assert pers._use_persistent(block.base_logits.device, b, sampling=False)
     pers.persistent_error = None
@@ -813,13 +814,15 @@ class TestGPU:
                                                       w2_scale=2.0)
         cfg = K.KernelConfig(pool_select=select)
         multi = K.make_rollout("triton_pool", head, emb, pool_size=256, config=cfg)
-        pers = K.make_rollout("triton_pool", head, emb, pool_size=256,
-                              config=K.KernelConfig(pool_select=select, pool_persistent=True))
         want, _ = multi(head, block, anchor, embed)
-        for _ in range(2):  # capture, then a replay (the barrier counter is re-zeroed inside the graph)
-            out, _ = pers(head, block, anchor, embed)
-            assert int(pers.persistent_error.item()) == 0, "a grid barrier timed out"
-            assert torch.equal(out, want), first_mismatches(out, want)
+        for resident in (False, True):
+            pers = K.make_rollout("triton_pool", head, emb, pool_size=256,
+                                  config=K.KernelConfig(pool_select=select, pool_persistent=True,
+                                                        pool_persistent_whh_resident=resident))
+            for _ in range(2):  # capture, then a replay (the barrier counter is re-zeroed inside the graph)
+                out, _ = pers(head, block, anchor, embed)
+                assert int(pers.persistent_error.item()) == 0, "a grid barrier timed out"
+                assert torch.equal(out, want), f"resident={resident}: " + first_mismatches(out, want)
         ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select=select)
         assert torch.equal(out, ref), first_mismatches(out, ref)
 
