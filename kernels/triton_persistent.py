@@ -164,13 +164,15 @@ def _pool_rollout_persistent_kernel(
                 _pool_score(pid, bb, ids_ptr + c * pool_stride_c, vals_ptr + c * pool_stride_c, pool_stride_b,
                             zacc_ptr + (j - 1) * B * R, w2_ptr, pval_ptr + j * B * NPROG, pidx_ptr + j * B * NPROG,
                             pval_ptr, P, R, p_per_prog, NPROG, False, BLOCK_P, BLOCK_R, R_CHUNKS)
-        if WHH_RESIDENT:  # S_j read once; the products from the resident rows
-            if j < K:
-                s_all = tl.load(states_ptr + j * B * G + b[:, None] * G + kg[None, :],
-                                mask=bmask[:, None] & (kg < G)[None, :], other=0.0).to(tl.float32)  # [BLOCK_B, BLOCK_GK]
-                gh_r = tl.sum(whh_r.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
-                gh_z = tl.sum(whh_z.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
-                gh_n = tl.sum(whh_n.to(tl.float32)[:, None, :] * s_all[None, :, :], 2)
+        if WHH_RESIDENT:  # the products from the resident rows, one batch row at a time: temporaries
+            if j < K:        # stay [BLOCK_G, BLOCK_GK] whatever the batch (a [G, B, GK] one would spill)
+                for bb in tl.static_range(BLOCK_B):
+                    s_b = tl.load(states_ptr + j * B * G + bb * G + kg, mask=(kg < G) & ((kg * 0 + bb) < B),
+                                  other=0.0).to(tl.float32)  # S_j of batch row bb, [BLOCK_GK]
+                    col = b[None, :] == bb
+                    gh_r = tl.where(col, tl.sum(whh_r.to(tl.float32) * s_b[None, :], 1)[:, None], gh_r)
+                    gh_z = tl.where(col, tl.sum(whh_z.to(tl.float32) * s_b[None, :], 1)[:, None], gh_z)
+                    gh_n = tl.where(col, tl.sum(whh_n.to(tl.float32) * s_b[None, :], 1)[:, None], gh_n)
         else:
             if j < K:
                 acc_r = tl.zeros((BLOCK_G, BLOCK_B), dtype=tl.float32)
