@@ -14,13 +14,12 @@ arrives; "rmw" is the default):
     flag set.
 (b) "rollout": the persistent pool rollout at Qwen3-8B shapes, batch 1 and 4, against the
     multi-launch one: head_latency's `pool_persistent_probe` (the fields of
-    `probe_pool_persistent`) with KernelConfig.pool_persistent_barrier set, plus "barrier".
-    "select": the rollout's pool candidate selection alone, timed as persistent_ms is (eager,
-    L2 flushed), so persistent_ms - select_ms is the rest of the rollout.
-
-(c) "rollout_whh_resident": (b) at the default wait with each program's W_hh rows loaded once
-    and kept for every step (KernelConfig.pool_persistent_whh_resident). The first run (session
-    11) showed ~0.8 us barriers but ~10 us phases; this tells whether re-reading W_hh was why.
+    `probe_pool_persistent`) per head_latency.PERSISTENT_VARIANTS entry ("variant", with its
+    KernelConfig settings): every wait, and "rmw+whh_resident", the default wait with each
+    program's W_hh rows loaded once and kept for every step. The first run (session 11) showed
+    ~0.8 us barriers but ~10 us phases; the resident variant tells whether re-reading W_hh was
+    why. "select": the rollout's pool candidate selection alone, timed as persistent_ms is
+    (eager, L2 flushed), so persistent_ms - select_ms is the rest of the rollout.
 
 Every variant's GPU work runs in child processes: a kernel that faults poisons its process's
 CUDA context, and the failure is recorded (with its error text) instead of ending the probe.
@@ -159,18 +158,10 @@ def micro_all(smoke: bool) -> list[dict]:
 
 
 def rollout_all(cfg) -> list[dict]:
-    """head_latency's persistent-vs-multi-launch probe (its own child process) per variant."""
-    return [dict(barrier=b, **probe) for b, probe in hl.pool_persistent_probes(cfg, ROLLOUT_TIMEOUT_S).items()]
-
-
-def rollout_whh_resident(cfg) -> list[dict]:
-    """The same probe with each program's W_hh rows resident for the whole rollout
-    (KernelConfig.pool_persistent_whh_resident), at the default wait: whether the phases, not the
-    barriers, were the cost (section (c))."""
-    resident = dataclasses.replace(cfg, pool_persistent_whh_resident=True)
-    probe = hl.pool_persistent_probe(resident, ROLLOUT_TIMEOUT_S)
-    print("pool_persistent_probe whh_resident", probe, flush=True)
-    return [dict(barrier=resident.pool_persistent_barrier, whh_resident=True, **probe)]
+    """head_latency's persistent-vs-multi-launch probe (its own child process) per variant
+    (head_latency.PERSISTENT_VARIANTS: every wait, and W_hh resident at the default wait)."""
+    return [dict(variant=name, **hl.PERSISTENT_VARIANTS[name], **probe)
+            for name, probe in hl.pool_persistent_probes(cfg, ROLLOUT_TIMEOUT_S).items()]
 
 
 def select_only(cfg, batches=(1, 4)) -> list[dict]:
@@ -234,9 +225,8 @@ def main():
         res["kernel_config"] = dataclasses.asdict(cfg)
         res["select"] = select_only(cfg)
         res["rollout"] = rollout_all(cfg)
-        res["rollout_whh_resident"] = rollout_whh_resident(cfg)
     res["errors"] = [f"{part} {r.get('variant', r.get('barrier'))}: {r['error'][-300:]}"
-                     for part in ("micro", "rollout", "rollout_whh_resident") for r in res.get(part, []) if "error" in r]
+                     for part in ("micro", "rollout") for r in res.get(part, []) if "error" in r]
     res["wall_s"] = time.time() - t0
     atomic_write_json(args.out, res)
     for r in res["micro"]:

@@ -612,20 +612,28 @@ def persistent_verdict(probe: dict):
     return ok
 
 
+# The persistent rollout's variants probed: every grid-barrier wait, and the default wait with
+# each program's W_hh rows resident (KernelConfig.pool_persistent_whh_resident) -> its settings
+PERSISTENT_VARIANTS = {
+    **{b: dict(pool_persistent_barrier=b, pool_persistent_whh_resident=False) for b in PERSISTENT_BARRIERS},
+    "rmw+whh_resident": dict(pool_persistent_barrier="rmw", pool_persistent_whh_resident=True),
+}
+
+
 def pool_persistent_probes(cfg, timeout_s=150) -> dict:
-    """`pool_persistent_probe` once per grid-barrier wait (KernelConfig.pool_persistent_barrier):
-    {barrier: probe}, each row tagged with its barrier."""
+    """`pool_persistent_probe` once per PERSISTENT_VARIANTS entry: {variant: probe}, each row
+    tagged with its wait and whether W_hh was resident."""
     probes = {}
-    for barrier in PERSISTENT_BARRIERS:
-        probes[barrier] = pool_persistent_probe(dataclasses.replace(cfg, pool_persistent_barrier=barrier), timeout_s)
-        for row in probes[barrier]["batches"]:
-            row["barrier"] = barrier
-        print("pool_persistent_probe", barrier, probes[barrier], flush=True)
+    for name, settings in PERSISTENT_VARIANTS.items():
+        probes[name] = pool_persistent_probe(dataclasses.replace(cfg, **settings), timeout_s)
+        for row in probes[name]["batches"]:
+            row.update(barrier=settings["pool_persistent_barrier"], whh_resident=settings["pool_persistent_whh_resident"])
+        print("pool_persistent_probe", name, probes[name], flush=True)
     return probes
 
 
 def persistent_choice(probes: dict):
-    """(barrier, max batch) of the grid-barrier wait whose persistent launch is adopted up to the
+    """(variant, max batch) of the persistent variant (a PERSISTENT_VARIANTS name) adopted up to the
     largest batch (`persistent_verdict`), the faster at batch 1 on a tie; None: none is."""
     ok = []
     for barrier, probe in probes.items():
@@ -950,11 +958,12 @@ def main():
             if on_gpu():  # the persistent pool rollout, per grid-barrier wait: adopted only if faster and identical
                 probes = pool_persistent_probes(cfg)
                 errors += [f"pool_persistent_probe ({b}): {p['error']}" for b, p in probes.items() if "error" in p]
-                res["pool_persistent_probe"] = {"barriers": probes}
+                res["pool_persistent_probe"] = {"variants": probes}
                 chosen = persistent_choice(probes)
                 if chosen:
                     res["pool_persistent_probe"]["chosen"] = chosen[0]
-                    cfg.pool_persistent, cfg.pool_persistent_barrier, cfg.pool_persistent_max_batch = True, *chosen
+                    cfg = dataclasses.replace(cfg, pool_persistent=True, pool_persistent_max_batch=chosen[1],
+                                              **PERSISTENT_VARIANTS[chosen[0]])
             # programmatic dependent launch (--smoke: the code path only, PDL is ignored on a CPU)
             if not on_gpu() or torch.cuda.get_device_capability()[0] >= 9:
                 res["pdl_probe"] = pdl_probe(d, head, emb, cfg)

@@ -163,7 +163,7 @@ class KernelConfig:
     # with 128 programs) loaded once before the first step and kept on chip for all K steps, as
     # its W1b slice already is, instead of re-read from L2 in G/BLOCK_KC dependent chunks every
     # step (the suspect for the ~10 us phases). Same products, summed in another order. NOT
-    # measured yet: bench/barrier_probe.py times it ("rollout_whh_resident").
+    # measured yet: bench/barrier_probe.py and head_latency.py probe it ("rmw+whh_resident").
     pool_persistent_whh_resident: bool = False
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel

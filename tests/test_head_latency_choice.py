@@ -32,3 +32,16 @@ def test_choice_prefers_more_batches_then_the_faster_wait():
     probes["volatile"]["batches"][1] = _row(4, 0.25)
     assert hl.persistent_choice(probes) == ("ld_acquire", 1)
     assert hl.persistent_choice({"rmw": probes["rmw"], "x": {"error": "fault", "batches": []}}) is None
+
+
+def test_the_resident_w_hh_variant_is_probed_and_can_be_adopted():
+    """Every wait is probed, and the default wait with W_hh resident; the choice names a variant
+    whose settings head_latency then applies to its KernelConfig."""
+    assert set(hl.PERSISTENT_VARIANTS) == {"rmw", "volatile", "ld_acquire", "rmw+whh_resident"}
+    assert all(v["pool_persistent_whh_resident"] == (name == "rmw+whh_resident")
+               for name, v in hl.PERSISTENT_VARIANTS.items())
+    probes = {"rmw": {"batches": [_row(1, 0.40), _row(4, 0.70)]},
+              "rmw+whh_resident": {"batches": [_row(1, 0.15), _row(4, 0.30)]}}
+    assert hl.persistent_choice(probes) == ("rmw+whh_resident", 1)
+    cfg = hl.K.KernelConfig(**hl.PERSISTENT_VARIANTS["rmw+whh_resident"])
+    assert cfg.pool_persistent_whh_resident and cfg.pool_persistent_barrier == "rmw"
