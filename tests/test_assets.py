@@ -434,14 +434,11 @@ def test_a_saved_copy_that_differs_is_its_own_problem():
 
 
 def test_probe_ids_are_the_cached_models_own():
-    """Where a real model asset is in the developer's cache, its tokenizer gives PROBE_IDS."""
-    import os
-
+    """Where a real model asset has been fetched, its tokenizer gives PROBE_IDS."""
     transformers = pytest.importorskip("transformers")
-    home = Path(os.path.expanduser("~/.cache/domino-graft/assets"))
-    found = [n for n in assets.PROBE_IDS if (home / n / "tokenizer.json").is_file()]
+    found = [n for n in assets.PROBE_IDS if is_fetched(n)]
     if not found:
         pytest.skip("no real model asset fetched on this machine")
     for name in found:
-        tok = transformers.AutoTokenizer.from_pretrained(str(home / name))
+        tok = transformers.AutoTokenizer.from_pretrained(str(asset_dir(name)))
         assert tok(assets.PROBE_TEXT)["input_ids"] == assets.PROBE_IDS[name], name
