@@ -253,6 +253,9 @@ case "$PHASE" in
     $NO_MPS $(gpu 0) $PIPE --stages eval --kind timing --max-per-set 8 --max-new-tokens 96 --budget-s $(( $(left $(( ${FINISH_S:-150} + 180 ))) - 30 )) \
       > "$WORK/eval_timing.log" 2>&1
     tail -2 "$WORK/eval_timing.log"
+    # T1_WITH_GREEDY=1: temperature 1 beside the greedy shards (both untimed: 14 processes on the
+    # device's 16 cores), so that one call does everything after timing
+    if [ "${T1_WITH_GREEDY:-0}" = 1 ]; then t1 $(( $(left $(by 60)) - 20 )) & fi
     shards $(( $(left $(by 60)) - 20 )) 0
     wait
     summary

@@ -156,6 +156,14 @@ SCALES = {
     # ran out), GSM8K x1.250; its head-only drafter was cut off before finishing (not reported).
     "gpu-block16-long": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
                          "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=250"]}},
+    # gpu-block16-long run again (session 12), because its HumanEval row covers 161 of 164 prompts
+    # and its weights never came back. The same data (--reuse: nothing regenerated), seeds, steps
+    # and drafter; checkpoints every 100 steps (resuming is exact, so this changes only what a
+    # call's limit costs), head-only given its own call, temperature 1 beside the greedy shards,
+    # weights returned. Declared before it ran: whatever it shows, the table's DFlash rows become
+    # this run, and gpu-block16-long stays committed beside it as the earlier, partial draw.
+    "gpu-block16-long2": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
+                          "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
     # gpu-block16 again with every DFlash seed (drafter init, head init, data order) 1 instead of 0:
     # the same data and budget, a second draw. Declared before it ran: DFlash x HumanEval's x1.146
     # at seed 0 is within the spread between runs, so the table's DFlash rows become the mean of
