@@ -7,7 +7,8 @@
 # 1. scale gpu-block16, all three families: Medusa and PARD at the settings the table's Medusa and
 #    PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly), and DFlash's seed 0;
 # 2. scale gpu-block16-seed1, DFlash only, on the same response file (nothing regenerated);
-# 3. scale gpu-block16-long (3,000 steps), DFlash only, on the same response file;
+# 3. scale gpu-block16-long2 (3,000 steps; gpu-block16-long with checkpoints every 100 steps),
+#    DFlash only, on the same response file;
 # 4. bench/combine_smollm2.py over the three reports -> WORK/smollm2_h200.json: DFlash's rows from
 #    the 3,000-step run, the mean of the two 1,500-step seeds beside them (the rule the committed
 #    table follows), then its plot.
@@ -35,7 +36,7 @@ dflash_run() {  # NAME SCALE [pipeline args]
       --max-new-tokens 96 --out "$WORK/$name.json" "$@"
 }
 dflash_run seed1 "${SCALE1:-gpu-block16-seed1}" "$@"
-dflash_run long "${SCALE2:-gpu-block16-long}" "$@"
+dflash_run long "${SCALE2:-gpu-block16-long2}" "$@"
 $PY bench/combine_smollm2.py --results "$WORK" --source dflash=long.json --source medusa=seed0.json \
     --source pard=seed0.json --beside dflash=seed0.json,seed1.json --out "$WORK/smollm2_h200.json"
 $PY bench/plot_smollm2.py "$WORK/smollm2_h200.json" "$WORK/smollm2_h200.png"

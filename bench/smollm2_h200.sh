@@ -51,7 +51,7 @@
 #   MPS=1 FAMILIES=dflash SCALE=gpu-block16-seed1 FINISH_S=110 CALL_S=580 PACK_SHARDS="0 1 2 3" ... eval
 #   call 4, 123 s, T = 1: MPS=1 ... CALL_S=300 T1_S=280 PACK_SHARDS="4 5 6 7 8" ... resume
 #   (weights.8 did not fit the 64 MiB return; a fifth call copied weights.8-9).
-# The table's DFlash rows now (bench/results/smollm2_h200_gpu_block16_long.json, code 93b8063): 3,000 steps on
+# The first 3,000-step DFlash run (bench/results/smollm2_h200_gpu_block16_long.json, code 93b8063), on
 # ONE H200 (MPS=1), the same .stage/prev_puzzles; 1,800 device-seconds held, all of them needed:
 #   call 1 as above; call 2 (carry .stage/b, .whl, .snap), 551 s, steps 0 -> ~1,700, cut seconds before the 1,750 checkpoint (0.295 s/step each):
 #   MPS=1 FAMILIES=dflash SCALE=gpu-block16-long REUSE=~/stage/prev CALL_S=585 ... train
@@ -62,6 +62,17 @@
 #   call 5, 172 s: MPS=1 ... CALL_S=232 T1_S=165 ... resume (34 greedy prompts more: 261 of 264, 3 HumanEval
 #   prompts never decoded; T = 1 on 27 + 25 of the 30 + 30 prompts). No weights returned (no device time left).
 #   A head-only run needs FINISH_S >= 150 in its first eval call.
+# The table's DFlash rows now: that configuration again (bench/results/smollm2_h200_gpu_block16_long2.json,
+# code d8f89d4), ONE H200, run from the checkout (DG_GIT_SHA=d8f89d4...), 1,585 device-seconds held:
+#   call 1 (carry .stage/a, .stage/prev_puzzles), 0.3 s: as above
+#   call 2 (carry .stage/b, .whl), 553 s, steps 0 -> ~1,550 (the step-1500 checkpoint kept), 0.31 s/step each:
+#   MPS=1 FAMILIES=dflash SCALE=gpu-block16-long2 REUSE=~/stage/prev CALL_S=585 bash bench/smollm2_h200.sh train
+#   call 3 (no carry), 556 s, the same with PACK_SHARDS="0 1 2 3 4 5": base and + Domino resumed at 1,500,
+#   done in 461 / 473 s; head-only reached its step-250 checkpoint, then the call's limit (weights 0-3 returned)
+#   call 4, 313 s: MPS=1 ... FINISH_S=40 CALL_S=555 T1_WITH_GREEDY=1 PACK_SHARDS="4 5 6 7" ... eval
+#   (head-only cut off again at FINISH_S, not reported; timing 92 s; all 264 greedy prompts in 132-156 s
+#   per shard beside T = 1 on all 30 + 30 prompts)
+#   call 5, 74 s: copied weights.8-9 to $OUT, stopped MPS, ran bench/barrier_probe.py
 # Gemma-3-270M (bench/results/gemma3_h200.json, code 621adf7), ONE H200, run from the checkout
 # itself (no .snap: nothing tracked changed between the calls; DG_GIT_SHA=<commit> names the code).
 # A call carries at most 64 MiB with the checkout's ~5.9 MB of tracked files, so part2 and part4

@@ -162,6 +162,8 @@ SCALES = {
     # call's limit costs), head-only given its own call, temperature 1 beside the greedy shards,
     # weights returned. Declared before it ran: whatever it shows, the table's DFlash rows become
     # this run, and gpu-block16-long stays committed beside it as the earlier, partial draw.
+    # Run on ONE H200 under MPS (bench/results/smollm2_h200_gpu_block16_long2.json): every prompt,
+    # HumanEval x1.169, GSM8K x1.263; head-only again cut off (not reported).
     "gpu-block16-long2": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
                           "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
     # gpu-block16 again with every DFlash seed (drafter init, head init, data order) 1 instead of 0:
