@@ -45,7 +45,9 @@ KernelConfig.pdl (on by default) for the rest of the run only if programmatic de
 faster for every rollout it probes and drafts the same tokens, and turns it off otherwise;
 pool_persistent_probe, on a GPU, probes the persistent pool rollout once per grid-barrier wait
 (KernelConfig.pool_persistent_barrier) and adopts the wait `persistent_choice` picks, if any,
-for the rest of the run.) Floors:
+for the rest of the run; select_overlap_probe times the pool rollout with its candidate
+selection forked onto 0/1/2/4 side streams (KernelConfig.pool_select_overlap) and keeps the
+fastest that drafts the batched selection's tokens and beats it at every probed batch.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -568,24 +570,32 @@ def pool_persistent_probe(cfg, timeout_s=150) -> dict:
 PDL_BATCHES = (1, 4)
 
 
+def time_variants(name: str, pool: int, head, emb, block, anchor, configs: dict) -> tuple[dict, dict]:
+    """Each KernelConfig of `configs` ({key: config}) as a whole graphed rollout, L2 flushed before
+    every call -> ({key: drafts}, {key: ms}); one rollout alive at a time."""
+    embed = K.reference.dense_embed(emb)
+    drafts, ms = {}, {}
+    for key, config in configs.items():
+        roll = K.make_rollout(name, head, emb, pool_size=pool, config=config)
+        drafts[key], _ = roll(head, block, anchor, embed)
+        ms[key] = time_ms(lambda: roll(head, block, anchor, embed), iters=60)
+        del roll
+    return drafts, ms
+
+
 def pdl_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[dict]:
     """Whole rollouts (CUDA graph, L2 flushed before every call), full vocabulary and pool, with
     and without programmatic dependent launch (KernelConfig.pdl). PDL moves no arithmetic, so the
     drafts must be identical."""
     rows = []
-    embed = K.reference.dense_embed(emb)
     for b in batches:
         block, anchor = make_block(d, b)
         for name, pool in (("triton", 0), ("triton_pool", POOL)):
             row = dict(batch=b, rollout=name)
             try:
-                drafts = {}
-                for pdl in (False, True):
-                    roll = K.make_rollout(name, head, emb, pool_size=pool, config=dataclasses.replace(cfg, pdl=pdl))
-                    drafts[pdl], _ = roll(head, block, anchor, embed)
-                    row["pdl_ms" if pdl else "plain_ms"] = time_ms(lambda: roll(head, block, anchor, embed), iters=60)
-                    del roll
-                row["same_drafts"] = bool(torch.equal(drafts[False], drafts[True]))
+                drafts, ms = time_variants(name, pool, head, emb, block, anchor,
+                                           {pdl: dataclasses.replace(cfg, pdl=pdl) for pdl in (False, True)})
+                row.update(plain_ms=ms[False], pdl_ms=ms[True], same_drafts=bool(torch.equal(drafts[False], drafts[True])))
             except Exception as exc:
                 row["error"] = repr(exc)[:300]
             rows.append(row)
@@ -610,6 +620,43 @@ def persistent_verdict(probe: dict):
             break
         ok = row["batch"]
     return ok
+
+
+# KernelConfig.pool_select_overlap values probed (side streams for the candidate selection)
+SELECT_OVERLAP_STREAMS = (0, 1, 2, 4)
+
+
+def select_overlap_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[dict]:
+    """Whole pool rollouts (CUDA graph, L2 flushed before every call) with the candidate selection
+    batched before the chain (0) or forked onto 1, 2 or 4 side streams beside it, each with its
+    drafts' agreement with the batched selection's."""
+    rows = []
+    for b in batches:
+        block, anchor = make_block(d, b)
+        row = dict(batch=b)
+        try:
+            drafts, ms = time_variants("triton_pool", POOL, head, emb, block, anchor,
+                                       {n: dataclasses.replace(cfg, pool_select_overlap=n) for n in SELECT_OVERLAP_STREAMS})
+            row["ms"] = {str(n): t for n, t in ms.items()}
+            row["agreement_with_batched"] = {str(n): float((x == drafts[0]).float().mean()) for n, x in drafts.items()}
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        rows.append(row)
+        print("select_overlap_probe", row, flush=True)
+        empty_cache()
+    return rows
+
+
+def select_overlap_choice(rows: list[dict]) -> int:
+    """The side-stream count adopted: among the counts that drafted the batched selection's tokens
+    and were faster than it at every probed batch, the fastest at batch 1; 0 when none was."""
+    if not rows or any("error" in r for r in rows):
+        return 0
+    ok = [n for n in SELECT_OVERLAP_STREAMS[1:]
+          if all(r["agreement_with_batched"].get(str(n)) == 1.0 and r["ms"].get(str(n), 1e9) < r["ms"]["0"]
+                 for r in rows)]
+    batch1 = next((r for r in rows if r["batch"] == 1), rows[0])
+    return min(ok, key=lambda n: batch1["ms"][str(n)]) if ok else 0
 
 
 # The persistent rollout's variants probed: every grid-barrier wait, and the default wait with
@@ -969,6 +1016,10 @@ def main():
                 res["pdl_probe"] = pdl_probe(d, head, emb, cfg)
                 errors += [f"pdl_probe: {r['error']}" for r in res["pdl_probe"] if "error" in r]
                 cfg.pdl = on_gpu() and pdl_verdict(res["pdl_probe"])
+            # the candidate selection beside the chain (--smoke: the inline per-slot path only)
+            res["select_overlap_probe"] = select_overlap_probe(d, head, emb, cfg)
+            errors += [f"select_overlap_probe: {r['error']}" for r in res["select_overlap_probe"] if "error" in r]
+            cfg.pool_select_overlap = select_overlap_choice(res["select_overlap_probe"]) if on_gpu() else 0
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
         del head, emb

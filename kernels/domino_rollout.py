@@ -30,6 +30,7 @@ creating exact ties) resolves by lowest id: it is the more precise of the two.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import warnings
@@ -162,9 +163,22 @@ class KernelConfig:
     # Each persistent program's rows of W_hh (3 gates x BLOCK_G x G: 48 KB in bf16 at Qwen3-8B's G
     # with 128 programs) loaded once before the first step and kept on chip for all K steps, as
     # its W1b slice already is, instead of re-read from L2 in G/BLOCK_KC dependent chunks every
-    # step (the suspect for the ~10 us phases). Same products, summed in another order. NOT
-    # measured yet: bench/barrier_probe.py and head_latency.py probe it ("rmw+whh_resident").
+    # step (the suspect for the ~10 us phases). Same products, summed in another order. Measured
+    # on the H200 (bench/barrier_probe.py, Qwen3-8B, topk pool): 0.232 ms vs 0.408 re-reading at
+    # batch 1 (0.508 vs 0.735 at batch 4), same tokens: the phases fall from ~10 to ~4.5 us, still
+    # slower than the multi-launch rollout (0.177 / 0.309 ms), so it stays off with the rest.
     pool_persistent_whh_resident: bool = False
+    # The candidate selection forked onto this many side streams (0: none), one selection per
+    # corrected slot dealt round-robin over them, each slot's scoring kernel waiting only for its
+    # own slot's candidates. The selection needs nothing but the base logits, so everything before
+    # the first pooled slot (the W1a GEMM, the pure slots' GRU steps and argmaxes) and the later
+    # slots' selections run beside the chain instead of before it: at batch 1 the batched
+    # selection is ~0.07 of the pool rollout's 0.177 ms. Same candidate sets, so the same greedy
+    # tokens (ties go to the lowest id whatever a pool's order). Inside a CUDA graph the fork
+    # becomes parallel branches. NOT measured yet: bench/head_latency.py ("select_overlap_probe")
+    # times 0/1/2/4 streams and adopts the fastest that drafts the same tokens. On a CPU (and
+    # under the interpreter) the per-slot selections run inline, which is what CI checks.
+    pool_select_overlap: int = 0
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel
     # (`triton_rollout` docstring), hiding the launch gap between the ~30 dependent kernels of a
@@ -355,8 +369,12 @@ class FusedRollout:
         if self.config.pool_persistent_barrier not in PERSISTENT_BARRIERS:
             raise ValueError(f"KernelConfig.pool_persistent_barrier {self.config.pool_persistent_barrier!r}: "
                              f"valid: {', '.join(PERSISTENT_BARRIERS)}")
+        if not isinstance(self.config.pool_select_overlap, int) or self.config.pool_select_overlap < 0:
+            raise ValueError(f"KernelConfig.pool_select_overlap {self.config.pool_select_overlap!r}: valid: an int "
+                             ">= 0 (side streams for the candidate selection; 0 = none)")
         self.cuda_graphs = cuda_graphs
         self._prepared: dict = {}
+        self._streams: dict = {}  # (device, n) -> side streams of the overlapped pool selection
         self._graphs = CudaGraphRollout(self._body)
 
     def refresh(self) -> None:
@@ -444,18 +462,16 @@ class FusedRollout:
             zacc[pure:] = F.linear(hidden[:, pure:].to(wdt), prep.w1a).transpose(0, 1)
 
         pool = min(self.pool_size, vocab) if self.pool_size else 0
+        pool_rows, pool_ready, side = [], [], []  # per corrected slot: (vals [B, P], ids [B, P]); its event
         if pool and k > pure:
-            if cfg.pool_select == "bucket":
-                pool_vals, pool_ids = tr.bucket_max(base[:, pure:], pool, block_p=cfg.pool_bucket_block_p)
-            elif cfg.pool_select == "radix":
-                pool_vals, pool_ids = tr.radix_select(base[:, pure:], pool, block=cfg.pool_radix_block,
-                                                      num_warps=cfg.pool_radix_warps)
-            else:
-                pool_vals, pool_ids = pool_candidates(base[:, pure:], pool, cfg.pool_select, cfg.pool_chunks)
-                pool_vals = pool_vals.float().contiguous()
-                pool_ids = pool_ids.contiguous()
             if self._use_persistent(device, bsz, sampling):
+                pool_vals, pool_ids = self._select(tr, base[:, pure:], pool)
                 return self._pool_persistent(tr, prep, base, anchor, zacc, pool_vals, pool_ids, pure, sms), None
+            if cfg.pool_select_overlap > 0:
+                pool_rows, pool_ready, side = self._select_per_slot(tr, base, pure, pool)
+            else:
+                pool_vals, pool_ids = self._select(tr, base[:, pure:], pool)
+                pool_rows = [(pool_vals[:, c], pool_ids[:, c]) for c in range(k - pure)]
             np_pool = max(1, min(triton_cdiv(pool, cfg.pool_block_p),
                                  triton_cdiv(cfg.pool_programs_per_sm * sms, bsz)))
             pv_pool = torch.empty(bsz, np_pool, device=device, dtype=torch.float32)
@@ -504,12 +520,15 @@ class FusedRollout:
                     last = (pv_full, pi_full)
             elif pool:
                 c = j - pure - 1
-                tr.pool_argmax(ids=pool_ids[:, c], vals=pool_vals[:, c], zacc=zacc[j - 1], w2=prep.w2,
+                vals_c, ids_c = pool_rows[c]
+                if pool_ready:  # this slot's candidates, selected on a side stream
+                    torch.cuda.current_stream(device).wait_event(pool_ready[c])
+                tr.pool_argmax(ids=ids_c, vals=vals_c, zacc=zacc[j - 1], w2=prep.w2,
                                pval=pv_pool, pidx=pi_pool, logits=pool_logits, block_p=cfg.pool_block_p,
                                block_r=w2r, num_warps=cfg.pool_warps, pdl=pdl, **nxt)
                 last = (pv_pool, pi_pool)
                 if sampling:
-                    self._sample(filtered_probs(pool_logits, temperature, top_k, top_p), pool_ids[:, c],
+                    self._sample(filtered_probs(pool_logits, temperature, top_k, top_p), ids_c,
                                  uniforms, q, tok, j)
             else:
                 reverse = cfg.w2_zigzag and (j - pure - 1) % 2 == 1  # corrected steps alternate direction
@@ -519,10 +538,57 @@ class FusedRollout:
                 last = (pv_full, pi_full)
                 if sampling:
                     self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)
+        for stream in side:  # join every forked stream (a graph capture must end on one stream)
+            torch.cuda.current_stream(device).wait_stream(stream)
         if sampling:
             return tok.t().contiguous(), q
         tr.argmax_finalize(pval=last[0], pidx=last[1], draft=draft, draft_col=k - 1, pdl=pdl)
         return draft, q
+
+    def _select(self, tr, rows, pool: int):
+        """The configured candidate selection of base rows [B, N, V] -> (vals [B, N, P] fp32, ids
+        [B, N, P] int64), both contiguous (the scoring kernel reads them with one stride)."""
+        cfg = self.config
+        if cfg.pool_select == "bucket":
+            return tr.bucket_max(rows, pool, block_p=cfg.pool_bucket_block_p)
+        if cfg.pool_select == "radix":
+            return tr.radix_select(rows, pool, block=cfg.pool_radix_block, num_warps=cfg.pool_radix_warps)
+        vals, ids = pool_candidates(rows, pool, cfg.pool_select, cfg.pool_chunks)
+        return vals.float().contiguous(), ids.contiguous()
+
+    def _select_per_slot(self, tr, base, pure: int, pool: int):
+        """One selection per corrected slot (KernelConfig.pool_select_overlap): on CUDA forked onto
+        side streams, each recording an event its slot's scoring kernel waits on; elsewhere inline.
+        -> (per-slot (vals [B, P], ids [B, P]), events (empty inline), the side streams to join).
+
+        No record_stream is needed for the candidates, allocated on a side stream and read on the
+        current one: every call forks its side streams from the current stream first, so a side
+        stream reuses a freed block only after the reads that preceded the fork."""
+        k = base.shape[1]
+        device = base.device
+        cuda = device.type == "cuda" and not _interpreting()
+        streams = self._side_streams(device, self.config.pool_select_overlap) if cuda else []
+        current = torch.cuda.current_stream(device) if cuda else None
+        for stream in streams:
+            stream.wait_stream(current)
+        rows, ready = [], []
+        for c in range(k - pure):
+            ctx = torch.cuda.stream(streams[c % len(streams)]) if streams else contextlib.nullcontext()
+            with ctx:
+                vals, ids = self._select(tr, base[:, pure + c: pure + c + 1], pool)
+                if streams:
+                    ready.append(torch.cuda.Event())
+                    ready[-1].record()
+            rows.append((vals[:, 0], ids[:, 0]))
+        return rows, ready, streams
+
+    def _side_streams(self, device, n: int) -> list:
+        """n side streams per device, created once (outside any capture: the graph's warm-up
+        runs the body before capturing it) and reused, so that replays find the same streams."""
+        key = (device, n)
+        if key not in self._streams:
+            self._streams[key] = [torch.cuda.Stream(device=device) for _ in range(n)]
+        return self._streams[key]
 
     def _use_pdl(self, device, sampling: bool) -> bool:
         # greedy only: sampling puts PyTorch ops between the kernels

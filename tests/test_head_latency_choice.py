@@ -45,3 +45,21 @@ def test_the_resident_w_hh_variant_is_probed_and_can_be_adopted():
     assert hl.persistent_choice(probes) == ("rmw+whh_resident", 1)
     cfg = hl.K.KernelConfig(**hl.PERSISTENT_VARIANTS["rmw+whh_resident"])
     assert cfg.pool_persistent_whh_resident and cfg.pool_persistent_barrier == "rmw"
+
+
+def _overlap_row(batch: int, ms: dict, agree: dict | None = None) -> dict:
+    return dict(batch=batch, ms={str(n): v for n, v in ms.items()},
+                agreement_with_batched={str(n): (agree or {}).get(n, 1.0) for n in ms})
+
+
+def test_select_overlap_adopts_the_fastest_identical_count_that_wins_at_every_batch():
+    rows = [_overlap_row(1, {0: 0.177, 1: 0.150, 2: 0.120, 4: 0.125}),
+            _overlap_row(4, {0: 0.309, 1: 0.300, 2: 0.290, 4: 0.280})]
+    assert hl.select_overlap_choice(rows) == 2
+    rows[1]["ms"]["2"] = 0.35  # 2 streams lose at batch 4: the next fastest that wins everywhere
+    assert hl.select_overlap_choice(rows) == 4
+    rows[1]["agreement_with_batched"]["4"] = 0.98  # other drafts: never adopted, however fast
+    assert hl.select_overlap_choice(rows) == 1
+    assert hl.select_overlap_choice([_overlap_row(1, {0: 0.1, 1: 0.2, 2: 0.2, 4: 0.2})]) == 0
+    assert hl.select_overlap_choice([dict(batch=1, error="fault")]) == 0
+    assert hl.select_overlap_choice([]) == 0
