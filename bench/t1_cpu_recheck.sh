@@ -15,20 +15,29 @@
 # WORK/eval/t1_*.jsonl and WORK/eval_t1_*.log copied to bench/results/t1_cpu_block16/, then
 #   python bench/t1_paired.py bench/results/smollm2_h200_gpu_block16 bench/results/t1_cpu_block16 \
 #       --family dflash --out bench/results/t1_paired_dflash_block16.json
+# KIND=greedy runs the greedy eval instead (the first PROMPTS_PER_SET prompts of each set): a
+# replay of the device's greedy decodes from the returned bf16 weights, compared with the
+# device's records by bench/greedy_replay.py. The committed replay (gpu-block16-long2's shards,
+# 8 prompts per set): WORK/eval/greedy_*.jsonl and WORK/eval_greedy_*.log copied to
+# bench/results/greedy_cpu_block16_long2/, then
+#   python bench/greedy_replay.py bench/results/smollm2_h200_gpu_block16_long2 \
+#       bench/results/greedy_cpu_block16_long2 --out bench/results/greedy_replay_dflash_block16_long2.json
 set -euo pipefail
 SHARDS=${1:?usage: t1_cpu_recheck.sh SHARDS_DIR WORK PROMPTS_PER_SET [SCALE]}
 WORK=${2:?}
 N=${3:?}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$SRC/.venv/bin/python}
+KIND=${KIND:-t1}
+case "$KIND" in t1|greedy) ;; *) echo "KIND=$KIND: valid: t1, greedy" >&2; exit 2 ;; esac
 [ -d "$WORK/dflash_domino" ] || "$PY" "$SRC/bench/pack_runs.py" unpack "$SHARDS" "$WORK"
 pids=()
 for i in 0 1; do
   OMP_NUM_THREADS=1 "$PY" "$SRC/bench/smollm2_pipeline.py" --work "$WORK" --scale "${4:-cpu}" --families dflash \
-      --stages eval --kind t1 --max-per-set "$N" --t1-prompts "$N" --max-new-tokens 96 --shard "$i/2" \
-      >> "$WORK/eval_t1_$i.log" 2>&1 &
+      --stages eval --kind "$KIND" --max-per-set "$N" --t1-prompts "$N" --max-new-tokens 96 --shard "$i/2" \
+      >> "$WORK/eval_${KIND}_$i.log" 2>&1 &
   pids+=($!)
 done
 for i in 0 1; do  # a bare `wait` returns 0 whatever the shards did: fail loudly, naming the log
-  wait "${pids[$i]}" || { echo "t1 shard $i/2 failed: see $WORK/eval_t1_$i.log" >&2; exit 1; }
+  wait "${pids[$i]}" || { echo "$KIND shard $i/2 failed: see $WORK/eval_${KIND}_$i.log" >&2; exit 1; }
 done

@@ -8,9 +8,10 @@ from pathlib import Path
 
 
 def write_eval_records(folder: Path, kind: str, rows: list[tuple]) -> Path:
-    """rows: (set, idx, mode, accepted tokens, target forwards) -> folder/eval/{kind}_0of1.jsonl"""
+    """rows: (set, idx, mode, accepted tokens, target forwards[, identical]) -> folder/eval/{kind}_0of1.jsonl"""
     (folder / "eval").mkdir(parents=True)
-    lines = [json.dumps({"kind": kind, "set": s, "idx": i, "mode": m, "step_tokens": t, "decode_steps": n})
-             for s, i, m, t, n in rows]
+    lines = [json.dumps({"kind": kind, "set": s, "idx": i, "mode": m, "step_tokens": t, "decode_steps": n,
+                         **({"identical": rest[0]} if rest else {})})
+             for s, i, m, t, n, *rest in rows]
     (folder / "eval" / f"{kind}_0of1.jsonl").write_text("\n".join(lines) + "\n")
     return folder
