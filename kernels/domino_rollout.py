@@ -170,9 +170,9 @@ class KernelConfig:
     pool_persistent_whh_resident: bool = False
     # The candidate selection forked onto this many side streams (0: none), one selection per
     # corrected slot dealt round-robin over them, each slot's scoring kernel waiting only for its
-    # own slot's candidates. The selection needs nothing but the base logits, so everything before
-    # the first pooled slot (the W1a GEMM, the pure slots' GRU steps and argmaxes) and the later
-    # slots' selections run beside the chain instead of before it: at batch 1 the batched
+    # own slot's candidates; the W1a GEMM goes to the last side stream, the first corrected GRU
+    # step waiting for it. Neither needs more than the block's inputs, so they run beside the
+    # pure slots' steps and the earlier slots instead of before the chain: at batch 1 the batched
     # selection is ~0.07 of the pool rollout's 0.177 ms. Same candidate sets, so the same greedy
     # tokens (ties go to the lowest id whatever a pool's order). Inside a CUDA graph the fork
     # becomes parallel branches. NOT measured yet: bench/head_latency.py ("select_overlap_probe")
@@ -458,17 +458,24 @@ class FusedRollout:
         states = torch.empty(k + 1, bsz, g, device=device, dtype=wdt)
         # z pre-activations of every slot: W1a·H_j for all slots in one GEMM; each GRU step adds W1b·S_j
         zacc = torch.empty(k, bsz, r, device=device, dtype=torch.float32)
-        if k > pure:
-            zacc[pure:] = F.linear(hidden[:, pure:].to(wdt), prep.w1a).transpose(0, 1)
-
         pool = min(self.pool_size, vocab) if self.pool_size else 0
-        pool_rows, pool_ready, side = [], [], []  # per corrected slot: (vals [B, P], ids [B, P]); its event
+        overlap = bool(pool and k > pure and cfg.pool_select_overlap > 0
+                       and not self._use_persistent(device, bsz, sampling))
+        side = self._fork(device) if overlap else []  # side streams (CUDA only; none inline)
+        zacc_ready = None  # set when W1a·H runs on a side stream: the first corrected step waits on it
+        if k > pure:
+            # beside the chain when the selection is: the pure slots need no z
+            with torch.cuda.stream(side[-1]) if side else contextlib.nullcontext():
+                zacc[pure:] = F.linear(hidden[:, pure:].to(wdt), prep.w1a).transpose(0, 1)
+                zacc_ready = _recorded_event() if side else None
+
+        pool_rows, pool_ready = [], []  # per corrected slot: (vals [B, P], ids [B, P]); its event
         if pool and k > pure:
             if self._use_persistent(device, bsz, sampling):
                 pool_vals, pool_ids = self._select(tr, base[:, pure:], pool)
                 return self._pool_persistent(tr, prep, base, anchor, zacc, pool_vals, pool_ids, pure, sms), None
-            if cfg.pool_select_overlap > 0:
-                pool_rows, pool_ready, side = self._select_per_slot(tr, base, pure, pool)
+            if overlap:
+                pool_rows, pool_ready = self._select_per_slot(tr, base, pure, pool, side)
             else:
                 pool_vals, pool_ids = self._select(tr, base[:, pure:], pool)
                 pool_rows = [(pool_vals[:, c], pool_ids[:, c]) for c in range(k - pure)]
@@ -497,6 +504,8 @@ class FusedRollout:
                         gh=gh if j > 1 else None)  # S_0 = 0: no recurrent term at step 1
             if corrected:
                 step.update(w1b=prep.w1b, zacc=zacc[j - 1])
+                if j == pure + 1 and zacc_ready is not None:
+                    torch.cuda.current_stream(device).wait_event(zacc_ready)
             # slot j's scoring kernel also computes W_hh·S_j for step j+1 (not needed after the last)
             nxt = dict(gh=(states[j], prep.whh, gh) if j < k else None, block_gh=cfg.gh_block,
                        gh_block_k=cfg.gh_block_k)
@@ -556,39 +565,36 @@ class FusedRollout:
         vals, ids = pool_candidates(rows, pool, cfg.pool_select, cfg.pool_chunks)
         return vals.float().contiguous(), ids.contiguous()
 
-    def _select_per_slot(self, tr, base, pure: int, pool: int):
-        """One selection per corrected slot (KernelConfig.pool_select_overlap): on CUDA forked onto
-        side streams, each recording an event its slot's scoring kernel waits on; elsewhere inline.
-        -> (per-slot (vals [B, P], ids [B, P]), events (empty inline), the side streams to join).
-
-        No record_stream is needed for the candidates, allocated on a side stream and read on the
-        current one: every call forks its side streams from the current stream first, so a side
-        stream reuses a freed block only after the reads that preceded the fork."""
-        k = base.shape[1]
-        device = base.device
-        cuda = device.type == "cuda" and not _interpreting()
-        streams = self._side_streams(device, self.config.pool_select_overlap) if cuda else []
-        current = torch.cuda.current_stream(device) if cuda else None
-        for stream in streams:
-            stream.wait_stream(current)
+    def _select_per_slot(self, tr, base, pure: int, pool: int, streams: list):
+        """One selection per corrected slot (KernelConfig.pool_select_overlap), dealt round-robin
+        over the forked side streams, each recording an event its slot's scoring kernel waits on;
+        inline without streams. -> (per-slot (vals [B, P], ids [B, P]), events (empty inline))."""
         rows, ready = [], []
-        for c in range(k - pure):
-            ctx = torch.cuda.stream(streams[c % len(streams)]) if streams else contextlib.nullcontext()
-            with ctx:
+        for c in range(base.shape[1] - pure):
+            with torch.cuda.stream(streams[c % len(streams)]) if streams else contextlib.nullcontext():
                 vals, ids = self._select(tr, base[:, pure + c: pure + c + 1], pool)
                 if streams:
-                    ready.append(torch.cuda.Event())
-                    ready[-1].record()
+                    ready.append(_recorded_event())
             rows.append((vals[:, 0], ids[:, 0]))
-        return rows, ready, streams
+        return rows, ready
 
-    def _side_streams(self, device, n: int) -> list:
-        """n side streams per device, created once (outside any capture: the graph's warm-up
-        runs the body before capturing it) and reused, so that replays find the same streams."""
-        key = (device, n)
-        if key not in self._streams:
-            self._streams[key] = [torch.cuda.Stream(device=device) for _ in range(n)]
-        return self._streams[key]
+    def _fork(self, device) -> list:
+        """KernelConfig.pool_select_overlap side streams, each made to wait for the current stream
+        (in a graph capture this joins them to it); [] off CUDA, where the work runs inline.
+
+        Streams are created once per device (outside any capture: the graph's warm-up runs the body
+        before capturing it) and reused. No record_stream is needed for what they allocate and the
+        current stream reads (the candidates): every call forks them from the current stream first,
+        so a side stream reuses a freed block only after the reads that preceded the fork."""
+        if device.type != "cuda" or _interpreting():
+            return []
+        n = self.config.pool_select_overlap
+        if (device, n) not in self._streams:  # (not setdefault: that would create streams at every call)
+            self._streams[(device, n)] = [torch.cuda.Stream(device=device) for _ in range(n)]
+        streams = self._streams[(device, n)]
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream(device))
+        return streams
 
     def _use_pdl(self, device, sampling: bool) -> bool:
         # greedy only: sampling puts PyTorch ops between the kernels
@@ -641,6 +647,13 @@ class FusedRollout:
             q[:, j - 1].zero_()
             q[:, j - 1].scatter_(-1, ids, probs)
             tok[j - 1] = ids.gather(-1, pos[:, None]).squeeze(-1)
+
+
+def _recorded_event() -> "torch.cuda.Event":
+    """An event recorded on the current stream (inside a capture: a dependency the graph keeps)."""
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -476,7 +476,7 @@ def test_pool_persistent_one_program_matches_multi_launch(b, pure, select, barri
 
 @needs_interpreter
 @pytest.mark.parametrize("select", ["topk", "bucket", "radix"])
-@pytest.mark.parametrize("b,pure,streams", [(1, 1, 1), (3, 1, 2), (4, 2, 3)])
+@pytest.mark.parametrize("b,pure,streams", [(1, 1, 1), (3, 1, 2), (4, 2, 3), (2, 0, 2)])
 def test_pool_select_per_slot_matches_batched(select, b, pure, streams):
     """KernelConfig.pool_select_overlap selects each corrected slot's candidates on its own (on a
     CPU inline; on CUDA on side streams: TestGPU). The per-slot pools are the batched pools, so the
@@ -859,12 +859,13 @@ class TestGPU:
         ref, _ = K.reference_rollout(head, block, anchor, embed, pool_size=256, pool_select=select)
         assert torch.equal(out, ref), first_mismatches(out, ref)
 
-    @pytest.mark.parametrize("streams", [1, 2, 4])
+    @pytest.mark.parametrize("streams,pure", [(1, 1), (2, 1), (4, 1), (2, 0)])
     @pytest.mark.parametrize("graphs", [False, True])
-    def test_pool_select_overlap_matches_batched(self, streams, graphs):
-        """The selection forked onto side streams (each slot's scoring waits on its own event):
-        the batched path's tokens in fp32, eager and graphed, over replays with new inputs."""
-        head, emb, _, _, embed = self._setup(3, 8, 256, 96, 64, 32000, torch.float32, w2_scale=2.0)
+    def test_pool_select_overlap_matches_batched(self, streams, pure, graphs):
+        """The selection and the W1a GEMM forked onto side streams (each slot's scoring waits on its
+        own event, the first corrected step on the GEMM's): the batched path's tokens in fp32, eager
+        and graphed, over replays with new inputs."""
+        head, emb, _, _, embed = self._setup(3, 8, 256, 96, 64, 32000, torch.float32, pure=pure, w2_scale=2.0)
         batched = K.make_rollout("triton_pool", head, emb, pool_size=256, cuda_graphs=graphs)
         over = K.make_rollout("triton_pool", head, emb, pool_size=256, cuda_graphs=graphs,
                               config=K.KernelConfig(pool_select_overlap=streams))
