@@ -159,11 +159,12 @@ SCALES = {
     # gpu-block16-long run again (session 12), because its HumanEval row covers 161 of 164 prompts
     # and its weights never came back. The same data (--reuse: nothing regenerated), seeds, steps
     # and drafter; checkpoints every 100 steps (resuming is exact, so this changes only what a
-    # call's limit costs), head-only given its own call, temperature 1 beside the greedy shards,
-    # weights returned. Declared before it ran: whatever it shows, the table's DFlash rows become
+    # call's limit costs), head-only planned for the end of the second train call, temperature 1
+    # beside the greedy shards, weights returned. Declared before it ran: whatever it shows, the table's DFlash rows become
     # this run, and gpu-block16-long stays committed beside it as the earlier, partial draw.
     # Run on ONE H200 under MPS (bench/results/smollm2_h200_gpu_block16_long2.json): every prompt,
-    # HumanEval x1.169, GSM8K x1.263; head-only again cut off (not reported).
+    # HumanEval x1.169, GSM8K x1.263; head-only again cut off (the base run resumed from step
+    # 1,500, so the second call had ~1 minute too little left for it; not reported).
     "gpu-block16-long2": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
                           "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
     # gpu-block16 again with every DFlash seed (drafter init, head init, data order) 1 instead of 0:
