@@ -47,7 +47,10 @@ pool_persistent_probe, on a GPU, probes the persistent pool rollout once per gri
 (KernelConfig.pool_persistent_barrier) and adopts the wait `persistent_choice` picks, if any,
 for the rest of the run; select_overlap_probe times the pool rollout with its candidate
 selection forked onto 0/1/2/4 side streams (KernelConfig.pool_select_overlap) and keeps the
-fastest that drafts the batched selection's tokens and beats it at every probed batch.) Floors:
+fastest that drafts the batched selection's tokens and beats it at every probed batch; beside it
+chain_probe times the chain alone, its candidates selected before the timed calls
+(chain_only_ms: the best any overlap can do), and the selection alone for 1, 2, 4 and all
+corrected rows.) Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -103,6 +106,7 @@ def _import_kernels():
 K = _import_kernels()
 from domino_graft.kernels.domino_rollout import PERSISTENT_BARRIERS  # noqa: E402
 from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
+from domino_graft.rundir import git_sha  # noqa: E402
 
 DEV = "cuda"
 DT = torch.bfloat16
@@ -639,12 +643,37 @@ def select_overlap_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[d
                                        {n: dataclasses.replace(cfg, pool_select_overlap=n) for n in SELECT_OVERLAP_STREAMS})
             row["ms"] = {str(n): t for n, t in ms.items()}
             row["agreement_with_batched"] = {str(n): float((x == drafts[0]).float().mean()) for n, x in drafts.items()}
+            row.update(chain_probe(head, emb, block, anchor, dataclasses.replace(cfg, pool_select_overlap=0), drafts[0]))
         except Exception as exc:
             row["error"] = repr(exc)[:300]
         rows.append(row)
         print("select_overlap_probe", row, flush=True)
         empty_cache()
     return rows
+
+
+def chain_probe(head, emb, block, anchor, cfg, batched_drafts) -> dict:
+    """What hiding the selection could at best reach: the graphed pool rollout with its candidates
+    selected once beforehand, outside the timed calls (`chain_only_ms`, the chain of dependent
+    launches alone; its drafts must be the batched selection's), and the selection's own latency
+    for 1, 2, 4 and all corrected rows (`select_ms_by_rows`, eager, L2 flushed): with the
+    selection beside the chain, the first corrected slot waits for a one-row selection."""
+    from domino_graft.kernels import triton_rollout as tr
+
+    roll = K.make_rollout("triton_pool", head, emb, pool_size=POOL, config=cfg)
+    pure = min(head.spec.pure_prefix_len, block.base_logits.shape[1])
+    rows = block.base_logits[:, pure:]
+    chosen = roll._select(tr, rows, POOL)
+    roll._select = lambda *_: chosen  # the instance attribute shadows the method inside _body
+    embed = K.reference.dense_embed(emb)
+    drafts, _ = roll(head, block, anchor, embed)
+    out = dict(chain_only_ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
+               chain_only_same_drafts=bool(torch.equal(drafts, batched_drafts)))
+    del roll
+    fresh = K.make_rollout("triton_pool", head, emb, pool_size=POOL, config=cfg)
+    out["select_ms_by_rows"] = {str(m): time_ms(lambda m=m: fresh._select(tr, rows[:, :m], POOL), iters=30)
+                                for m in sorted({1, 2, 4, rows.shape[1]}) if m <= rows.shape[1]}
+    return out
 
 
 def select_overlap_choice(rows: list[dict]) -> int:
@@ -942,7 +971,7 @@ def main():
     errors: list[str] = []
     res = dict(
         op="domino_rollout", device=torch.cuda.get_device_name(0) if on_gpu() else "cpu (TRITON_INTERPRET=1)",
-        torch=torch.__version__, triton=triton.__version__,
+        torch=torch.__version__, triton=triton.__version__, git_sha=git_sha(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command="PYTHONPATH=. python bench/head_latency.py " + " ".join(sys.argv[1:]),
         dtype="bf16" if DT == torch.bfloat16 else str(DT).replace("torch.", ""),
