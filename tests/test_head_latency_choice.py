@@ -1,6 +1,8 @@
-"""bench/head_latency.py's adoption rules for the persistent pool rollout: a grid-barrier wait is
+"""bench/head_latency.py's adoption rules. The persistent pool rollout: a grid-barrier wait is
 adopted only up to the largest batch where it agreed token for token, kept its error flag clear
-and beat the multi-launch path; between waits, the one adopted for more batches, then the faster."""
+and beat the multi-launch path; between waits, the one adopted for more batches, then the faster.
+PDL: kept when it changes no draft and the probed rollouts take less time in all. The selection
+overlap: the fastest stream count that drafts the same tokens and wins at every probed batch."""
 
 from __future__ import annotations
 
@@ -63,3 +65,17 @@ def test_select_overlap_adopts_the_fastest_identical_count_that_wins_at_every_ba
     assert hl.select_overlap_choice([_overlap_row(1, {0: 0.1, 1: 0.2, 2: 0.2, 4: 0.2})]) == 0
     assert hl.select_overlap_choice([dict(batch=1, error="fault")]) == 0
     assert hl.select_overlap_choice([]) == 0
+
+
+def _pdl_row(plain: float, pdl: float, same: bool = True) -> dict:
+    return dict(batch=1, rollout="triton", plain_ms=plain, pdl_ms=pdl, same_drafts=same)
+
+
+def test_pdl_is_kept_when_the_probed_rollouts_take_less_time_in_all():
+    # the H200 run at 0fbd1ac: the full-vocabulary batch-1 rollout slower with PDL, the rest faster
+    rows = [_pdl_row(0.401, 0.424), _pdl_row(0.199, 0.173), _pdl_row(0.441, 0.416), _pdl_row(0.313, 0.305)]
+    assert hl.pdl_verdict(rows) is True
+    assert hl.pdl_verdict([_pdl_row(0.2, 0.3), _pdl_row(0.2, 0.15)]) is False  # slower in all
+    assert hl.pdl_verdict(rows[:3] + [_pdl_row(0.313, 0.305, same=False)]) is False  # changed a draft
+    assert hl.pdl_verdict(rows + [dict(batch=4, rollout="triton_pool", error="fault")]) is False
+    assert hl.pdl_verdict([]) is False
