@@ -175,9 +175,12 @@ class KernelConfig:
     # pure slots' steps and the earlier slots instead of before the chain: at batch 1 the batched
     # selection is ~0.07 of the pool rollout's 0.177 ms. Same candidate sets, so the same greedy
     # tokens (ties go to the lowest id whatever a pool's order). Inside a CUDA graph the fork
-    # becomes parallel branches. NOT measured yet: bench/head_latency.py ("select_overlap_probe")
-    # times 0/1/2/4 streams and adopts the fastest that drafts the same tokens. On a CPU (and
-    # under the interpreter) the per-slot selections run inline, which is what CI checks.
+    # becomes parallel branches. Measured slower on the H200 (head_latency.py's
+    # select_overlap_probe, Qwen3-8B shapes, batch 1): 0.660 / 0.402 / 0.269 ms with 1 / 2 / 4
+    # streams against 0.174 ms batched, same tokens; a one-row torch.topk is hardly quicker than
+    # fourteen, so the first corrected slot waits for a whole selection anyway. Off; the probe
+    # adopts a count only where it is faster. On a CPU (and under the interpreter) the per-slot
+    # selections run inline, which is what CI checks.
     pool_select_overlap: int = 0
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel
