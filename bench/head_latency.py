@@ -612,8 +612,8 @@ def pdl_verdict(rows: list[dict]) -> bool:
     """PDL on only if every probed rollout ran and drafted the same tokens, and the probed rollouts
     took less time in all with it. (In all, not each: one rollout's ±5 % run-to-run noise flipped
     an each-faster rule between two runs of one commit: the full-vocabulary batch-1 rollout went
-    0.395 -> 0.373 ms with PDL in one run and 0.401 -> 0.424 in the next, while the pool rollout
-    gained 0.027 ms in both.)"""
+    0.395 -> 0.373 ms with PDL in one run and 0.401 -> 0.424 in the next, while the batch-1 pool
+    rollout gained ~0.026 ms in both.)"""
     if not rows or any("error" in r or not r["same_drafts"] for r in rows):
         return False
     return sum(r["pdl_ms"] for r in rows) < sum(r["plain_ms"] for r in rows)
@@ -649,9 +649,13 @@ def select_overlap_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[d
                                        {n: dataclasses.replace(cfg, pool_select_overlap=n) for n in SELECT_OVERLAP_STREAMS})
             row["ms"] = {str(n): t for n, t in ms.items()}
             row["agreement_with_batched"] = {str(n): float((x == drafts[0]).float().mean()) for n, x in drafts.items()}
-            row.update(chain_probe(head, emb, block, anchor, dataclasses.replace(cfg, pool_select_overlap=0), drafts[0]))
         except Exception as exc:
             row["error"] = repr(exc)[:300]
+        if "error" not in row:  # (its own failure must not void the overlap timings above)
+            try:
+                row.update(chain_probe(head, emb, block, anchor, dataclasses.replace(cfg, pool_select_overlap=0), drafts[0]))
+            except Exception as exc:
+                row["chain_probe_error"] = repr(exc)[:300]
         rows.append(row)
         print("select_overlap_probe", row, flush=True)
         empty_cache()
@@ -1053,7 +1057,8 @@ def main():
                 cfg.pdl = on_gpu() and pdl_verdict(res["pdl_probe"])
             # the candidate selection beside the chain (--smoke: the inline per-slot path only)
             res["select_overlap_probe"] = select_overlap_probe(d, head, emb, cfg)
-            errors += [f"select_overlap_probe: {r['error']}" for r in res["select_overlap_probe"] if "error" in r]
+            errors += [f"select_overlap_probe: {r[k]}" for r in res["select_overlap_probe"]
+                       for k in ("error", "chain_probe_error") if k in r]
             cfg.pool_select_overlap = select_overlap_choice(res["select_overlap_probe"]) if on_gpu() else 0
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
