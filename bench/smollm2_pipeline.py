@@ -700,11 +700,14 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
                 "num_prompts_greedy": min(x.prompts for x in g.values()),
                 "per_slot_acceptance": {v: g[v].per_slot() for v in variants},
             }
-            if tgt and all(t.values()):
+            # speedups for the variants timed beside the target (a head-only drafter grafted in a
+            # later session, `smollm2_h200.sh graft`, is not: its τ stands, its speed is not measured)
+            timed = [v for v in variants if t[v]]
+            if tgt and {"base", "domino"} <= set(timed):
                 entry.update({
-                    **{f"speedup_{v}": t[v].tokens_per_s() / tgt.tokens_per_s() for v in variants},
+                    **{f"speedup_{v}": t[v].tokens_per_s() / tgt.tokens_per_s() for v in timed},
                     "target_tokens_per_s": tgt.tokens_per_s(),
-                    "tokens_per_s": {v: t[v].tokens_per_s() for v in variants},
+                    "tokens_per_s": {v: t[v].tokens_per_s() for v in timed},
                     "num_prompts_timing": tgt.prompts,
                     "domino_over_base_tokens_per_s_per_prompt": _per_prompt_ratio(records, s, f"{fam}_domino",
                                                                                   f"{fam}_base"),
