@@ -1,6 +1,8 @@
 """bench/smollm2_pipeline.py's report: a drafter whose training never finished (no
 training_<drafter>.json) is neither evaluated nor reported, even when eval records of its
-untrained bundle exist — an untrained Domino head is the identity and would pass for a result."""
+untrained bundle exist — an untrained Domino head is the identity and would pass for a result. A
+drafter without timing records (a head-only graft decoded in a later session) gets no speedup and
+takes none from the others."""
 
 from __future__ import annotations
 
@@ -58,6 +60,31 @@ def test_every_finished_drafter_is_reported(tmp_path):
     report = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")
     assert report["dflash"]["gsm8k"]["tau_headonly"] == pytest.approx(2.0)
     assert "not_trained" not in report["dflash"]
+
+
+def _add_timing(work: Path, modes: tuple[str, ...]) -> None:
+    """Timing records (tokens / seconds per prompt) of the given modes: target 10 tok/s, base 20, domino 30."""
+    rate = {"target": 10.0, "dflash_base": 20.0, "dflash_domino": 30.0, "dflash_headonly": 25.0}
+    lines = [json.dumps({"kind": "timing", "set": s, "idx": i, "mode": m, "tokens": 10, "seconds": 10 / rate[m],
+                         "decode_steps": 5, "step_tokens": 10, "reached": [5], "accepted": [4]})
+             for s in sp.EVAL_SETS for i in range(2) for m in modes]
+    (work / "eval" / "timing_0of1.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_drafter_without_timing_records_gets_no_speedup_and_takes_none_from_the_others(tmp_path):
+    # a head-only drafter grafted in a later session (smollm2_h200.sh graft) is decoded, not timed
+    work = _work(tmp_path, ("dflash_base", "dflash_domino", "dflash_headonly"))
+    _add_timing(work, ("target", "dflash_base", "dflash_domino"))
+    entry = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")["dflash"]["gsm8k"]
+    assert entry["speedup_base"] == pytest.approx(2.0) and entry["speedup_domino"] == pytest.approx(3.0)
+    assert "speedup_headonly" not in entry and set(entry["tokens_per_s"]) == {"base", "domino"}
+    assert entry["tau_headonly"] == pytest.approx(2.0)
+    _add_timing(work, ("target", "dflash_base", "dflash_domino", "dflash_headonly"))  # timed: reported
+    entry = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")["dflash"]["gsm8k"]
+    assert entry["speedup_headonly"] == pytest.approx(2.5)
+    _add_timing(work, ("target", "dflash_base"))  # + Domino untimed: no speedups at all
+    entry = sp.stage_report(work, tmp_path / "r.json", max_new_tokens=96, command="test")["dflash"]["gsm8k"]
+    assert not any(k.startswith("speedup_") for k in entry)
 
 
 def test_a_family_without_its_base_or_domino_run_has_no_rows(tmp_path):
