@@ -22,6 +22,15 @@
 # bench/results/greedy_cpu_block16_long2/, then
 #   python bench/greedy_replay.py bench/results/smollm2_h200_gpu_block16_long2 \
 #       bench/results/greedy_cpu_block16_long2 --out bench/results/greedy_replay_dflash_block16_long2.json
+# The grafted head-only drafter of gpu-block16-long2 (bench/smollm2_h200.sh graft) was replayed the same
+# way by hand: its returned head shards (as weights.5-6) beside its base drafter's (weights.0-4)
+# and its runs_meta.tar.gz, `pack_runs.py unpack` into WORK, WORK/training_dflash_base.json removed
+# (so only the head-only drafter is decoded), then per shard i in 0 1:
+#   smollm2_pipeline.py --work WORK --scale cpu --families dflash --stages eval --kind greedy
+#       --max-per-set 32 --t1-prompts 32 --max-new-tokens 96 --shard i/2
+# (8 prompts per set, then 32: about 13 s per prompt and shard); records in
+# bench/results/greedy_cpu_headonly_long2/, compared by bench/greedy_replay.py into
+# bench/results/greedy_replay_dflash_headonly_long2.json.
 set -euo pipefail
 SHARDS=${1:?usage: t1_cpu_recheck.sh SHARDS_DIR WORK PROMPTS_PER_SET [SCALE]}
 WORK=${2:?}
