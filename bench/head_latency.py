@@ -673,16 +673,14 @@ def chain_probe(head, emb, block, anchor, cfg, batched_drafts) -> dict:
     roll = K.make_rollout("triton_pool", head, emb, pool_size=POOL, config=cfg)
     pure = min(head.spec.pure_prefix_len, block.base_logits.shape[1])
     rows = block.base_logits[:, pure:]
+    out = dict(select_ms_by_rows={str(m): time_ms(lambda m=m: roll._select(tr, rows[:, :m], POOL), iters=30)
+                                  for m in sorted({1, 2, 4, rows.shape[1]}) if m <= rows.shape[1]})
     chosen = roll._select(tr, rows, POOL)
     roll._select = lambda *_: chosen  # the instance attribute shadows the method inside _body
     embed = K.reference.dense_embed(emb)
     drafts, _ = roll(head, block, anchor, embed)
-    out = dict(chain_only_ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
+    out.update(chain_only_ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
                chain_only_same_drafts=bool(torch.equal(drafts, batched_drafts)))
-    del roll
-    fresh = K.make_rollout("triton_pool", head, emb, pool_size=POOL, config=cfg)
-    out["select_ms_by_rows"] = {str(m): time_ms(lambda m=m: fresh._select(tr, rows[:, :m], POOL), iters=30)
-                                for m in sorted({1, 2, 4, rows.shape[1]}) if m <= rows.shape[1]}
     return out
 
 

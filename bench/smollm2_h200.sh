@@ -337,7 +337,6 @@ from domino_graft.assets import fetch; fetch(p.TARGETS['$TARGET']['asset'], prog
       python3 "$SRC/bench/pack_runs.py" pack "$WORK" "$WORK/packed_headonly" ${fam}_headonly \
         && mkdir -p "$OUTDIR/headonly_runs" && cp "$WORK"/packed_headonly/* "$OUTDIR/headonly_runs/"
     done
-    (cd "$WORK" && tar czf "$OUTDIR/${TARGET}_h200_records.tgz" eval environment.json training_*.json *.log 2>/dev/null)
-    ls -la "$OUTDIR" "$OUTDIR/headonly_runs" ;;
+    collect ;;
   *) echo "unknown phase $PHASE (valid: train, eval, resume, quick, setup, graft)"; exit 2 ;;
 esac
