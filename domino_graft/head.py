@@ -7,7 +7,7 @@ The head knows nothing of drafter families: it is given per-slot hidden states H
 base logits and the embeddings of the previous tokens. It is the reference every
 Triton kernel in `domino_graft.kernels` is tested against.
 
-Slot convention (DESIGN §2): slot j = 1..K predicts x_j; S_j is the GRU state after
+Slot convention (docs/design.md §2): slot j = 1..K predicts x_j; S_j is the GRU state after
 reading E(x_0) .. E(x_{j-1}) (j inputs). Slots j <= pure_prefix_len are returned
 uncorrected (their proposal is the plain base argmax).
 """

@@ -12,15 +12,16 @@ Conventions fixed here:
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-DTYPES = ("fp32", "bf16", "fp16")
-Dtype = Literal["fp32", "bf16", "fp16"]
+from .registry import families, family_names
+from .schema import DTYPES, Dtype, RandomModel, Strict, path_fields  # noqa: F401  (re-exported)
 
 
 class RecipeError(ValueError):
@@ -32,37 +33,7 @@ class RecipeError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def _resolve(value: Optional[str], info: ValidationInfo) -> Optional[str]:
-    if value is None:
-        return None
-    base = (info.context or {}).get("base_dir")
-    p = Path(os.path.expanduser(value))
-    if not p.is_absolute() and base is not None:
-        p = Path(base) / p
-    return str(p)
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
 # ----------------------------------------------------------------------------- target
-class RandomModel(Strict):
-    """A small randomly initialised HF causal LM, built in memory from a seed."""
-
-    architecture: Literal["llama", "qwen3", "gemma3"] = "qwen3"
-    vocab_size: int = Field(256, ge=8)
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    head_dim: int = Field(16, ge=4)
-    intermediate_size: int = Field(128, ge=8)
-    tie_word_embeddings: bool = True
-    eos_token_id: int = Field(1, ge=0)
-    seed: int = 0
-
-
 class Target(Strict):
     """The model whose output speculative decoding must reproduce exactly."""
 
@@ -74,7 +45,7 @@ class Target(Strict):
     dtype: Dtype = "fp32"
     chat: bool = True  # apply the target's chat template to prompts
 
-    _resolve_paths = field_validator("path", "config")(_resolve)
+    _resolve_paths = path_fields("path", "config")
 
     @model_validator(mode="after")
     def _exactly_one_source(self):
@@ -85,103 +56,8 @@ class Target(Strict):
 
 
 # ---------------------------------------------------------------------------- drafters
-class DFlashDrafter(Strict):
-    """DFlash block-diffusion drafter (z-lab format), reading target hidden states."""
-
-    family: Literal["dflash"]
-    path: Optional[str] = None  # existing z-lab DFlash (or DFlash+Domino) checkpoint folder
-    config: Optional[str] = None  # drafter config.json for planning without weights
-    block_size: int = Field(16, ge=2)
-    num_layers: int = Field(1, ge=1)
-    # 0-based decoder-layer outputs of the target; default: spread over the target's depth
-    target_layer_ids: Optional[list[int]] = None
-    mask_token_id: Optional[int] = Field(None, ge=0)
-    # true: block position k predicts x_{a+1+k} (Domino checkpoints); false: position k predicts x_{a+k}
-    shift_label: bool = True
-    intermediate_size: Optional[int] = Field(None, ge=8)  # default: the target's
-    seed: int = 0
-
-    _resolve_paths = field_validator("path", "config")(_resolve)
-
-
-class MedusaDrafter(Strict):
-    """Medusa-1 heads on the frozen target (FasterDecoding layout).
-
-    Head i (0-based) reads the target's final post-norm hidden state of the last verified
-    token t and predicts token t+2+i (the target's own LM head gives t+1, the anchor):
-    slot j = i+1, K = num_heads."""
-
-    family: Literal["medusa"]
-    path: Optional[str] = None  # FasterDecoding folder: config.json + medusa_lm_head.safetensors (or .pt)
-    config: Optional[str] = None  # a Medusa config.json, for planning when the weights are not there
-    num_heads: int = Field(4, ge=1)
-    num_layers: int = Field(1, ge=1)  # ResBlocks per head
-    # Static tree in Medusa's "choices" notation: each path lists, per depth, the rank of the
-    # chosen token among its parent's (Domino-corrected) top-k, e.g. [[0], [0, 0], [1]].
-    # Every prefix of a path must itself be a path. None = chain decoding (top-1 per slot).
-    tree: Optional[list[list[int]]] = None
-    seed: int = 0
-
-    _resolve_paths = field_validator("path", "config")(_resolve)
-
-    @field_validator("tree")
-    @classmethod
-    def _tree_is_a_tree(cls, tree, info: ValidationInfo):
-        if tree is None:
-            return tree
-        depth = info.data.get("num_heads", 4)
-        problems = []
-        if not tree:
-            problems.append("tree: [] has no nodes; give at least [[0]] or leave tree out for chain decoding")
-        seen = set()
-        for n, path in enumerate(tree):
-            key = tuple(path)
-            if not path:
-                problems.append(f"tree[{n}]: [] is empty; every path names at least one rank")
-            elif any(r < 0 for r in path):
-                problems.append(f"tree[{n}]: {path} has a negative rank; valid ranks are 0, 1, 2, ...")
-            elif len(path) > depth:
-                problems.append(f"tree[{n}]: {path} is {len(path)} deep; valid: at most num_heads = {depth}")
-            elif key in seen:
-                problems.append(f"tree[{n}]: {path} appears twice")
-            seen.add(key)
-        for n, path in enumerate(tree):
-            if len(path) > 1 and tuple(path[:-1]) not in seen:
-                problems.append(f"tree[{n}]: {path} has no parent {path[:-1]} in the tree; add it")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return tree
-
-
-class PardDrafter(Strict):
-    """PARD: a small causal LM drafting k tokens in one pass, from
-    [verified context, x_0, pard_token x (k-1)]; its own embedding and LM head.
-
-    Sources (at most one of path / random): `path`, an HF causal-LM folder (PARD checkpoints
-    carry `pard_token` in config.json); `random`, a fresh random LM of its own shape (its
-    vocabulary must be the target's); neither: a copy of the target's first `num_layers`
-    decoder layers with its embeddings, final norm and LM head (a warm start)."""
-
-    family: Literal["pard"]
-    path: Optional[str] = None
-    random: Optional[RandomModel] = None
-    num_layers: int = Field(2, ge=1)  # only for the copy-of-the-target start
-    num_slots: int = Field(8, ge=2)  # k proposals per forward
-    # default: the checkpoint's `pard_token`, else the last vocabulary row
-    pard_token_id: Optional[int] = Field(None, ge=0)
-    seed: int = 0
-
-    _resolve_paths = field_validator("path")(_resolve)
-
-    @model_validator(mode="after")
-    def _one_source(self):
-        if self.path is not None and self.random is not None:
-            raise ValueError("give at most one of path, random (neither = copy the target's first num_layers layers)")
-        return self
-
-
-Drafter = Annotated[Union[DFlashDrafter, MedusaDrafter, PardDrafter], Field(discriminator="family")]
-DRAFTER_FAMILIES = ("dflash", "medusa", "pard")
+# The `drafter:` section belongs to its family (adapters/<family>/schema.py, or an installed
+# family package): the schema below is assembled from the registry, discriminated by `family`.
 
 
 # -------------------------------------------------------------------------------- head
@@ -204,7 +80,7 @@ class Data(Strict):
     max_length: int = Field(256, ge=8)
     num_samples: Optional[int] = Field(None, ge=1)
 
-    _resolve_paths = field_validator("path")(_resolve)
+    _resolve_paths = path_fields("path")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -280,13 +156,16 @@ class Bench(Strict):
     # "radix" = a Triton radix select (exact top-k on bf16/fp16 logits, lowest ids on boundary ties)
     pool_select: Literal["topk", "bucket", "radix"] = "topk"
 
-    _resolve_paths = field_validator("prompts")(_resolve)
+    _resolve_paths = path_fields("prompts")
 
 
 class Recipe(Strict):
+    """A parsed recipe. `drafter` is the family's own section (validated by recipe_model(),
+    which is this class with the registry's union of drafter sections in place of BaseModel)."""
+
     name: Optional[str] = None
     target: Target
-    drafter: Drafter
+    drafter: BaseModel
     head: Head = Head()
     train: Train = Train()
     export: Export = Export()
@@ -294,13 +173,25 @@ class Recipe(Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
+@functools.lru_cache(maxsize=None)
+def _recipe_model(names: tuple[str, ...]) -> type[Recipe]:
+    sections = tuple(families()[n].schema for n in names)
+    drafter = Annotated[Union[sections], Field(discriminator="family")] if len(sections) > 1 else sections[0]
+    return create_model("Recipe", __base__=Recipe, drafter=(drafter, ...))
+
+
+def recipe_model() -> type[Recipe]:
+    """The recipe schema with every registered family's drafter section."""
+    return _recipe_model(family_names())
+
+
 # --------------------------------------------------------------------------- loading
 
 
 def _format_error(err: dict, data: Any) -> str:
     loc = [str(p) for p in err["loc"]]
-    # Tagged unions put the tag into the path (drafter.dflash.x): drop it.
-    if len(loc) >= 2 and loc[0] == "drafter" and loc[1] in DRAFTER_FAMILIES:
+    # Tagged unions put the tag into the path (drafter.<family>.x): drop it.
+    if len(loc) >= 2 and loc[0] == "drafter" and loc[1] in family_names():
         loc = [loc[0]] + loc[2:]
     path = ".".join(loc) or "<recipe>"
     kind = err["type"]
@@ -312,7 +203,7 @@ def _format_error(err: dict, data: Any) -> str:
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tag_path = f"{path}.family" if not path.endswith("family") else path
         got = ctx.get("tag", value.get("family") if isinstance(value, dict) else value)
-        return f"{tag_path}: {got!r} is not a drafter family; valid: {', '.join(DRAFTER_FAMILIES)}"
+        return f"{tag_path}: {got!r} is not a drafter family; valid: {', '.join(family_names())}"
     if kind == "literal_error":
         return f"{path}: {value!r} is not valid; valid: {ctx.get('expected')}"
     if kind == "missing":
@@ -325,8 +216,10 @@ def _valid_keys(loc: list[str], data: Any) -> list[str]:
     model: Any = Recipe
     for part in loc:
         if part == "drafter":
-            fam = data.get("drafter", {}).get("family") if isinstance(data, dict) else None
-            model = {"dflash": DFlashDrafter, "medusa": MedusaDrafter, "pard": PardDrafter}.get(fam, DFlashDrafter)
+            section = data.get("drafter") if isinstance(data, dict) else None
+            fam = section.get("family") if isinstance(section, dict) else None
+            known = families()
+            model = known[fam].schema if fam in known else next(iter(known.values())).schema
             continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
@@ -343,15 +236,33 @@ def parse_recipe(data: Any, *, source: str = "<recipe>", base_dir: Optional[str]
     if not isinstance(data, dict):
         raise RecipeError(source, [f"<recipe>: expected a mapping at the top level, got {type(data).__name__}"])
     try:
-        return Recipe.model_validate(data, context={"base_dir": base_dir})
+        return recipe_model().model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:
         raise RecipeError(source, [_format_error(err, data) for err in e.errors()]) from None
 
 
+def shipped_recipes() -> dict[str, Path]:
+    """name -> path of every recipe shipped with the package."""
+    from .schema import shipped_recipes_dir
+
+    return {p.stem: p for p in sorted(shipped_recipes_dir().glob("*.yaml"))}
+
+
+def find_recipe(name_or_path: str | os.PathLike) -> Path:
+    """A recipe file: the path given, or a shipped recipe's name (`tiny_dflash`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    name = path.name.removesuffix(".yaml").removesuffix(".yml")
+    if str(name_or_path) in (name, f"{name}.yaml", f"recipes/{name}.yaml") and name in shipped:
+        return shipped[name]
+    raise RecipeError(str(path), [f"<file>: {str(path)!r} is neither a file nor a shipped recipe; shipped: "
+                                  f"{', '.join(shipped)} (`domino-graft recipes` lists them)"])
+
+
 def load_recipe_text(path: str | os.PathLike) -> tuple[str, dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(str(path), [f"<file>: {str(path)!r} does not exist or is not a file"])
+    path = find_recipe(path)
     text = path.read_text()
     try:
         data = yaml.safe_load(text)
@@ -361,6 +272,7 @@ def load_recipe_text(path: str | os.PathLike) -> tuple[str, dict]:
 
 
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> Recipe:
+    path = find_recipe(path)
     text, data = load_recipe_text(path)
     if overrides:
         data = apply_overrides(data, overrides, source=str(path))

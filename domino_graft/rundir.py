@@ -12,61 +12,17 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from .checkpoint import atomic_dir, atomic_write_json, atomic_write_text, save_tensors, sha256_file
+from .provenance import git_sha, now, versions
 from .recipe import Recipe, load_recipe_text, parse_recipe
 
 LATEST_POINTER = Path("runs") / ".latest"
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("domino-graft", "torch", "transformers", "safetensors", "peft", "triton"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
-
-
-def git_sha() -> Optional[str]:
-    """The code's commit. DG_GIT_SHA, when set, names it for code that runs outside its checkout
-    (a snapshot, or a copy on a GPU machine whose .git may be absent or older than the files)."""
-    if os.environ.get("DG_GIT_SHA"):
-        return os.environ["DG_GIT_SHA"]
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if sha.returncode != 0:
-        return None
-    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def hardware() -> dict:
-    import torch
-
-    info = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "device": "cpu"}
-    if torch.cuda.is_available():
-        info["device"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    return info
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def default_run_dir(recipe_path: str) -> Path:
@@ -161,7 +117,7 @@ def run_recipe(run_dir: Path, overrides: list[str] | None = None) -> Recipe:
 
 def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Optional[str] = None) -> LoadedRun:
     """Rebuild target, drafter and head from a run dir (the weights it holds, strictly checked)."""
-    from .adapters import family_module
+    from .registry import get_family
     from .checkpoint import check_tensors, load_tensors
     from .graft import build_head
     from .target import load_target
@@ -176,7 +132,7 @@ def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Opti
             f"was grafted for (config {manifest['target'].get('config_hash')})"
         )
     drafter_recipe = recipe.drafter.model_copy(update={"path": str(run_dir / "drafter")})
-    adapter, _ = family_module(recipe.drafter.family).build(drafter_recipe, target)
+    adapter, _ = get_family(recipe.drafter.family).build(drafter_recipe, target)
     head = build_head(recipe, adapter)
     state = load_tensors(head_file or run_dir / "head.safetensors")
     check_tensors(state, head.spec.tensor_shapes(), source=str(head_file or run_dir / "head.safetensors"))

@@ -8,17 +8,19 @@ transformers (an off-by-one trap when a recipe names the last layer).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
 
-from .recipe import RandomModel, Target
+from .provenance import hf_model_identity, random_model_identity
+
+if TYPE_CHECKING:  # annotations only: the recipe schema is not needed to load a model
+    from .recipe import RandomModel, Target
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,25 +68,6 @@ class TargetShape:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             eos_token_ids=eos,
         )
-
-
-def asset_provenance(folder: str) -> dict:
-    """What a fetched asset was built from (its asset.json): the registry files and the payload,
-    by sha256, so a manifest names the exact weights, not just the asset's name."""
-    path = Path(folder) / "asset.json"
-    if not path.is_file():
-        return {}
-    info = json.loads(path.read_text())
-    out = {"asset_sources": [{"file": w.get("file"), "sha256": w.get("sha256")} for w in info.get("wheels", [])]}
-    if (info.get("payload") or {}).get("sha256"):
-        out["asset_payload_sha256"] = info["payload"]["sha256"]
-    return out
-
-
-def config_hash(cfg: dict) -> str:
-    """Stable identity of a model's architecture (shapes, vocab, rope): sha256 of sorted JSON."""
-    keep = {k: v for k, v in cfg.items() if k not in ("transformers_version", "_name_or_path", "torch_dtype", "dtype")}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def random_hf_config(spec: RandomModel):
@@ -224,7 +207,7 @@ def load_target(t: Target, *, device: str | torch.device = "cpu") -> TargetModel
         torch.manual_seed(t.random.seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg)
         model.to(dtype=dtype)
-        identity = {"kind": "random", "seed": t.random.seed, "config_hash": config_hash(cfg.to_dict())}
+        identity = random_model_identity(t.random.seed, cfg.to_dict())
         tokenizer = None
     else:
         folder = resolve_target_dir(t)
@@ -234,16 +217,7 @@ def load_target(t: Target, *, device: str | torch.device = "cpu") -> TargetModel
         kw = {"gguf_file": t.gguf_file} if t.gguf_file else {}
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kw)
-        identity = {
-            "kind": "hf",
-            "path": folder,
-            "name_or_path": getattr(model.config, "_name_or_path", folder),
-            "architecture": (model.config.architectures or ["?"])[0],
-            "config_hash": config_hash(model.config.to_dict()),
-        }
-        if t.asset:
-            identity["asset"] = t.asset
-            identity.update(asset_provenance(folder))
+        identity = hf_model_identity(folder, model.config, asset=t.asset)
     model.eval().to(device)
     for p in model.parameters():
         p.requires_grad_(False)

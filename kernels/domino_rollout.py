@@ -703,7 +703,7 @@ def make_rollout(name: str, head, embedding_weight: Optional[torch.Tensor] = Non
                  cuda_graphs: bool = True, config: Optional[KernelConfig] = None):
     """Build a rollout callable by name ("torch" | "triton" | "triton_pool"); see the module docstring.
 
-    embedding_weight [V, E] is the table the GRU reads (the target's input embedding for DFlash);
+    embedding_weight [V, E] is the table the GRU reads (e.g. the target's input embedding, for drafters that reuse it);
     without it the fused path builds its table from `embed(arange(V))` at the first call.
     pool_size only applies to "triton_pool" (0 = full vocabulary).
     """

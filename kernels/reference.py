@@ -146,10 +146,10 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: Optional[int
                    top_p: Optional[float] = 1.0) -> torch.Tensor:
     """softmax(filter(logits / T)) along the last dim, in fp32; static shapes (graph-safe).
 
-    This is `domino_graft.decoding.sampling.warp`, the one warper every decoding path shares,
+    This is `domino_graft.sampling.warp`, the one warper every decoding path shares,
     so the fused kernels and the engine can never filter differently.
     """
-    from domino_graft.decoding.sampling import warp
+    from domino_graft.sampling import warp
 
     return warp(logits, float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
 

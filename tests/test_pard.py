@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters import pard
+from domino_graft.adapters.pard import model as pard
 from domino_graft.checkpoint import CheckpointError, save_tensors
 from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe

@@ -1,4 +1,4 @@
-"""Speculative sampling at T > 0 is lossless in distribution (DESIGN §5).
+"""Speculative sampling at T > 0 is lossless in distribution (docs/design.md §5).
 
 Tiny-vocabulary targets make the target's own distribution of the first generated tokens
 computable exactly, by enumerating every prefix in one batched forward. Empirical
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from domino_graft.adapters import dflash
+from domino_graft.adapters.dflash import model as dflash
 from domino_graft.adapters.base import DraftBlock
 from domino_graft.decoding import Engine, Sampling, rollout, sample, verify_sampling, warp
 from domino_graft.graft import build_head

@@ -1,4 +1,4 @@
-"""The training objective against DESIGN §2 and its own formulas (labels, anchors, λ, chunking)."""
+"""The training objective against docs/design.md §2 and its own formulas (labels, anchors, λ, chunking)."""
 
 from __future__ import annotations
 
@@ -21,21 +21,21 @@ from .conftest import TINY_RECIPE, randomize_head
 
 
 def _build(shift_label: bool):
-    from domino_graft.adapters import family_module
+    from domino_graft.registry import get_family
     from domino_graft.graft import build_head
     from domino_graft.recipe import load_recipe
     from domino_graft.target import load_target
 
     recipe = load_recipe(TINY_RECIPE, [f"drafter.shift_label={str(shift_label).lower()}"])
     target = load_target(recipe.target)
-    adapter, _ = family_module("dflash").build(recipe.drafter, target)
+    adapter, _ = get_family("dflash").build(recipe.drafter, target)
     head = build_head(recipe, adapter)
     return target, adapter, head
 
 
 @pytest.mark.parametrize("shift_label", [True, False])
 def test_slot_labels_prev_tokens_and_hidden_follow_design(shift_label):
-    """DESIGN §2: slot j predicts x_{a+j}; the GRU reads x_a..x_{a+j-1}; with shift_label=true
+    """docs/design.md §2: slot j predicts x_{a+j}; the GRU reads x_a..x_{a+j-1}; with shift_label=true
     block position k predicts x_{a+1+k} (slot j = position j-1, K = block_size), with
     shift_label=false position k predicts x_{a+k} and position 0 is unused (slot j = position j)."""
     target, adapter, _ = _build(shift_label)
@@ -163,8 +163,8 @@ def test_slot_weights():
 def test_merge_lora_matches_the_injected_model():
     from peft import LoraConfig, inject_adapter_in_model
 
-    from domino_graft.adapters.dflash import DFlashBackbone
-    from domino_graft.training.checkpoints import merge_lora
+    from domino_graft.adapters.dflash.model import DFlashBackbone
+    from domino_graft.training.weights import merge_lora
 
     _, adapter, _ = _build(True)
     cfg = adapter.cfg

@@ -9,7 +9,8 @@ def add_arguments(p) -> None:
     allow_intermixed(p)  # `apply R -o X k=v` as well as `apply R k=v -o X`
     p.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory (default: runs/<recipe stem>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan from configs alone; load nothing")
-    p.add_argument("items", nargs="+", metavar="RECIPE [KEY=VALUE ...]", help="the recipe, then overrides (re-validated)")
+    p.add_argument("items", nargs="+", metavar="RECIPE [KEY=VALUE ...]", help="the recipe (a YAML file or a shipped recipe's name, see `domino-graft recipes`), "
+                   "then overrides (re-validated)")
 
 
 def run(args) -> int:
@@ -18,6 +19,6 @@ def run(args) -> int:
 
     recipe, overrides = split_run_and_overrides(args.items, "RECIPE")
     if recipe is None:
-        raise ValueError("RECIPE: missing; give a recipe YAML file, e.g. recipes/tiny_dflash.yaml")
+        raise ValueError("RECIPE: missing; give a recipe YAML file or a shipped recipe's name, e.g. tiny_dflash")
     apply_recipe(recipe, args.out, dry_run=args.dry_run, overrides=overrides)
     return 0

@@ -28,8 +28,8 @@ def run(args) -> int:
     from ..benchmark import check_plot_available, format_report, plot_acceptance, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
     from ..decoding import Sampling, check_rollout_name, rollout_choice
+    from ..device import pick_device
     from ..loading import load_run_or_bundle
-    from .generate import pick_device
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
@@ -37,7 +37,7 @@ def run(args) -> int:
         check_plot_available()  # fail before minutes of decoding, not after
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
-    loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
+    loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
     b = loaded.recipe.bench
     seed = b.seed if args.seed is None else args.seed
     sampling = Sampling(

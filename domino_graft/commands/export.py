@@ -6,8 +6,9 @@ from __future__ import annotations
 def add_arguments(p) -> None:
     p.add_argument("run", nargs="?", metavar="RUN", help="run directory (default: the most recent one)")
     p.add_argument("-o", "--out", metavar="BUNDLE", help="bundle folder (default: bundles/<run>-<format>-<dtype>)")
-    p.add_argument("--format", choices=("native", "hf"), help="native: SGLang/vLLM DFlash layout; "
-                   "hf: transformers remote code (default: the recipe's export.format)")
+    p.add_argument("--format", choices=("native", "hf"), help="native: the family's serving-engine layout "
+                   "(or drafter/ + head.safetensors where no engine reads the head); hf: transformers remote code, "
+                   "for families that have it (`domino-graft families`); default: the recipe's export.format")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="weights dtype (default: the recipe's export.dtype)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to run the self-check (default: the recipe's)")
     p.add_argument("--dry-run", action="store_true", help="print the bundle's tensors and config from configs alone")

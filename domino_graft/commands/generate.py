@@ -25,16 +25,6 @@ def add_arguments(p) -> None:
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
 
 
-def pick_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device: 'cuda' requested but no CUDA device is available; valid here: auto, cpu")
-    return name
-
-
 def _parse_ids(text: str) -> list[int]:
     parts = text.replace(",", " ").split()
     try:
@@ -77,12 +67,13 @@ class _Streamer:
 
 def run(args) -> int:
     from ..decoding import Engine, Sampling, check_rollout_name, encode_prompt, rollout_choice, stop_token_ids
+    from ..device import pick_device
     from ..loading import load_run_or_bundle
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
-    loaded = load_run_or_bundle(args.run, device=pick_device(args.device))
+    loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
     target = loaded.target
     reserved = stop_token_ids(target)
     prompt_ids = encode_prompt(
@@ -91,7 +82,7 @@ def run(args) -> int:
         prompt_ids=_parse_ids(args.prompt_ids) if args.prompt_ids is not None else None,
         raw=args.raw,
         chat=loaded.recipe.target.chat,
-        reserved=reserved | {getattr(getattr(loaded.adapter, "cfg", None), "mask_token_id", -1)},
+        reserved=reserved | loaded.adapter.reserved_token_ids(),
         where="--prompt" if args.prompt is not None else "--prompt-ids",
     )
     if target.tokenizer is None and args.prompt is not None:

@@ -20,16 +20,16 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..checkpoint import atomic_write_json
+    from ..device import pick_device
     from ..replay import read_responses, replay, responses_file
     from ..rundir import load_run, resolve_run
-    from .generate import pick_device
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag}: {value} is invalid; valid: an integer >= 1")
     responses_file(args.responses)
     run_dir = resolve_run(args.run)
-    loaded = load_run(run_dir, device=pick_device(args.device))
+    loaded = load_run(run_dir, device=pick_device(args.device, option="--device"))
     target = loaded.target
     examples = read_responses(args.responses, target, chat=loaded.recipe.target.chat, limit=args.limit)
     res = replay(target, loaded.adapter, loaded.head, examples, max_anchors=args.max_tokens)

@@ -6,7 +6,7 @@ import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe YAML files")
+    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe YAML files or shipped recipes' names")
 
 
 def run(args) -> int:

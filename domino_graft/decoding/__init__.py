@@ -1,19 +1,26 @@
-"""Lossless speculative decoding with Domino-grafted drafters (DESIGN §5).
+"""Lossless speculative decoding with Domino-grafted drafters (docs/design.md §5).
 
-    sampling   the shared logit warper and sampling settings
+    common     the result, stop rules, prompt checks, positions and target cache every decoder shares
     rollout    the drafter's chain rollout over one block (reference; kernels plug in by name)
     verify     greedy and speculative-sampling verification (batched)
-    engine     target-only and speculative decoding on one cache machinery (batch size 1)
+    chain      chain speculative decoding (adapter.topology "chain")
+    tree       static-tree speculative decoding, greedy (adapter.topology "tree")
+    engine     the target-only baseline, and the topology -> decoder map (batch size 1)
     chat       prompts -> ids (chat template / raw / token ids) and stop tokens
+
+Sampling settings and the shared logit warper live in `domino_graft.sampling` (kernels use
+them too); they are re-exported here.
 """
 
+from ..sampling import Sampling, pick, sample, warp
 from .chat import decode_text, encode_prompt, stop_token_ids
-from .engine import DecodeResult, Engine
+from .common import DecodeResult
+from .engine import DECODERS, Engine
 from .rollout import ROLLOUTS, check_rollout_name, get_rollout, register_rollout, rollout, rollout_choice, rollout_names
-from .sampling import Sampling, pick, sample, warp
 from .verify import verify_greedy, verify_sampling
 
 __all__ = [
-    "DecodeResult", "Engine", "ROLLOUTS", "check_rollout_name", "Sampling", "decode_text", "encode_prompt", "get_rollout", "pick",
-    "register_rollout", "rollout", "rollout_choice", "rollout_names", "sample", "stop_token_ids", "verify_greedy", "verify_sampling", "warp",
+    "DECODERS", "DecodeResult", "Engine", "ROLLOUTS", "check_rollout_name", "Sampling", "decode_text", "encode_prompt",
+    "get_rollout", "pick", "register_rollout", "rollout", "rollout_choice", "rollout_names", "sample", "stop_token_ids",
+    "verify_greedy", "verify_sampling", "warp",
 ]

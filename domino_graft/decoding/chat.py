@@ -41,8 +41,8 @@ def encode_prompt(
     where: str = "prompt",
 ) -> list[int]:
     """Exactly one of prompt / messages / prompt_ids. `chat=False` (recipe target.chat) or
-    `raw=True` tokenizes a text prompt as is; `reserved` ids (stop, mask) are avoided by
-    the byte fallback."""
+    `raw=True` tokenizes a text prompt as is; `reserved` ids (stop ids, the drafter's placeholder
+    tokens) are avoided by the byte fallback."""
     given = [k for k, v in (("prompt", prompt), ("messages", messages), ("prompt_ids", prompt_ids)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"{where}: give exactly one of prompt, messages, prompt_ids (got {', '.join(given) or 'none'})")

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .sampling import sample, warp
+from ..sampling import sample, warp
 
 RolloutFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 

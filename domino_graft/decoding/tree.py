@@ -1,7 +1,7 @@
-"""Static-tree speculative decoding (Medusa-style choices) with Domino-corrected branches.
+"""Static-tree speculative decoding with Domino-corrected branches (`adapter.topology == "tree"`).
 
-A tree is given in Medusa's "choices" notation: each path lists, per depth, the rank of
-the chosen token among its parent's top-k, e.g. [[0], [1], [0, 0], [0, 1]] (node [0, 1] =
+A tree is given in "choices" notation (the static trees of drafters with one LM head per
+slot): each path lists, per depth, the rank of the chosen token among its parent's top-k, e.g. [[0], [1], [0, 0], [0, 1]] (node [0, 1] =
 the 2nd-best child of the best depth-1 token). Node n at depth d is a proposal for slot d.
 
 Why each node carries its own GRU state: the Domino correction of slot d depends on the
@@ -11,7 +11,7 @@ top-k of *its own* corrected logits, computed from its own state
     S(child) = GRU(S(node), E(token(node))),  final = L_base_d + W2·SiLU(W1·[H_d; S(child)])
 
 and one batched head step per depth serves every parent at that depth: the cost grows
-with the depth, not with the number of nodes (DESIGN §5).
+with the depth, not with the number of nodes (docs/design.md §5).
 
 Verification: one target forward over [x_0, every node] at positions pos + depth, with a
 4D mask (a node sees the verified context, x_0 and its own ancestors). Greedy acceptance
@@ -21,16 +21,19 @@ target-only greedy decoding emits. The target cache then keeps x_0 and the accep
 (gathered into place), the drafter observes them, and the next step starts from the bonus.
 
 Greedy only: speculative *sampling* over a tree needs a multi-candidate acceptance rule
-(e.g. recursive rejection sampling) to stay lossless; Medusa's "typical acceptance" is not.
+(e.g. recursive rejection sampling) to stay lossless; "typical acceptance" heuristics are not.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
+
+from ..sampling import Sampling
+from .common import DecodeResult, OnTokens, Output, check_prompt, positions, stop_set
 
 ROOT = -1
 
@@ -146,13 +149,11 @@ def _keep_positions(cache, keep: torch.Tensor) -> None:
         layer.values = layer.values.index_select(-2, keep)
 
 
-def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling=None, stop_ids: Iterable[int] = (),
-                     use_head: bool = True, on_tokens=None, seed_offset: int = 0, tree=None):
+def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Optional[Sampling] = None,
+                     stop_ids: Iterable[int] = (), use_head: bool = True, on_tokens: OnTokens = None,
+                     seed_offset: int = 0, tree=None) -> DecodeResult:
     """Greedy tree speculative decoding with `engine`'s target, adapter and head; output is
     token-for-token `engine.target_only`'s. `tree`: choices (default: the adapter's)."""
-    from .engine import DecodeResult, _Output, _positions
-    from .sampling import Sampling
-
     sampling = sampling or Sampling()
     if not sampling.greedy:
         raise ValueError(
@@ -167,10 +168,10 @@ def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling=None, 
         raise ValueError("tree decoding: no tree given and the drafter has none (drafter.tree)")
     spec = TreeSpec.from_choices(choices)
     k = adapter.num_slots  # per-slot statistics keep the chain engine's shape (depth <= K)
-    ids = engine._check(prompt_ids, max_new_tokens)
+    ids = check_prompt(target, prompt_ids, max_new_tokens)
     dev = ids.device
     capture = adapter.capture_layers()
-    out = _Output(max_new_tokens, engine._stops(stop_ids), on_tokens)
+    out = Output(max_new_tokens, stop_set(engine.stop_ids, stop_ids), on_tokens)
     reached, accepted_slot, accepted = [0] * k, [0] * k, []
     visible = spec.visible().to(dev)
     depth = torch.tensor((0,) + spec.depth, device=dev)
@@ -184,10 +185,10 @@ def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling=None, 
         cache = DynamicCache(config=target.model.config)  # full-attention layers only (_keep_positions)
         adapter.reset(1)
         n = ids.shape[1]
-        logits, feats = target(ids, cache=cache, position_ids=_positions(0, n, dev)[None], capture=capture,
+        logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
                                logits_to_keep=1)
         forwards = 1
-        adapter.observe(feats, _positions(0, n, dev), ids=ids)
+        adapter.observe(feats, positions(0, n, dev), ids=ids)
         anchor = logits[:, -1].argmax(-1)
         pos = n
         done = out.push([int(anchor)])
@@ -220,7 +221,7 @@ def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling=None, 
                 break
             rows = torch.tensor([0] + [1 + i for i in path], device=dev)
             _keep_positions(cache, torch.cat([torch.arange(pos, device=dev), pos + rows]))
-            adapter.observe(None if feats is None else feats[:, rows], _positions(pos, a + 1, dev), ids=seq[:, rows])
+            adapter.observe(None if feats is None else feats[:, rows], positions(pos, a + 1, dev), ids=seq[:, rows])
             anchor = torch.tensor([best[cur]], device=dev)
             pos += a + 1
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted, reached,

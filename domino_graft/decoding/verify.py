@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .sampling import sample
+from ..sampling import sample
 
 
 def verify_greedy(target_logits: torch.Tensor, drafts: torch.Tensor):

@@ -5,9 +5,9 @@ shard the trainable module with `fully_shard`. FSDP2 works on CPU/gloo in torch 
 the CPU test exercises the same code path as a GPU run.
 
 Sharding is one FSDP unit at the root of the objective (backbone + head). Finer units (per
-decoder layer) would cut peak memory further, but the DFlash adapter calls
-`layer.self_attn.project_kv` from `context_kv`, outside each layer's forward, where a
-separately sharded layer's weights would not be gathered.
+decoder layer) would cut peak memory further, but an adapter may call a layer's submodules
+outside that layer's forward (a drafter that projects the target's context into each layer's
+keys and values does), where a separately sharded layer's weights would not be gathered.
 """
 
 from __future__ import annotations

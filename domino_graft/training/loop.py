@@ -1,9 +1,19 @@
-"""`domino-graft train`: the training loop, top to bottom.
+"""`domino-graft train`: the training loop, phase by phase.
 
 One optimizer step = `train.batch_size` sequences over all ranks, in `train.grad_accum`
 micro-steps; each rank takes every world-th sequence of a micro-batch (DistributedSampler
 style). Gradients are sums of weighted per-slot cross-entropies, divided once per step by
 the global label weight, so 1 rank and N ranks compute the same update.
+
+`train` resolves the run, its recipe and the checkpoint to resume, then hands one
+`TrainingRun` per rank its phases in order (as a torchtune recipe does):
+
+    setup_model        seeds, the run's target / drafter / head, what the final save must hold
+    setup_data         examples, their fingerprint, target features, the sampler
+    setup_optimizer    backbone mode (frozen / full / LoRA), objective, sharding, AdamW, schedule
+    restore            resume from a checkpoint (exact), or start the metrics afresh
+    train_step         one optimizer step -> its metrics record; then log, maybe checkpoint
+    finish             gather the trained weights, update the run dir, report
 """
 
 from __future__ import annotations
@@ -20,21 +30,16 @@ from typing import Callable, Optional
 import torch
 
 from ..recipe import Recipe, apply_overrides, parse_recipe, recipe_to_dict
-from .checkpoints import (
-    final_tensors,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-    update_run_weights,
-)
 from .data import StreamSampler, collate, fingerprint, load_examples
 from .distributed import DistInfo, init_distributed, set_grad_sync, shard, teardown
 from .objective import DominoObjective, estimated_tau, lambda_at, lr_factor
+from .resume import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .weights import final_tensors, update_run_weights
 
 # Sections whose weights already exist in the run dir: changing them at train time would
 # silently train something other than what the run (and its plan) describe.
 FROZEN_SECTIONS = ("name", "target", "drafter", "head")
+TENSORBOARD_KEYS = ("loss", "loss_final", "loss_base", "lambda", "lr", "tau_base", "tau_final", "tokens_per_s")
 
 
 @dataclass
@@ -47,10 +52,24 @@ class TrainResult:
 def train(run: Optional[str] = None, overrides: list[str] | None = None, *, max_steps: Optional[int] = None,
           save_every: Optional[int] = None, resume: bool = False, echo: Callable = print,
           progress: bool = True) -> TrainResult:
-    from ..apply import pick_device
+    from ..device import pick_device
     from ..rundir import resolve_run
 
     run_dir = resolve_run(run)
+    overrides = _train_overrides(overrides, max_steps=max_steps, save_every=save_every)
+    ckpt = _checkpoint_to_resume(run_dir, resume)
+    ckpt_state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else None
+    recipe = _recipe(run_dir, overrides, ckpt_state)
+    info = init_distributed(pick_device(recipe.device))
+    try:
+        return TrainingRun(run_dir, recipe, info, echo=echo if info.main else (lambda *a, **k: None),
+                           progress=progress and info.main).run(ckpt)
+    finally:
+        teardown(info)
+
+
+def _train_overrides(overrides: list[str] | None, *, max_steps: Optional[int], save_every: Optional[int]) -> list[str]:
+    """KEY=VALUE overrides (never of a section whose weights the run already holds), then the flags'."""
     overrides = list(overrides or [])
     for item in overrides:
         section = item.split("=", 1)[0].split(".", 1)[0]
@@ -63,7 +82,11 @@ def train(run: Optional[str] = None, overrides: list[str] | None = None, *, max_
         overrides.append(f"train.max_steps={max_steps}")
     if save_every is not None:
         overrides.append(f"train.save_every={save_every}")
+    return overrides
 
+
+def _checkpoint_to_resume(run_dir: Path, resume: bool) -> Optional[Path]:
+    """The latest checkpoint with --resume (which needs one), None without (which needs none)."""
     ckpt = latest_checkpoint(run_dir)
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: {run_dir}/checkpoints has no complete step-N checkpoint to resume from")
@@ -72,14 +95,7 @@ def train(run: Optional[str] = None, overrides: list[str] | None = None, *, max_
             f"{run_dir}: checkpoint {ckpt.name} exists; pass --resume to continue that run (add --max-steps to "
             f"extend it), or delete {run_dir}/checkpoints to start over"
         )
-    ckpt_state = json.loads((ckpt / "state.json").read_text()) if resume else None
-    recipe = _recipe(run_dir, overrides, ckpt_state)
-    info = init_distributed(pick_device(recipe))
-    try:
-        return _train(run_dir, recipe, info, ckpt if resume else None, echo=echo if info.main else (lambda *a, **k: None),
-                      progress=progress and info.main)
-    finally:
-        teardown(info)
+    return ckpt if resume else None
 
 
 def _recipe(run_dir: Path, overrides: list[str], ckpt_state: Optional[dict]) -> Recipe:
@@ -111,7 +127,8 @@ def _setup_backbone(adapter, mode: str, cfg) -> Optional[float]:
     from torch import nn
 
     # Every Linear, matched by its full name: PEFT matches list entries as name suffixes, and a
-    # bare "1" (Medusa's per-head output layer) would also match a Sequential named "...1".
+    # bare "1" (the output layer of each head, in a family with one LM head per slot) would also
+    # match a Sequential named "...1".
     names = [n for n, m in backbone.named_modules() if isinstance(m, nn.Linear)]
     if not names:
         raise ValueError("train.backbone: 'lora' needs Linear layers in the drafter backbone; it has none. "
@@ -127,135 +144,195 @@ def _setup_backbone(adapter, mode: str, cfg) -> Optional[float]:
     return cfg.lora_alpha / cfg.lora_rank
 
 
-def _train(run_dir: Path, recipe: Recipe, info: DistInfo, ckpt: Optional[Path], *, echo, progress) -> TrainResult:
-    import numpy as np
+class TrainingRun:
+    """One rank's share of one `train` invocation. The phases run in the order `run` calls
+    them; each leaves on `self` what the later ones read (the order is part of exact resume:
+    the seeds, the RNG draws of LoRA's init and the restored RNG states depend on it)."""
 
-    from ..checkpoint import sha256_file
-    from ..rundir import load_run
-    from .features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_key
+    def __init__(self, run_dir: Path, recipe: Recipe, info: DistInfo, *, echo: Callable, progress: bool):
+        self.run_dir, self.recipe, self.info = run_dir, recipe, info
+        self.cfg = recipe.train
+        self.echo, self.progress = echo, progress
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.start, self.tokens_seen = 0, 0
 
-    cfg = recipe.train
-    per_micro, rem = divmod(cfg.batch_size, cfg.grad_accum * info.world)
-    if rem or per_micro == 0:
-        raise ValueError(
-            f"train.batch_size: {cfg.batch_size} must be a positive multiple of train.grad_accum ({cfg.grad_accum}) "
-            f"× world size ({info.world}) = {cfg.grad_accum * info.world}"
-        )
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed % 2**32)
+    def run(self, ckpt: Optional[Path]) -> TrainResult:
+        self.setup_model()
+        self.setup_data()
+        self.setup_optimizer()
+        self.restore(ckpt)
+        self.announce()
+        self.loop()
+        return self.finish()
 
-    loaded = load_run(run_dir, device=info.device)
-    target, adapter, head = loaded.target, loaded.adapter, loaded.head
-    drafter_file = run_dir / "drafter" / "model.safetensors"
-    drafter_sha = sha256_file(drafter_file) if drafter_file.is_file() else None
-    drafter_dtype = next(adapter.backbone.parameters()).dtype
-    # The family's native tensor set, taken before LoRA renames anything: what the final save
-    # must contain, exactly (tied aliases and adapter tensors are dropped, missing ones fatal).
-    native_shapes = {k: tuple(v.shape) for k, v in adapter.backbone_state_dict().items()}
+    # ------------------------------------------------------------------------- setup
+    def setup_model(self) -> None:
+        """Check the batch split, seed every RNG, load the run's target, drafter and head."""
+        import numpy as np
 
-    # ---- data and features
-    eos = (target.shape.eos_token_ids or (getattr(target.tokenizer, "eos_token_id", None),))[0]
-    # the drafter's placeholder token (DFlash mask, PARD pard token) must not occur in the data
-    reserved = {getattr(getattr(adapter, "cfg", None), "mask_token_id", None),
-                getattr(adapter, "pard_token_id", None)} - {None}
-    examples = load_examples(recipe, target.tokenizer, vocab_size=target.shape.vocab_size, eos_id=eos,
-                             reserved=reserved)
-    data_fp = fingerprint(examples)
-    capture = tuple(adapter.capture_layers())
-    if cfg.features == "offline" and capture:
-        key = cache_key(data_fp, target.identity, capture, recipe.target.dtype)
-        folder = build_offline_cache(run_dir / "features", key, examples, target, capture, rank=info.rank,
-                                     world=info.world, barrier=info.barrier, progress=progress)
-        features = OfflineFeatures(folder)
-        # Only the embeddings and LM head are still needed: free the decoder layers.
-        target.model.model.layers = torch.nn.ModuleList()
-    elif capture:
-        features = OnlineFeatures(target, capture)
-    else:  # the drafter reads no target features (PARD): no target forward at all
-        def features(batch, idx):
-            return None
-    sampler = StreamSampler(len(examples), cfg.seed)
+        from ..checkpoint import sha256_file
+        from ..rundir import load_run
 
-    # ---- model, optimizer, schedule
-    lora_scaling = _setup_backbone(adapter, cfg.backbone, cfg)
-    for p in head.parameters():
-        p.requires_grad_(True)
-    objective = DominoObjective(adapter, head, gamma=cfg.gamma, loss_chunk=cfg.loss_chunk,
-                                backbone_trainable=cfg.backbone != "frozen").to(info.device)
-    shard(objective, info)
-    named = [(n, p) for n, p in objective.named_parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for n, p in named if not n.startswith("head.")], "lr": cfg.lr},
-        {"params": [p for n, p in named if n.startswith("head.")], "lr": cfg.head_lr or cfg.lr},
-    ]
-    groups = [g for g in groups if g["params"]]
-    params = [p for _, p in named]
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, schedule=cfg.lr_schedule)
-    )
-
-    metrics_path = run_dir / "metrics.jsonl"
-    start, tokens_seen = 0, 0
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, objective, optimizer, scheduler, info)
-        if cfg.backbone == "lora" and state.get("drafter_sha256") not in (None, drafter_sha):
+        cfg, info = self.cfg, self.info
+        per_micro, rem = divmod(cfg.batch_size, cfg.grad_accum * info.world)
+        if rem or per_micro == 0:
             raise ValueError(
-                f"--resume: {ckpt} holds LoRA weights for the drafter backbone it started from, but "
-                f"{drafter_file} has changed since (a finished run merges LoRA into it); resume is not possible, "
-                "start a new run with `domino-graft apply`"
+                f"train.batch_size: {cfg.batch_size} must be a positive multiple of train.grad_accum ({cfg.grad_accum}) "
+                f"× world size ({info.world}) = {cfg.grad_accum * info.world}"
             )
-        if state.get("data_fingerprint") != data_fp:
-            echo(f"warning: the training data differs from the data {ckpt.name} was trained on")
-        if state["max_steps"] != cfg.max_steps:
-            echo(f"note: max_steps {state['max_steps']} -> {cfg.max_steps}: the λ and LR schedules now span {cfg.max_steps} steps")
-        start, tokens_seen = state["step"], state["tokens_seen"]
-        if start > cfg.max_steps:
-            raise ValueError(f"train.max_steps: {cfg.max_steps} is below the step of {ckpt} ({start}); valid: >= {start}")
-        if info.main:
-            _truncate_metrics(metrics_path, start)
-        echo(f"resumed from {ckpt} (step {start})")
-    elif info.main:
-        metrics_path.write_text("")
-    info.barrier()
+        self.per_micro = per_micro
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
 
-    if cfg.backbone_only_steps >= cfg.max_steps:
-        echo(f"note: train.backbone_only_steps={cfg.backbone_only_steps} >= max_steps={cfg.max_steps}: the head never trains")
-    echo(
-        f"training {run_dir}: {len(examples)} sequences, backbone {cfg.backbone}, features {cfg.features}, "
-        f"{cfg.batch_size} seq/step ({cfg.grad_accum} micro-step(s) × {info.world} rank(s)), steps {start}->{cfg.max_steps}"
-    )
+        loaded = load_run(self.run_dir, device=info.device)
+        self.target, self.adapter, self.head = loaded.target, loaded.adapter, loaded.head
+        self.drafter_file = self.run_dir / "drafter" / "model.safetensors"
+        self.drafter_sha = sha256_file(self.drafter_file) if self.drafter_file.is_file() else None
+        self.drafter_dtype = next(self.adapter.backbone.parameters()).dtype
+        # The family's native tensor set, taken before LoRA renames anything: what the final save
+        # must contain, exactly (tied aliases and adapter tensors are dropped, missing ones fatal).
+        self.native_shapes = {k: tuple(v.shape) for k, v in self.adapter.backbone_state_dict().items()}
 
-    writer = _tensorboard(run_dir) if info.main else None
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    def setup_data(self) -> None:
+        """The training sequences, their fingerprint, the target features the drafter reads
+        (cached offline, computed online, or none), and the stateless sampler."""
+        from .features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_key
 
-        bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-    autocast = (torch.autocast("cuda", dtype=target.dtype) if info.device.startswith("cuda")
-                and target.dtype in (torch.bfloat16, torch.float16) else contextlib.nullcontext())
-    num_slots = None
-    for step in range(start, cfg.max_steps):
+        cfg, info, target, adapter = self.cfg, self.info, self.target, self.adapter
+        eos = (target.shape.eos_token_ids or (getattr(target.tokenizer, "eos_token_id", None),))[0]
+        # the drafter's placeholder tokens must not occur in the data
+        self.examples = load_examples(self.recipe, target.tokenizer, vocab_size=target.shape.vocab_size, eos_id=eos,
+                                      reserved=set(adapter.reserved_token_ids()))
+        self.data_fp = fingerprint(self.examples)
+        capture = tuple(adapter.capture_layers())
+        if cfg.features == "offline" and capture:
+            key = cache_key(self.data_fp, target.identity, capture, self.recipe.target.dtype)
+            folder = build_offline_cache(self.run_dir / "features", key, self.examples, target, capture, rank=info.rank,
+                                         world=info.world, barrier=info.barrier, progress=self.progress)
+            self.features = OfflineFeatures(folder)
+            # Only the embeddings and LM head are still needed: free the decoder layers.
+            target.model.model.layers = torch.nn.ModuleList()
+        elif capture:
+            self.features = OnlineFeatures(target, capture)
+        else:  # a drafter that reads tokens only: no target forward at all
+            self.features = lambda batch, idx: None
+        self.sampler = StreamSampler(len(self.examples), cfg.seed)
+
+    def setup_optimizer(self) -> None:
+        """Backbone mode, the objective (sharded across ranks), AdamW's two groups, the LR schedule."""
+        cfg, info = self.cfg, self.info
+        self.lora_scaling = _setup_backbone(self.adapter, cfg.backbone, cfg)
+        for p in self.head.parameters():
+            p.requires_grad_(True)
+        self.objective = DominoObjective(self.adapter, self.head, gamma=cfg.gamma, loss_chunk=cfg.loss_chunk,
+                                         backbone_trainable=cfg.backbone != "frozen").to(info.device)
+        shard(self.objective, info)
+        named = [(n, p) for n, p in self.objective.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for n, p in named if not n.startswith("head.")], "lr": cfg.lr},
+            {"params": [p for n, p in named if n.startswith("head.")], "lr": cfg.head_lr or cfg.lr},
+        ]
+        groups = [g for g in groups if g["params"]]
+        self.params = [p for _, p in named]
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, schedule=cfg.lr_schedule),
+        )
+
+    def restore(self, ckpt: Optional[Path]) -> None:
+        """Resume exactly from `ckpt` (model, optimizer, schedule, RNG; metrics cut back to its
+        step), or start metrics.jsonl afresh."""
+        cfg, info, echo = self.cfg, self.info, self.echo
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self.objective, self.optimizer, self.scheduler, info)
+            if cfg.backbone == "lora" and state.get("drafter_sha256") not in (None, self.drafter_sha):
+                raise ValueError(
+                    f"--resume: {ckpt} holds LoRA weights for the drafter backbone it started from, but "
+                    f"{self.drafter_file} has changed since (a finished run merges LoRA into it); resume is not "
+                    "possible, start a new run with `domino-graft apply`"
+                )
+            if state.get("data_fingerprint") != self.data_fp:
+                echo(f"warning: the training data differs from the data {ckpt.name} was trained on")
+            if state["max_steps"] != cfg.max_steps:
+                echo(f"note: max_steps {state['max_steps']} -> {cfg.max_steps}: the λ and LR schedules now span "
+                     f"{cfg.max_steps} steps")
+            self.start, self.tokens_seen = state["step"], state["tokens_seen"]
+            if self.start > cfg.max_steps:
+                raise ValueError(f"train.max_steps: {cfg.max_steps} is below the step of {ckpt} ({self.start}); "
+                                 f"valid: >= {self.start}")
+            if info.main:
+                _truncate_metrics(self.metrics_path, self.start)
+            echo(f"resumed from {ckpt} (step {self.start})")
+        elif info.main:
+            self.metrics_path.write_text("")
+        info.barrier()
+
+    def announce(self) -> None:
+        cfg = self.cfg
+        if cfg.backbone_only_steps >= cfg.max_steps:
+            self.echo(f"note: train.backbone_only_steps={cfg.backbone_only_steps} >= max_steps={cfg.max_steps}: "
+                      "the head never trains")
+        self.echo(
+            f"training {self.run_dir}: {len(self.examples)} sequences, backbone {cfg.backbone}, features {cfg.features}, "
+            f"{cfg.batch_size} seq/step ({cfg.grad_accum} micro-step(s) × {self.info.world} rank(s)), "
+            f"steps {self.start}->{cfg.max_steps}"
+        )
+
+    # -------------------------------------------------------------------------- loop
+    def loop(self) -> None:
+        """Steps start..max_steps: each trains, logs and (every save_every, and at the end) checkpoints."""
+        target, info = self.target, self.info
+        writer = _tensorboard(self.run_dir) if info.main else None
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.cfg.max_steps, initial=self.start, desc="train", unit="step", dynamic_ncols=True)
+        self.autocast = (torch.autocast("cuda", dtype=target.dtype) if info.device.startswith("cuda")
+                         and target.dtype in (torch.bfloat16, torch.float16) else contextlib.nullcontext())
+        try:
+            for step in range(self.start, self.cfg.max_steps):
+                rec = self.train_step(step)
+                self.log(rec, writer, bar)
+                self.maybe_checkpoint(step + 1, rec["lambda"])
+        finally:
+            if bar is not None:
+                bar.close()
+            if writer is not None:
+                writer.close()
+
+    def micro_batch(self, step: int, m: int) -> tuple[dict, list[int]]:
+        """Micro-step m of `step` on this rank: (collated batch, example indices)."""
+        cfg, info = self.cfg, self.info
+        first = step * cfg.batch_size + m * self.per_micro * info.world
+        positions = [first + info.rank + info.world * i for i in range(self.per_micro)]
+        idx = [self.sampler.index(p) for p in positions]
+        batch = collate([self.examples[i] for i in idx], positions, anchors_per_seq=cfg.anchors_per_seq, seed=cfg.seed)
+        return batch, idx
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step (grad_accum micro-steps, statistics summed over ranks) -> its metrics record."""
+        cfg, info = self.cfg, self.info
+        dev = info.device
         t0 = time.perf_counter()
         head_on = step >= cfg.backbone_only_steps
         # During the backbone-only warm-up the loss is CE(base) alone: λ = 1 in effect.
         lam = lambda_at(step, lambda_start=cfg.lambda_start, decay_ratio=cfg.decay_ratio,
                         max_steps=cfg.max_steps) if head_on else 1.0
-        lr_now = [g["lr"] for g in optimizer.param_groups]
+        lr_now = [g["lr"] for g in self.optimizer.param_groups]
         acc = None
         tokens = 0
+        num_slots = None
         for m in range(cfg.grad_accum):
-            first = step * cfg.batch_size + m * per_micro * info.world
-            positions = [first + info.rank + info.world * i for i in range(per_micro)]
-            idx = [sampler.index(p) for p in positions]
-            batch = collate([examples[i] for i in idx], positions, anchors_per_seq=cfg.anchors_per_seq, seed=cfg.seed)
-            feats = features(batch, idx)
-            feats = feats.to(info.device) if feats is not None else None  # None: a drafter that reads tokens only (PARD)
-            set_grad_sync(objective, m == cfg.grad_accum - 1)
-            with autocast:
-                out = objective(feats, batch["input_ids"].to(info.device), batch["loss_mask"].to(info.device),
-                                batch["anchors"].to(info.device), batch["valid"].to(info.device), lam, head_on)
+            batch, idx = self.micro_batch(step, m)
+            feats = self.features(batch, idx)
+            feats = feats.to(dev) if feats is not None else None  # None: a drafter that reads tokens only
+            set_grad_sync(self.objective, m == cfg.grad_accum - 1)
+            with self.autocast:
+                out = self.objective(feats, batch["input_ids"].to(dev), batch["loss_mask"].to(dev),
+                                     batch["anchors"].to(dev), batch["valid"].to(dev), lam, head_on)
             out["loss_sum"].backward()
             num_slots = out["count"].numel()
             vec = torch.cat([
@@ -266,31 +343,31 @@ def _train(run_dir: Path, recipe: Recipe, info: DistInfo, ckpt: Optional[Path], 
             tokens += sum(batch["lengths"])
         stats = torch.cat([acc, torch.tensor([float(tokens)], dtype=torch.float64)])
         if info.active:
-            stats = info.all_reduce(stats.to(info.device)).cpu()
+            stats = info.all_reduce(stats.to(dev)).cpu()
         ce_f, ce_b, wsum = stats[0].item(), stats[1].item(), stats[2].item()
         k = num_slots
         ok_b, ok_f, cnt = stats[3 : 3 + k], stats[3 + k : 3 + 2 * k], stats[3 + 2 * k : 3 + 3 * k]
         step_tokens = int(stats[-1].item())
         # FSDP averaged the gradients over ranks; they are sums, so scale by world / Σweight.
         scale = info.world / wsum if wsum > 0 else 0.0
-        for p in params:
+        for p in self.params:
             if p.grad is not None:
                 p.grad.mul_(scale)
         grad_norm = None
         if cfg.max_grad_norm > 0:
-            gn = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
             grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        tokens_seen += step_tokens
+        self.tokens_seen += step_tokens
 
         loss_f = ce_f / wsum if wsum else float("nan")
         loss_b = ce_b / wsum if wsum else float("nan")
         acc_b = [round(a / c, 6) if c else None for a, c in zip(ok_b.tolist(), cnt.tolist())]
         acc_f = [round(a / c, 6) if c else None for a, c in zip(ok_f.tolist(), cnt.tolist())]
-        tau_slots = adapter.num_slots
+        tau_slots = self.adapter.num_slots
         rec = {
             "step": step + 1,
             "loss": (1 - lam) * loss_f + lam * loss_b,
@@ -309,65 +386,72 @@ def _train(run_dir: Path, recipe: Recipe, info: DistInfo, ckpt: Optional[Path], 
         }
         if not head_on:
             rec["phase"] = "backbone_only"
-        if info.main:
-            with open(metrics_path, "a") as f:
+        return rec
+
+    def log(self, rec: dict, writer, bar) -> None:
+        """metrics.jsonl and TensorBoard (rank 0), the progress bar."""
+        if self.info.main:
+            with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             if writer is not None:
-                for key in ("loss", "loss_final", "loss_base", "lambda", "lr", "tau_base", "tau_final", "tokens_per_s"):
-                    writer.add_scalar(f"train/{key}", rec[key], step + 1)
+                for key in TENSORBOARD_KEYS:
+                    writer.add_scalar(f"train/{key}", rec[key], rec["step"])
         if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", lam=f"{lam:.2f}", tau_b=f"{rec['tau_base']:.2f}",
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", lam=f"{rec['lambda']:.2f}", tau_b=f"{rec['tau_base']:.2f}",
                             tau_f=f"{rec['tau_final']:.2f}")
             bar.update(1)
-        done = step + 1
+
+    def maybe_checkpoint(self, done: int, lam: float) -> None:
+        """A checkpoint after `done` steps, every save_every and at max_steps (collective)."""
+        cfg, info = self.cfg, self.info
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.max_steps:
-            save_checkpoint(run_dir, done, objective, optimizer, scheduler, info, {
-                "train": recipe_to_dict(recipe)["train"],
+            save_checkpoint(self.run_dir, done, self.objective, self.optimizer, self.scheduler, info, {
+                "train": recipe_to_dict(self.recipe)["train"],
                 "max_steps": cfg.max_steps,
                 "lambda": lam,
                 "samples_seen": done * cfg.batch_size,
                 "data_position": done * cfg.batch_size,  # position in the sampler's stream
-                "tokens_seen": tokens_seen,
+                "tokens_seen": self.tokens_seen,
                 "world_size": info.world,
-                "data_fingerprint": data_fp,
-                "drafter_sha256": drafter_sha,
+                "data_fingerprint": self.data_fp,
+                "drafter_sha256": self.drafter_sha,
             }, cfg.keep_last)
-    if bar is not None:
-        bar.close()
-    if writer is not None:
-        writer.close()
 
-    # ---- the run's weights
-    tensors = final_tensors(objective, info, lora_scaling=lora_scaling)
-    summary = summarize(metrics_path, tau_slots=adapter.num_slots) if info.main else {}
-    if info.main:
-        head_t, backbone_t = tensors
-        if cfg.backbone != "frozen":
-            backbone_t = {k: v for k, v in backbone_t.items() if k in native_shapes}
-        update_run_weights(
-            run_dir,
-            head_tensors=head_t,
-            head_spec=head.spec.to_dict(),
-            backbone=backbone_t if cfg.backbone != "frozen" else None,
-            backbone_shapes=native_shapes,
-            drafter_dtype=drafter_dtype,
-            native_config=adapter.native_config(),
-            training={
-                "steps": cfg.max_steps,
-                "tokens": tokens_seen,
-                "samples": cfg.max_steps * cfg.batch_size,
-                "backbone": cfg.backbone,
-                "features": cfg.features,
-                "world_size": info.world,
-                "checkpoint": list_checkpoints(run_dir)[-1][1].name if list_checkpoints(run_dir) else None,
-                "final_metrics": summary,
-            },
-        )
-        echo(format_summary(summary))
-        echo(f"updated {run_dir}/head.safetensors" + ("" if cfg.backbone == "frozen" else " and drafter/model.safetensors")
-             + "; metrics in metrics.jsonl")
-    info.barrier()
-    return TrainResult(run_dir, cfg.max_steps, summary)
+    # ------------------------------------------------------------------------ finish
+    def finish(self) -> TrainResult:
+        """Gather the trained weights (collective), write them into the run dir, report."""
+        cfg, info, run_dir = self.cfg, self.info, self.run_dir
+        tensors = final_tensors(self.objective, info, lora_scaling=self.lora_scaling)
+        summary = summarize(self.metrics_path, tau_slots=self.adapter.num_slots) if info.main else {}
+        if info.main:
+            head_t, backbone_t = tensors
+            if cfg.backbone != "frozen":
+                backbone_t = {k: v for k, v in backbone_t.items() if k in self.native_shapes}
+            found = list_checkpoints(run_dir)
+            update_run_weights(
+                run_dir,
+                head_tensors=head_t,
+                head_spec=self.head.spec.to_dict(),
+                backbone=backbone_t if cfg.backbone != "frozen" else None,
+                backbone_shapes=self.native_shapes,
+                drafter_dtype=self.drafter_dtype,
+                native_config=self.adapter.native_config(),
+                training={
+                    "steps": cfg.max_steps,
+                    "tokens": self.tokens_seen,
+                    "samples": cfg.max_steps * cfg.batch_size,
+                    "backbone": cfg.backbone,
+                    "features": cfg.features,
+                    "world_size": info.world,
+                    "checkpoint": found[-1][1].name if found else None,
+                    "final_metrics": summary,
+                },
+            )
+            self.echo(format_summary(summary))
+            self.echo(f"updated {run_dir}/head.safetensors"
+                      + ("" if cfg.backbone == "frozen" else " and drafter/model.safetensors") + "; metrics in metrics.jsonl")
+        info.barrier()
+        return TrainResult(run_dir, cfg.max_steps, summary)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -426,7 +510,7 @@ def format_summary(s: dict) -> str:
         fmt = lambda v: "   -  " if v is None else f"{v:6.3f}"  # noqa: E731
         lines.append(f"  {j:>4} {fmt(b)}  {fmt(f)}")
     lines.append(f"  τ est {s['tau_base']:6.3f}  {s['tau_final']:6.3f}   (1 + Σ_k Π_i<=k acc_i)")
-    # SmolLM2 DFlash + Domino (bench/results/smollm2_h200/): this estimate read 3.11 at the end of
+    # The SmolLM2 run in bench/results/smollm2_h200/: this estimate read 3.11 at the end of
     # training; greedy decoding on GSM8K measured 2.35 (acceptance_probe_smollm2.json explains the gap)
     lines.append("  (training batches, slots taken as independent; `domino-graft replay` on held-out responses "
                  "gives the τ decoding measures)")

@@ -158,7 +158,7 @@ class DominoObjective(nn.Module):
         }
 
     def _chunk(self, hid, fts, lab, wrow, corr, slot, lam: float, head_grad: bool):
-        # rows keep their slot: Medusa has one LM head per slot
+        # rows keep their slot: a family with one LM head per slot reads it
         base = self.adapter.slot_base_logits(hid, slot).float()  # [c, V]
         with torch.set_grad_enabled(torch.is_grad_enabled() and head_grad):
             delta = self.head.embed_proj[2](fts).float()

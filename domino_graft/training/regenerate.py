@@ -109,7 +109,7 @@ def greedy(model, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: set
 
 def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens: int = 256, batch_size: int = 8,
                overrides: list[str] | None = None, echo: Callable = print, progress: bool = True) -> dict:
-    from ..apply import pick_device
+    from ..device import pick_device
     from ..recipe import load_recipe
     from ..rundir import resolve_run, run_recipe
     from ..target import load_target
@@ -131,7 +131,7 @@ def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens:
     if not todo:
         return {"written": 0, "skipped": len(records)}
 
-    target = load_target(recipe.target, device=pick_device(recipe))
+    target = load_target(recipe.target, device=pick_device(recipe.device))
     tok = target.tokenizer
     eos_ids = set(target.shape.eos_token_ids)
     if tok is not None and tok.eos_token_id is not None:

@@ -1,0 +1,197 @@
+"""The DFlash+Domino bundle: the format SGLang (PR #36899 or later) and the Domino checkpoints
+use (docs/design.md §3), and its transformers remote-code variant.
+
+    BUNDLE/model.safetensors     drafter backbone + Domino head, native names, export dtype
+    BUNDLE/config.json           native: SGLang DFLASH / vLLM layout
+                                 hf: DominoDraftModel + auto_map (transformers remote code)
+    BUNDLE/configuration_domino.py, modeling_domino.py    (hf only)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .model import DFlashConfig, backbone_tensor_shapes, domino_head_fields, domino_native_config
+
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+HF_CODE_FILES = ("configuration_domino.py", "modeling_domino.py")
+HF_CODE_DIR = Path(__file__).resolve().parent / "hf_modeling"
+HF_AUTO_MAP = {
+    "AutoConfig": "configuration_domino.DominoDFlashConfig",
+    "AutoModel": "modeling_domino.DominoDraftModel",
+}
+WEIGHTS = "model.safetensors"
+
+
+def bundle_files(format: str) -> list[str]:
+    return [WEIGHTS, "config.json", *(HF_CODE_FILES if format == "hf" else ())]
+
+
+def code_files(format: str) -> dict[str, Path]:
+    return {name: HF_CODE_DIR / name for name in HF_CODE_FILES} if format == "hf" else {}
+
+
+def planned_tensor_shapes(drafter_cfg, spec) -> dict[str, tuple[int, ...]]:
+    """Every tensor a DFlash+Domino bundle holds, in file order: backbone, then the head."""
+    return {**backbone_tensor_shapes(drafter_cfg), **spec.tensor_shapes()}
+
+
+def bundle_config(drafter_cfg, spec, *, format: str, dtype: str) -> dict:
+    cfg = domino_native_config(drafter_cfg, spec)
+    cfg["torch_dtype"] = TORCH_NAMES[dtype]
+    if format == "hf":
+        # Same tensors and Domino keys; only the class transformers instantiates differs.
+        cfg.update(architectures=["DominoDraftModel"], model_type="domino_dflash", auto_map=dict(HF_AUTO_MAP))
+    return cfg
+
+
+def plan_bundle(drafter, tshape, spec, *, format: str, dtype: str):
+    from .model import config_from_recipe
+
+    drafter_cfg = config_from_recipe(drafter, tshape)
+    return (bundle_config(drafter_cfg, spec, format=format, dtype=dtype), planned_tensor_shapes(drafter_cfg, spec))
+
+
+def bundle_tensors(backbone_state: dict, head_state: dict, expected: dict, *, dtype: str) -> dict:
+    """Native names -> tensors cast to the export dtype, checked against the plan (so an
+    adapter whose state_dict drifts from the native names cannot write a bundle)."""
+    from domino_graft.checkpoint import check_tensors
+    from domino_graft.target import TORCH_DTYPES
+
+    state = {**backbone_state, **head_state}
+    check_tensors(state, expected, source="export (in-memory drafter + head)")
+    return {k: state[k].detach().to(TORCH_DTYPES[dtype]).contiguous() for k in expected}
+
+
+def bundle_contents(adapter, head, *, format: str, dtype: str):
+    expected = planned_tensor_shapes(adapter.cfg, head.spec)
+    tensors = bundle_tensors(adapter.backbone_state_dict(), head.state_dict(), expected, dtype=dtype)
+    return {WEIGHTS: tensors}, {"config.json": bundle_config(adapter.cfg, head.spec, format=format, dtype=dtype)}
+
+
+def implied_tensor_shapes(config: dict, *, source: str) -> dict[str, tuple[int, ...]]:
+    """What a DFlash+Domino config.json implies the weights must be, name by name."""
+    from domino_graft.checkpoint import CheckpointError
+    from domino_graft.head import HeadSpec
+
+    cfg = DFlashConfig.from_native(config)
+    fields = domino_head_fields(config, source)
+    if not fields:
+        raise CheckpointError(
+            f"{source}: declares no Domino head (dflash_config.projector_type is not 'domino'); "
+            "a domino-graft bundle always carries one"
+        )
+    # DFlash reuses the target's embeddings, so the GRU reads vectors of the drafter's hidden size.
+    spec = HeadSpec(hidden_dim=cfg.hidden_size, emb_dim=cfg.hidden_size, vocab_size=cfg.vocab_size, **fields)
+    return {**backbone_tensor_shapes(cfg), **spec.tensor_shapes()}
+
+
+def implied_tensors(bundle_dir: Path) -> tuple[dict, dict]:
+    """(config.json, {weights file: what config.json implies it holds})."""
+    from domino_graft.checkpoint import read_json
+
+    f = bundle_dir / "config.json"
+    config = read_json(f, missing="file not found; the bundle is incomplete")
+    return config, {WEIGHTS: implied_tensor_shapes(config, source=str(f))}
+
+
+# ------------------------------------------------------------- transformers check
+def _hf_logits(bundle_dir: Path, target, ids, feats, anchors, prev_tokens):
+    """The export self-check's probe through transformers' AutoModel + the shipped remote code."""
+    import torch
+    import transformers
+
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a bar per tiny reload is noise in `export` output
+    try:
+        model = transformers.AutoModel.from_pretrained(
+            str(bundle_dir), trust_remote_code=True, local_files_only=True, dtype=target.dtype
+        ).to(target.device).eval()
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+    # domino-graft runs the head in fp32 whatever the backbone's dtype (graft.build_head); do the
+    # same here so this compares the files and the code, not bf16-vs-fp32 head arithmetic (~1%
+    # of max |logit| on an H200 in bf16).
+    model.prefix_gru.float().flatten_parameters()
+    model.embed_proj.float()
+    out = []
+    bs = model.block_size
+    for i, a in enumerate(anchors):
+        anchor = ids[:, a]
+        block_ids = torch.full((ids.shape[0], bs), model.mask_token_id, dtype=torch.long, device=ids.device)
+        block_ids[:, 0] = anchor
+        pos = torch.arange(a + bs, device=ids.device)[None]
+        hidden = model.proposal_hidden(model(target.embed(block_ids), feats[:, :a], pos))
+        base = target.lm_head(hidden)
+        prev = torch.cat([anchor[:, None], prev_tokens[i][:, :-1]], dim=1)
+        out.append((model.domino_logits(hidden, base, target.embed(prev)).float(), None))
+    return out
+
+
+def transformers_check(bundle_dir: Path, *, format: str, probe: dict) -> tuple[dict, list[str]]:
+    """An hf bundle is also reloaded through transformers and its remote code."""
+    if format != "hf":
+        return {}, []
+    from domino_graft.export import EXACT_TOL, max_rel_diff
+
+    p = probe
+    hf = _hf_logits(bundle_dir, p["target"], p["ids"], p["feats"], p["anchors"], p["tokens"])
+    # an independent implementation: same ops, but allow float reassociation
+    result = {"hf_max_rel_diff": max_rel_diff(p["reference"], hf), "hf_tolerance": max(EXACT_TOL[p["compute"]], 1e-4)}
+    problems = []
+    if not result["hf_max_rel_diff"] <= result["hf_tolerance"]:
+        problems.append(
+            f"transformers AutoModel (remote code) vs the in-memory weights rounded to {p['dtype']}: "
+            f"{result['hf_max_rel_diff']:.3g} > {result['hf_tolerance']:g}"
+        )
+    return result, problems
+
+
+# ------------------------------------------------------------------- model card
+def card_rows(manifest: dict, config: dict) -> tuple[str, str]:
+    d = manifest["drafter"]
+    return (f"| drafter | DFlash, block {d['block_size']} ({d['num_slots']} proposals), shift_label "
+            f"{json.dumps(d['shift_label'])}, target layers {d['target_layer_ids']} |",
+            f"| format | `{manifest['format']}`: architectures {config.get('architectures')} |")
+
+
+def serve_lines(manifest: dict, *, bundle: str, target_ref: str) -> list[str]:
+    if manifest["format"] == "native":
+        return [
+            "SGLang (DFlash V2 with Domino, PR #36899 or later):",
+            "",
+            "```bash",
+            "python -m sglang.launch_server \\",
+            f"    --model-path {target_ref} \\",
+            "    --speculative-algorithm DFLASH \\",
+            f"    --speculative-draft-model-path {bundle} \\",
+            "    --speculative-domino-candidate-pool-size 2048   # 0 = full-vocabulary correction",
+            "```",
+            "",
+            "vLLM (the `dflash` method; the Domino head needs a vLLM build that reads "
+            "`dflash_config.projector_type: domino` — see vllm-project/vllm#46707):",
+            "",
+            "```bash",
+            f"vllm serve {target_ref} \\",
+            f"    --speculative-config '{{\"method\": \"dflash\", \"model\": \"{bundle}\", "
+            f"\"num_speculative_tokens\": {manifest['drafter']['num_slots']}}}'",
+            "```",
+            "",
+            f"domino-graft: `domino-graft generate {bundle} ...` / `domino-graft bench {bundle}` "
+            "(the target is rebuilt from the recipe in manifest.json).",
+        ]
+    return [
+        "transformers (remote code shipped in this folder; the drafter reuses the target's "
+        "embeddings and LM head):",
+        "",
+        "```python",
+        "from transformers import AutoModel",
+        f"drafter = AutoModel.from_pretrained({bundle!r}, trust_remote_code=True)",
+        "hidden = drafter.proposal_hidden(drafter(noise_embedding, target_hidden, position_ids))",
+        "tokens = drafter.draft_greedy(hidden, target_lm_head(hidden), anchor_ids, target_embed_tokens)",
+        "```",
+        "",
+        "For SGLang / vLLM export the `native` format (`domino-graft export --format native`).",
+    ]

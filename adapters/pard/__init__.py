@@ -1,0 +1,20 @@
+"""PARD: a small causal LM drafting k tokens in one forward (its own embedding and LM head).
+
+The model code is adapters/pard/model.py (imported on first use: this module stays
+torch-free so that `validate` never loads torch)."""
+
+from __future__ import annotations
+
+from ..family import Family
+from .schema import PardDrafter
+
+
+class PardFamily(Family):
+    name = "pard"
+    display_name = "PARD"
+    schema = PardDrafter
+    # drafter/ of a bundle is a plain HF causal-LM folder with `pard_token` in its config.json
+    model_module = f"{__name__}.model"
+
+
+FAMILY = PardFamily()

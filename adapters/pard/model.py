@@ -1,0 +1,449 @@
+"""PARD (AMD): a small causal LM that drafts k tokens in one forward.
+
+Facts of the family (docs/design.md §3), kept in this one module:
+
+* The drafter is an ordinary Hugging Face causal LM with its own embedding and LM head;
+  its config.json carries `pard_token` (the id vLLM and the PARD repo read).
+* Drafting input: verified context, x_0, then pard_token × (k-1), causal attention. The
+  position of x_0 predicts x_1, the i-th pard token predicts x_{1+i}: slot j's hidden is
+  the drafter's last (post-norm) hidden state at block position j-1, base logits its LM
+  head. K = num_slots = k.
+* The GRU reads the *drafter's* input embeddings (HeadSpec.emb_dim = its embedding dim,
+  which need not be the target's hidden size).
+* A tied LM head is untied at build time (bit-identical until trained): training
+  checkpoints and safetensors keep one name per tensor, and the run's config says
+  tie_word_embeddings = false, so transformers and vLLM read both tensors back.
+* The drafter needs token ids, not target features: capture_layers() is empty and
+  `observe(..., ids=...)` is required. Its KV cache holds verified context only: the k
+  block positions are cropped right after each propose, so a rejection needs no rollback.
+* Training (the PARD objective): for each anchor a (the position of x_0), k-1 pard tokens
+  at positions a+1..a+k-1 that see the sequence up to a and the earlier pard tokens of
+  their own block; slot j predicts x_{a+j}. All anchors of a batch run in one forward with
+  a 4D mask. The base-logit CE of the Domino curriculum is PARD's loss
+  (`TrainingBlocks.extra_loss` stays None).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
+
+CONFIG_TOKEN_KEYS = ("pard_token", "pard_token_id")
+SLOTS_KEY = "pard_num_slots"  # k this drafter (and its Domino head) was trained for
+
+
+# ---------------------------------------------------------------------------- configs
+def _hf_config_from_dict(cfg: dict, source: str):
+    from transformers import CONFIG_MAPPING
+
+    cfg = dict(cfg)
+    model_type = cfg.pop("model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"{source}: model_type {model_type!r} is not a transformers architecture; "
+            "PARD drafters are plain Hugging Face causal LMs (llama, qwen2, qwen3, ...)"
+        )
+    return CONFIG_MAPPING[model_type].from_dict(cfg)
+
+
+def _config_from_target_shape(tshape, num_layers: int):
+    """The target's architecture at `num_layers` layers, rebuilt from its shape (planning)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    by_class = {v: k for k, v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+    model_type = by_class.get(tshape.architecture, tshape.architecture)
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"target architecture {tshape.architecture!r} is unknown to transformers; give drafter.path")
+    return CONFIG_MAPPING[model_type](
+        vocab_size=tshape.vocab_size, hidden_size=tshape.hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=tshape.num_heads, num_key_value_heads=tshape.num_kv_heads, head_dim=tshape.head_dim,
+        intermediate_size=tshape.intermediate_size, tie_word_embeddings=tshape.tie_word_embeddings,
+    )
+
+
+def _cut_config(cfg, num_layers: int):
+    """A copy of an HF config with its first `num_layers` decoder layers."""
+    cfg = copy.deepcopy(cfg)
+    have = cfg.num_hidden_layers
+    if num_layers > have:
+        raise ValueError(f"drafter.num_layers: {num_layers} is more than the target's {have} layers; valid: 1..{have}")
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types)[:num_layers]
+    return cfg
+
+
+def resolve(d, tshape, target_config=None):
+    """-> (HF config of the drafter, pard token id, k, how it starts). `target_config` (the
+    loaded target's HF config) makes the copy-of-the-target start exact; planning passes
+    None and rebuilds the architecture from the target's shape."""
+    problems = []
+    if d.path is not None:
+        raw = read_config_json(d.path, "drafter.path", "; PARD needs a Hugging Face causal-LM folder")
+        cfg = _hf_config_from_dict(raw, "drafter.path")
+        start = f"checkpoint {d.path}"
+        theirs = next((raw[k] for k in CONFIG_TOKEN_KEYS if raw.get(k) is not None), None)
+        if d.pard_token_id is not None and theirs is not None and d.pard_token_id != theirs:
+            problems.append(f"drafter.pard_token_id: {d.pard_token_id} conflicts with the checkpoint's pard_token {theirs}")
+        # (a run dir reloads its drafter with `path` added to the recipe it was built from)
+        if d.random is not None:
+            for name, ours, saved in (("num_layers", d.random.num_layers, cfg.num_hidden_layers),
+                                      ("hidden_size", d.random.hidden_size, cfg.hidden_size)):
+                if ours != saved:
+                    problems.append(f"drafter.random.{name}: {ours} conflicts with the checkpoint's {saved}")
+        elif "num_layers" in d.model_fields_set and d.num_layers != cfg.num_hidden_layers:
+            problems.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers}")
+        token = d.pard_token_id if d.pard_token_id is not None else theirs
+        k = raw.get(SLOTS_KEY)
+        if k is not None and "num_slots" in d.model_fields_set and d.num_slots != k:
+            problems.append(f"drafter.num_slots: {d.num_slots} conflicts with the checkpoint's {SLOTS_KEY} {k}")
+        num_slots = int(k) if k is not None and "num_slots" not in d.model_fields_set else d.num_slots
+    elif d.random is not None:
+        from domino_graft.target import random_hf_config
+
+        cfg = random_hf_config(d.random)
+        start = f"random {d.random.architecture} (seed {d.random.seed})"
+        token, num_slots = d.pard_token_id, d.num_slots
+    else:
+        cfg = _cut_config(target_config, d.num_layers) if target_config is not None else \
+            _config_from_target_shape(tshape, d.num_layers)
+        if d.num_layers > tshape.num_layers:
+            problems.append(f"drafter.num_layers: {d.num_layers} is more than the target's {tshape.num_layers} layers")
+        start = f"copy of the target's first {d.num_layers} layer(s)"
+        token, num_slots = d.pard_token_id, d.num_slots
+    # A drafter may pad its vocabulary differently from its target (PARD-Qwen2.5-0.5B: 151936
+    # rows, Qwen2.5-7B: 152064; both tokenizers have 151665 tokens): base_logits() maps its
+    # logits onto the target's rows. Its real tokens must be the target's.
+    vocab = cfg.get_text_config().vocab_size
+    if token is None:
+        token = vocab - 1  # like DFlash's mask default: the last row, unused by most tokenizers
+    if not 0 <= token < vocab:
+        problems.append(f"drafter.pard_token_id: {token} is outside the drafter vocabulary; valid: 0..{vocab - 1}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return cfg, int(token), num_slots, start
+
+
+def tensor_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Tensors of the drafter as a run holds it (untied), from its config alone (meta device)."""
+    model = untie(_meta_model(copy.deepcopy(cfg)))
+    skip = tied_aliases(model)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in skip}
+
+
+def _meta_model(cfg):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def untie(model: nn.Module) -> nn.Module:
+    """Give a tied LM head its own copy of the embedding (bit-identical until trained).
+
+    Trainers, checkpoints and safetensors all handle one name per tensor; a tied pair would
+    need alias bookkeeping at every save and load. The untied drafter drafts exactly as the
+    tied one did, and its config says so (tie_word_embeddings = false), so every loader
+    (transformers, vLLM) reads both tensors back."""
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if out_emb is not None and out_emb.weight is in_emb.weight:
+        out_emb.weight = nn.Parameter(in_emb.weight.detach().clone())
+    for c in {id(model.config): model.config, id(model.config.get_text_config()): model.config.get_text_config()}.values():
+        c.tie_word_embeddings = False
+    return model
+
+
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Drafter logits [..., Vd] -> the target's [..., V]: padding rows past the target's
+    vocabulary are dropped, rows the drafter lacks get the lowest logit (never proposed)."""
+    have = logits.shape[-1]
+    if have > vocab:
+        return logits[..., :vocab]
+    if have < vocab:
+        pad = logits.new_full((*logits.shape[:-1], vocab - have), torch.finfo(logits.dtype).min)
+        return torch.cat([logits, pad], dim=-1)
+    return logits
+
+
+def tied_aliases(model: nn.Module) -> set[str]:
+    """Parameter names that are a second name for another parameter (a tied LM head)."""
+    every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return every - {n for n, _ in model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------ adapter
+class PardAdapter(DrafterAdapter):
+    family = "pard"
+    topology = "chain"
+    one_pass = True
+
+    def __init__(self, model: nn.Module, pard_token_id: int, num_slots: int, target):
+        super().__init__()
+        # `backbone`: the name trainers and exporters use for a family's own trainable weights
+        self.backbone = model
+        object.__setattr__(self, "target", target)  # shared, not owned
+        text = model.config.get_text_config()
+        self.pard_token_id = pard_token_id
+        self.num_slots = num_slots
+        self.hidden_dim = text.hidden_size
+        self.emb_dim = model.get_input_embeddings().weight.shape[1]
+        self.vocab_size = target.shape.vocab_size  # logits live in the target's vocabulary
+        self.drafter_vocab_size = text.vocab_size
+        params = inspect.signature(self._decoder.forward).parameters
+        # transformers >= 5.x renamed past_key_values -> cache (the GPU image runs an older 5.x)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache = None
+        self._ctx = 0  # positions in the cache: always the verified prefix 0.._ctx-1
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def model(self) -> nn.Module:
+        """The drafter: a Hugging Face causal LM."""
+        return self.backbone
+
+    @property
+    def _decoder(self) -> nn.Module:
+        # a property, not an attribute: a second registration would duplicate every weight
+        # in state_dict()
+        m = self.backbone
+        return m.get_decoder() if hasattr(m, "get_decoder") else m.model
+
+    def reserved_token_ids(self) -> frozenset[int]:
+        return frozenset({self.pard_token_id})
+
+    def capture_layers(self) -> tuple[int, ...]:
+        return ()  # PARD reads tokens, never the target's hidden states
+
+    # ---- hook points
+    def known(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids the drafter's smaller vocabulary lacks read as the pard token (a "don't
+        know" input: drafts may suffer, verification keeps the output exact). No-op when the
+        drafter's vocabulary covers the target's."""
+        if self.drafter_vocab_size >= self.vocab_size:
+            return ids
+        return torch.where(ids < self.drafter_vocab_size, ids, torch.full_like(ids, self.pard_token_id))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(self.known(ids))
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.get_output_embeddings()(hidden)
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return fit_vocab(logits, self.vocab_size)
+
+    def _hidden(self, ids, positions, *, cache=None, mask=None) -> torch.Tensor:
+        kwargs = {self._cache_kw: cache, "use_cache": cache is not None}
+        out = self._decoder(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        return out.last_hidden_state
+
+    # ---- decoding
+    def reset(self, batch_size: int) -> None:
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache(config=self.model.config)
+        if hasattr(self._cache, "activate_past_recording"):  # sliding layers must be able to crop
+            self._cache.activate_past_recording()
+        self._ctx = 0
+        self._pending = []
+
+    def observe(self, features, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
+        if ids is None:
+            raise ValueError(
+                "PARD observe(): token ids are required (the drafter reads tokens, not target features); "
+                "the decoding engine must call adapter.observe(features, positions, ids=...)"
+            )
+        if ids.shape[1] != positions.numel():
+            raise ValueError(f"PARD observe(): {ids.shape[1]} ids for {positions.numel()} positions")
+        self._pending.append((self.known(ids), positions))
+
+    def context_length(self) -> int:
+        return self._ctx + sum(int(p.numel()) for _, p in self._pending)
+
+    def block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
+        ids = torch.full((anchor.shape[0], self.num_slots), self.pard_token_id, dtype=torch.long, device=anchor.device)
+        ids[:, 0] = self.known(anchor)
+        return ids
+
+    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+        if self._cache is None:
+            raise RuntimeError("PARD propose() before reset(): call adapter.reset(batch_size) first")
+        new = [i for i, _ in self._pending]
+        new_pos = [p for _, p in self._pending]
+        n_new = sum(int(p.numel()) for p in new_pos)
+        if new_pos and int(new_pos[0][0]) != self._ctx:
+            raise RuntimeError(f"PARD observe(): context resumes at position {int(new_pos[0][0])}, expected {self._ctx}")
+        if self._ctx + n_new != position:
+            raise RuntimeError(
+                f"PARD propose(anchor at position {position}): the drafter has seen positions 0..{self._ctx + n_new - 1}; "
+                "it needs every verified position before the anchor"
+            )
+        k = self.num_slots
+        # Newly verified context and the block in one forward (exactly one backbone pass).
+        ids = torch.cat(new + [self.block_ids(anchor)], dim=1)
+        pos = torch.arange(self._ctx, position + k, device=anchor.device)[None].expand(ids.shape[0], -1)
+        hidden = self._hidden(ids, pos, cache=self._cache)[:, -k:]
+        # Keep only verified context in the cache: the block (x_0 included) comes back
+        # through observe() once the target has verified it.
+        self._cache.crop(-k)
+        self._ctx, self._pending = position, []
+        return DraftBlock(hidden=hidden, base_logits=self.base_logits(hidden))
+
+    # ---- training
+    def training_blocks(self, features, input_ids, loss_mask, anchors) -> TrainingBlocks:
+        """input_ids / loss_mask [B, L], anchors [B, nb] = positions a of x_0 (features unused).
+
+        One forward over [sequence, pard tokens of every block]: sequence tokens attend
+        causally among themselves; block b's pard token at offset o (position a_b + o)
+        attends to sequence positions <= a_b and to its block's offsets 1..o."""
+        b, length = input_ids.shape
+        nb, k, dev = anchors.shape[1], self.num_slots, input_ids.device
+        m = k - 1
+        offs = torch.arange(1, k, device=dev)
+        blk_pos = (anchors[:, :, None] + offs).reshape(b, nb * m)
+        seq_pos = torch.arange(length, device=dev).expand(b, -1)
+        ids = torch.cat([self.known(input_ids),
+                         torch.full((b, nb * m), self.pard_token_id, dtype=torch.long, device=dev)], 1)
+        pos = torch.cat([seq_pos, blk_pos], 1)
+
+        q_seq = torch.arange(length, device=dev)
+        seq_seq = (q_seq[None, :] <= q_seq[:, None]).expand(b, -1, -1)  # [B, L, L] causal
+        seq_blk = torch.zeros(b, length, nb * m, dtype=torch.bool, device=dev)
+        blk_anchor = anchors.repeat_interleave(m, dim=1)  # [B, nb·m]
+        blk_seq = q_seq[None, None, :] <= blk_anchor[:, :, None]  # [B, nb·m, L]
+        blk_id = torch.arange(nb, device=dev).repeat_interleave(m)
+        blk_off = offs.repeat(nb)
+        blk_blk = (blk_id[:, None] == blk_id[None, :]) & (blk_off[None, :] <= blk_off[:, None])
+        allowed = torch.cat([torch.cat([seq_seq, seq_blk], 2),
+                             torch.cat([blk_seq, blk_blk.expand(b, -1, -1)], 2)], 1)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        # Additive float mask: every attention implementation (eager, sdpa) takes it as is.
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+        hidden_all = self._hidden(ids, pos, mask=mask[:, None])
+
+        rows = torch.arange(b, device=dev).repeat_interleave(nb)
+        a = anchors.reshape(-1)
+        first = hidden_all[rows, a]  # slot 1: x_0's own position predicts x_1
+        rest = hidden_all[:, length:].reshape(b * nb, m, -1)
+        hidden = torch.cat([first[:, None], rest], 1)  # [N, K, H]
+
+        a = a[:, None]
+        lab_pos = a + torch.arange(1, k + 1, device=dev)
+        lab_c = lab_pos.clamp(max=length - 1)
+        labels = input_ids[rows[:, None], lab_c]
+        keep = (lab_pos < length) & loss_mask[rows[:, None], lab_c].bool()
+        labels = torch.where(keep, labels, torch.full_like(labels, -100))
+        prev = input_ids[rows[:, None], (a + torch.arange(0, k, device=dev)).clamp(max=length - 1)]
+        return TrainingBlocks(hidden=hidden, prev_emb=self.embed(prev), labels=labels, base_logits_fn=self.base_logits)
+
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        return list(self.model.parameters())
+
+    # ---- persistence
+    def backbone_state_dict(self) -> dict[str, torch.Tensor]:
+        """HF layout (`model.layers...`, `lm_head.weight` unless tied): the folder this and
+        native_config() make loads with AutoModelForCausalLM.from_pretrained and in vLLM."""
+        skip = tied_aliases(self.model)
+        return {k: v for k, v in self.model.state_dict().items() if k not in skip}
+
+    def native_config(self) -> dict:
+        cfg = json.loads(self.model.config.to_json_string(use_diff=False))
+        cfg["pard_token"] = self.pard_token_id
+        cfg[SLOTS_KEY] = self.num_slots
+        cfg.pop("pard_token_id", None)
+        return cfg
+
+
+# ------------------------------------------------------------------ recipe -> drafter
+def config_from_recipe(d, tshape):
+    """The drafter's HF config (planning: from configs alone)."""
+    return resolve(d, tshape)[0]
+
+
+def plan(d, tshape):
+    from ..plan import FamilyPlan, HookPoint
+
+    cfg, token, k, start = resolve(d, tshape)
+    text = cfg.get_text_config()
+    h, v = text.hidden_size, tshape.vocab_size
+    if text.vocab_size != v:
+        start += f"; its {text.vocab_size} vocabulary rows mapped onto the target's {v}"
+    return FamilyPlan(
+        family="pard",
+        summary=(f"PARD causal LM ({start}): {text.num_hidden_layers} layer(s), hidden {h}, vocab {v}, "
+                 f"k = {k}, pard token {token}"),
+        num_slots=k,
+        hidden_dim=h,
+        emb_dim=h,  # input embedding dim = hidden size for every causal LM transformers builds
+        vocab_size=v,
+        capture_layers=[],
+        backbone_tensors=tensor_shapes(cfg),
+        hooks=[
+            HookPoint("hidden", "drafter final hidden state at x_0 and the k-1 pard tokens", f"[B, {k}, {h}]"),
+            HookPoint("base_logits", "drafter lm_head(hidden)", f"[B, {k}, {v}]"),
+            HookPoint("embed", "drafter input embeddings of x_0..x_{K-1}", f"[B, {k}, {h}]"),
+        ],
+        source=d.path or f"fresh: {start}",
+    )
+
+
+def _load_folder_state(folder: Path) -> tuple[dict, str]:
+    from domino_graft.checkpoint import load_tensors
+
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return load_tensors(single), str(single)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict = {}
+        for s in shards:
+            state.update(load_tensors(folder / s))
+        return state, str(index)
+    raise FileNotFoundError(f"drafter.path: {str(folder)!r} holds no model.safetensors (or .index.json)")
+
+
+def build(d, target):
+    """-> (adapter, {}): weights checked strictly (no silently re-initialised tensors)."""
+    from transformers import AutoModelForCausalLM
+
+    from domino_graft.checkpoint import check_tensors
+
+    cfg, token, num_slots, _ = resolve(d, target.shape, target.model.config)
+    torch.manual_seed(d.random.seed if d.random is not None else d.seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    skip = tied_aliases(model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in skip}
+    if d.path is not None:
+        state, source = _load_folder_state(Path(d.path))
+        state = {k: v for k, v in state.items() if k not in skip}  # a tied head saved twice is harmless
+        check_tensors(state, expected, source=source)
+    elif d.random is None:
+        # Warm start: the target's embeddings, first layers, final norm and LM head.
+        theirs = target.model.state_dict()
+        state = {k: theirs[k] for k in expected}
+    else:
+        state = None
+    if state is not None:
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        left = set(missing) - skip
+        if left or unexpected:
+            raise RuntimeError(f"PARD drafter load: missing {sorted(left)}, unexpected {sorted(unexpected)}")
+    untie(model)
+    model.eval().to(device=target.device, dtype=target.dtype)
+    return PardAdapter(model, token, num_slots, target), {}
+
+
+def backbone_num_parameters(cfg) -> int:
+    return sum(math.prod(s) for s in tensor_shapes(cfg).values())

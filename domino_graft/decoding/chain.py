@@ -1,0 +1,85 @@
+"""Lossless chain speculative decoding, for drafters whose proposals form one chain per block.
+
+Speculative step (batch size 1; the anchor x_0 sits at position `pos`, not yet in the
+target's cache; the drafter has observed every position < pos):
+
+    block        = adapter.propose(x_0, pos)                 one backbone forward
+    d, q         = rollout(head, block, x_0, ...)            Domino chain, K slots
+    logits, feat = target([x_0, d_1..d_K] at pos..pos+K)     one target forward
+    n_acc, next  = verify(...)                               greedy or speculative sampling
+    crop the target cache to pos + 1 + n_acc; observe feat of x_0, d_1..d_{n_acc}
+    emit d_1..d_{n_acc}, next; x_0 <- next
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+
+from ..sampling import Sampling, pick, warp
+from .common import DecodeResult, OnTokens, Output, check_prompt, new_cache, positions, rollback, stop_set
+from .verify import verify_greedy, verify_sampling
+
+
+@torch.inference_mode()
+def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                      stop_ids: Iterable[int] = (), use_head: bool = True, on_tokens: OnTokens = None,
+                      seed_offset: int = 0) -> DecodeResult:
+    """Chain speculative decoding with `engine`'s target, adapter, head and rollout; output
+    identical (greedy) or identically distributed (T > 0) to `engine.target_only`'s."""
+    ids = check_prompt(engine.target, prompt_ids, max_new_tokens)
+    dev = ids.device
+    target, adapter = engine.target, engine.adapter
+    k = adapter.num_slots
+    capture = adapter.capture_layers()
+    gen = sampling.generator(dev, seed_offset)
+    out = Output(max_new_tokens, stop_set(engine.stop_ids, stop_ids), on_tokens)
+    reached, accepted_slot, accepted = [0] * k, [0] * k, []
+
+    t0 = time.perf_counter()
+    cache = new_cache(target, rollback=True)
+    adapter.reset(1)
+    n = ids.shape[1]
+    logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
+                           logits_to_keep=1)
+    forwards = 1
+    rollback(cache, n)
+    adapter.observe(feats, positions(0, n, dev), ids=ids)
+    anchor = pick(logits[:, -1], sampling, gen)  # [1]
+    pos = n
+    done = out.push([int(anchor)])
+    while not done:
+        block = adapter.propose(anchor, pos)
+        drafts, q = engine.rollout(
+            engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
+            top_p=sampling.top_p, generator=gen, use_head=use_head,
+        )
+        seq = torch.cat([anchor[:, None], drafts], dim=1)
+        logits, feats = target(seq, cache=cache, position_ids=positions(pos, k + 1, dev)[None], capture=capture)
+        forwards += 1
+        if sampling.greedy:
+            n_acc, nxt = verify_greedy(logits, drafts)
+        else:
+            p = warp(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            n_acc, nxt = verify_sampling(p, q, drafts, gen)
+        # one device->host sync per step
+        host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
+        a, nxt_id, draft_ids = host[0], host[1], host[2:]
+        accepted.append(a)
+        for j in range(min(a + 1, k)):
+            reached[j] += 1
+            accepted_slot[j] += j < a
+        done = out.push(draft_ids[:a] + [nxt_id])
+        if done:
+            break
+        # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
+        rollback(cache, pos + 1 + a)
+        # feats is None for a drafter that reads tokens only (capture_layers() == ())
+        adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
+                        ids=seq[:, : a + 1])
+        anchor = nxt
+        pos += a + 1
+    return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
+                        reached, accepted_slot)

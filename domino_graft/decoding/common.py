@@ -1,0 +1,124 @@
+"""What every decoder shares: the result, the target-only stop rules, prompt checks,
+positions, and the target's cache (with rollback).
+
+The target-only baseline (engine.py), chain decoding (chain.py) and tree decoding (tree.py)
+each import this module and none of the others, so a measured speedup compares decoders
+that stop, count and cache exactly alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+
+OnTokens = Optional[Callable[[list[int]], None]]
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # generated ids (stop token included when one ended the decode)
+    prompt_len: int
+    stop_reason: str  # "stop" | "length"
+    seconds: float  # wall time, prefill included (both paths)
+    target_forwards: int  # prefill included
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step
+    slot_reached: list[int] = field(default_factory=list)  # [K]: blocks whose slot j was verified
+    slot_accepted: list[int] = field(default_factory=list)  # [K]: ... and accepted
+
+    @property
+    def decode_steps(self) -> int:
+        """Target forwards after the prefill (one per emitted chunk)."""
+        return self.target_forwards - 1
+
+    @property
+    def tau(self) -> Optional[float]:
+        """Tokens per target forward after the prefill (accepted + bonus), before truncation by
+        stop/max_new_tokens; 1.0 for target-only decoding; None if no decode step ran."""
+        if self.accepted:
+            return sum(a + 1 for a in self.accepted) / len(self.accepted)
+        return 1.0 if self.decode_steps > 0 else None
+
+
+class Output:
+    """Appends emitted tokens with exactly the target-only stop rules: stop right after a
+    stop token (kept) or at max_new_tokens, whichever comes first."""
+
+    def __init__(self, max_new_tokens: int, stop_ids: frozenset[int], on_tokens: OnTokens):
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = stop_ids
+        self.on_tokens = on_tokens
+        self.tokens: list[int] = []
+        self.stop_reason: Optional[str] = None
+
+    def push(self, ids: list[int]) -> bool:
+        start = len(self.tokens)
+        for t in ids:
+            self.tokens.append(t)
+            if t in self.stop_ids:
+                self.stop_reason = "stop"
+                break
+            if len(self.tokens) >= self.max_new_tokens:
+                self.stop_reason = "length"
+                break
+        if self.on_tokens is not None and len(self.tokens) > start:
+            self.on_tokens(self.tokens[start:])
+        return self.stop_reason is not None
+
+
+def check_prompt(target, prompt_ids, max_new_tokens: int) -> torch.Tensor:
+    """The prompt as a [1, T] tensor on the target's device, or a ValueError saying what is wrong."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens: {max_new_tokens!r} is invalid; valid: an integer >= 1")
+    ids = list(prompt_ids)
+    if not ids:
+        raise ValueError("prompt: empty; decoding needs at least one prompt token")
+    v = target.shape.vocab_size
+    bad = [i for i in ids if not 0 <= int(i) < v]
+    if bad:
+        raise ValueError(f"prompt ids: {bad[:5]} outside the target vocabulary; valid: 0..{v - 1}")
+    return torch.tensor([ids], dtype=torch.long, device=target.device)
+
+
+def stop_set(stop_ids: frozenset[int], extra: Iterable[int]) -> frozenset[int]:
+    """The engine's stop ids plus one decode's extra ones."""
+    return stop_ids | frozenset(int(i) for i in extra)
+
+
+def positions(start: int, n: int, device) -> torch.Tensor:
+    return torch.arange(start, start + n, device=device)
+
+
+# ------------------------------------------------------------------------ target cache
+def new_cache(target, *, rollback: bool):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.model.config)
+    # Sliding-window layers (Gemma3) drop old states unless told to keep them until the
+    # next crop; without this a rejection past the window cannot be rolled back. The
+    # baseline never rolls back, so it keeps the lean window-sized cache.
+    if rollback and hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
+def rollback(cache, keep: int) -> None:
+    """Keep the first `keep` positions (transformers 5.x: crop takes a negative count),
+    then shrink recording sliding-window layers back to their window.
+
+    A recording sliding layer keeps every state until the next crop. transformers 5.24
+    only hands the last window-1+q of them to attention; 5.17 hands all of them while
+    its mask expects window-1+q (a shape error), so after the prefill and after a fully
+    accepted block (nothing cropped) the surplus must go. Keys older than the window are
+    never needed again: a rollback removes at most K of the newest positions."""
+    remove = cache.get_seq_length() - keep
+    if remove > 0:
+        cache.crop(-remove)
+    for layer in getattr(cache, "layers", ()):
+        if not (getattr(layer, "is_sliding", False) and getattr(layer, "record_past", False)):
+            continue
+        window = getattr(layer, "sliding_window", None)
+        if window and getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > window - 1:
+            layer.keys = layer.keys[..., -(window - 1):, :]
+            layer.values = layer.values[..., -(window - 1):, :]

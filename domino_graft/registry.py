@@ -1,0 +1,100 @@
+"""The drafter-family registry: the one way the core reaches a family.
+
+Families are found in two places, on first use:
+
+* the built-in ones: every package under `domino_graft.adapters` that exposes `FAMILY`;
+* installed third-party packages: entry points in the group `domino_graft.families`, each
+  naming a `Family` instance (or a class to instantiate), e.g. in the package's pyproject:
+
+      [project.entry-points."domino_graft.families"]
+      toyheads = "toyheads_family:FAMILY"
+
+Loading a family imports only its torch-free part (its recipe schema), so `validate` stays
+torch-free. Lookups of unknown names list what exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+
+ENTRY_POINT_GROUP = "domino_graft.families"
+
+
+class FamilyError(ValueError):
+    """A family is unknown, or a registered one is malformed."""
+
+
+FAMILY_ATTRIBUTES = ("name", "display_name", "schema", "model_module", "bundle_files")
+
+
+def _check(family, origin: str):
+    """A registered object must be a Family (adapters/family.py), or a class of one; checked by
+    its attributes, so the registry does not import the contract's torch-side helpers."""
+    if isinstance(family, type):
+        family = family()
+    missing = [a for a in FAMILY_ATTRIBUTES if not hasattr(family, a)]
+    if missing:
+        raise FamilyError(f"{origin}: {type(family).__name__} is not a domino_graft.adapters.family.Family "
+                          f"(no {', '.join(missing)})")
+    tag = getattr(family.schema, "model_fields", {}).get("family")
+    if tag is None or getattr(tag.annotation, "__args__", None) != (family.name,):
+        raise FamilyError(f"{origin}: {family.name!r}'s schema must declare family: Literal[{family.name!r}]")
+    return family
+
+
+def _builtin():
+    from . import adapters
+
+    for info in pkgutil.iter_modules(adapters.__path__):
+        if info.ispkg:
+            module = importlib.import_module(f"{adapters.__name__}.{info.name}")
+            if hasattr(module, "FAMILY"):
+                yield module.FAMILY, module.__name__
+
+
+def _installed():
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        origin = f"entry point {ep.name!r} ({ep.value}) in group {ENTRY_POINT_GROUP}"
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken plug-in names itself, it does not take the CLI down unexplained
+            raise FamilyError(f"{origin}: could not be imported ({type(e).__name__}: {e})") from None
+        yield obj, origin
+
+
+@functools.lru_cache(maxsize=None)
+def _families() -> dict:
+    found: dict = {}
+    origins: dict = {}
+    for obj, origin in (*_builtin(), *_installed()):
+        family = _check(obj, origin)
+        if family.name in found:
+            raise FamilyError(f"{origin}: family name {family.name!r} is already registered by {origins[family.name]}")
+        found[family.name] = family
+        origins[family.name] = origin
+    return found
+
+
+def families() -> dict:
+    """name -> Family, built-in first, then installed ones."""
+    return dict(_families())
+
+
+def family_names() -> tuple[str, ...]:
+    return tuple(_families())
+
+
+def get_family(name: str):
+    found = _families()
+    if name not in found:
+        raise FamilyError(f"drafter.family: {name!r} is not a registered drafter family; valid: {', '.join(found)}")
+    return found[name]
+
+
+def refresh() -> None:
+    """Forget what was found (after installing a family package into a running process)."""
+    _families.cache_clear()

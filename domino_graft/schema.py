@@ -1,0 +1,71 @@
+"""Building blocks of the recipe schema, shared by the core recipe and every family's section.
+
+A leaf module (pydantic and the standard library only, no torch): drafter families import it
+to declare their own recipe section, and `domino_graft.recipe` assembles the sections it finds
+in the family registry into one strict schema.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+DTYPES = ("fp32", "bf16", "fp16")
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+def shipped_recipes_dir() -> Path:
+    """The shipped recipes and the configs they refer to: package data of `domino_graft.recipes`
+    (the repository's top-level recipes/, mapped into the package), so a shipped recipe copied
+    anywhere, or named without a path, still resolves."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("domino_graft.recipes")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("domino_graft.recipes is not installed; reinstall domino-graft (pip install -e .)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors, values are not coerced, parsed sections are immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def resolve_path(value: Optional[str], info: ValidationInfo) -> Optional[str]:
+    """A path field: `~` expanded; a relative path is taken against the recipe's folder, or,
+    when nothing is there, against the shipped recipes' folder (where `configs/*.json` live)."""
+    if value is None:
+        return None
+    p = Path(os.path.expanduser(value))
+    if p.is_absolute():
+        return str(p)
+    base = (info.context or {}).get("base_dir")
+    here = Path(base) / p if base is not None else p
+    if not here.exists() and (shipped_recipes_dir() / p).exists():
+        return str(shipped_recipes_dir() / p)
+    return str(here)
+
+
+def path_fields(*names: str):
+    """`_resolve = path_fields("path", "config")` inside a section: those fields go through resolve_path."""
+    return field_validator(*names)(resolve_path)
+
+
+class RandomModel(Strict):
+    """A small randomly initialised HF causal LM, built in memory from a seed."""
+
+    architecture: Literal["llama", "qwen3", "gemma3"] = "qwen3"
+    vocab_size: int = Field(256, ge=8)
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    head_dim: int = Field(16, ge=4)
+    intermediate_size: int = Field(128, ge=8)
+    tie_word_embeddings: bool = True
+    eos_token_id: int = Field(1, ge=0)
+    seed: int = 0

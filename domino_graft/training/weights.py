@@ -1,0 +1,75 @@
+"""The run's weights after training: the trained tensors gathered, LoRA merged, RUN/ updated.
+
+    RUN/head.safetensors               the trained Domino head
+    RUN/drafter/model.safetensors      the drafter backbone, when it trained (LoRA merged in)
+    RUN/manifest.json                  checksums and the `training` entry, written last
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from ..checkpoint import atomic_write_json, check_tensors, save_tensors, sha256_file
+from ..provenance import now
+from .resume import state_dict_options
+
+HEAD_PREFIX = "head."
+BACKBONE_PREFIX = "adapter.backbone."
+
+
+def merge_lora(state: dict, scaling: float) -> dict:
+    """PEFT-injected names -> native names, with W + scaling · B @ A folded into each weight."""
+    out = {}
+    for name, t in state.items():
+        if ".lora_A." in name or ".lora_B." in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            stem = name.removesuffix(".base_layer.weight")
+            a = state[f"{stem}.lora_A.default.weight"].float()
+            b = state[f"{stem}.lora_B.default.weight"].float()
+            out[f"{stem}.weight"] = (t.float() + scaling * (b @ a)).to(t.dtype)
+        else:  # untouched tensors, including a wrapped layer's bias (`x.base_layer.bias`)
+            out[name.replace(".base_layer.", ".")] = t
+    return out
+
+
+def final_tensors(module, info, *, lora_scaling: float | None) -> tuple[dict, dict] | None:
+    """(head tensors, native backbone tensors) on rank 0; None elsewhere. Collective."""
+    msd, _ = get_state_dict(module, [], options=state_dict_options(info, trainable_only=False))
+    if not info.main:
+        return None
+    head = {k.removeprefix(HEAD_PREFIX): v for k, v in msd.items() if k.startswith(HEAD_PREFIX)}
+    backbone = {k.removeprefix(BACKBONE_PREFIX): v for k, v in msd.items() if k.startswith(BACKBONE_PREFIX)}
+    if lora_scaling is not None:
+        backbone = merge_lora(backbone, lora_scaling)
+    return head, backbone
+
+
+def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, backbone: dict | None,
+                       backbone_shapes: dict, drafter_dtype: torch.dtype, native_config: dict,
+                       training: dict) -> None:
+    """Replace RUN/head.safetensors (and RUN/drafter/ when the backbone trained), then the
+    manifest's checksums and `training` entry. Each file is replaced atomically and the
+    manifest last, so a crash in between leaves a manifest whose checksums flag the change."""
+    run_dir = Path(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    save_tensors(run_dir / "head.safetensors", {k: v.float() for k, v in head_tensors.items()},
+                 {"format": "domino-head", "spec": json.dumps(head_spec)})
+    files = dict(manifest.get("files", {}))
+    files["head.safetensors"] = sha256_file(run_dir / "head.safetensors")
+    if backbone is not None:
+        check_tensors(backbone, backbone_shapes, source="trained drafter backbone")
+        save_tensors(run_dir / "drafter" / "model.safetensors", {k: v.to(drafter_dtype) for k, v in backbone.items()},
+                     {"format": "pt"})
+        atomic_write_json(run_dir / "drafter" / "config.json", native_config)
+        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
+    elif (run_dir / "drafter" / "model.safetensors").is_file():
+        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
+    manifest["files"] = files
+    manifest["training"] = training
+    manifest["updated_at"] = now()
+    atomic_write_json(run_dir / "manifest.json", manifest)
