@@ -7,7 +7,7 @@ would read along an accepted prefix. One batched forward per response therefore 
 every anchor, how many drafts decoding would accept there; walking the anchors as decoding
 does (next block after the accepted drafts + the target's token) gives the decoded τ itself,
 without decoding: the same numbers as `bench`, for held-out responses and for training ones
-alike (tests/test_acceptance_probe.py checks it block for block against `Engine`).
+alike (tests/decoding/test_replay.py checks it block for block against `Engine`).
 
 The training log's τ estimate (1 + Σ_k Π_i acc_i) assumes independent slots and a uniform
 anchor; neither holds, so use this on held-out responses to see what decoding will get.

@@ -29,7 +29,7 @@ _CUDA = torch.cuda.is_available()
 if not _CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _import_kernels():

@@ -32,7 +32,7 @@ from domino_graft.recipe import load_recipe
 from domino_graft.target import load_target
 from tests.conftest import randomize_head
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ["dflash", "medusa", "pard"]
 
 pytestmark = pytest.mark.parametrize("family", FAMILIES)
@@ -174,7 +174,7 @@ def test_replayed_training_blocks_accept_what_decoding_accepts(family):
 
 def test_speculative_sampling_keeps_the_target_distribution(family):
     """N independent speculative steps from one context, batched (the decoding suite's
-    design, tests/test_sampling.py, on each family's real hidden states, embeddings and
+    design, tests/decoding/test_sampling.py, on each family's real hidden states, embeddings and
     rollout): the joint law of the first two emitted tokens must be p(y1)·p(y2 | y1), with
     slots 1 and 2 Domino-corrected (pure_prefix_len 0). y2 comes from the same step when
     d_1 was accepted, else from the exact target distribution (standing in for the next
@@ -185,7 +185,7 @@ def test_speculative_sampling_keeps_the_target_distribution(family):
     the target's own logits as base (slot 2: after the target's argmax v) and W2 is scaled
     so that the correction moves them about as much as they spread."""
     from domino_graft.decoding import rollout, sample, verify_sampling, warp
-    from tests.test_sampling import ALPHA, chi_square_pvalue
+    from tests.decoding.test_sampling import ALPHA, chi_square_pvalue
 
     _, target, adapter, head = graft(family, ["head.pure_prefix_len=0"], head_seed=3, head_scale=1.0)
     ids, feats = context(target, adapter, length=12, batch=1, seed=3)

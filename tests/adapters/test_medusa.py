@@ -17,7 +17,7 @@ from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe
 from domino_graft.target import load_target
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tiny(overrides=None):

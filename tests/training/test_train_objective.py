@@ -17,7 +17,7 @@ from domino_graft.training.objective import (
     slot_weights,
 )
 
-from .conftest import TINY_RECIPE, randomize_head
+from tests.conftest import TINY_RECIPE, randomize_head
 
 
 def _build(shift_label: bool):

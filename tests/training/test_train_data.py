@@ -10,7 +10,7 @@ import torch
 
 from domino_graft.training.data import encode_record, load_examples, read_records, synthetic_examples
 
-from .conftest import TINY_RECIPE
+from tests.conftest import TINY_RECIPE
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

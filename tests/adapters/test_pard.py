@@ -14,7 +14,7 @@ from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe
 from domino_graft.target import load_target
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_TARGET = {"random": {"architecture": "qwen3", "vocab_size": 97, "hidden_size": 32, "num_layers": 4,
                           "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "intermediate_size": 64}}
 

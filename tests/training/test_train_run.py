@@ -17,7 +17,7 @@ import torch
 
 from domino_graft.training.loop import train
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 # The tiny recipe's own 40 steps at lr 3e-3 barely move a random drafter; these settings learn
 # the synthetic task in a few seconds of CPU.

@@ -17,7 +17,7 @@ from domino_graft import assets
 from domino_graft.assets import AssetError, asset_dir, fetch, is_fetched
 from domino_graft.checkpoint import sha256_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from domino_graft.recipe import load_recipe
 from domino_graft.target import load_target
 from tests.conftest import randomize_head
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0, 0]]
 
 

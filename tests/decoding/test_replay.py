@@ -14,7 +14,7 @@ import torch
 from domino_graft.decoding import Engine
 from domino_graft.replay import leading_matches, replay, walk
 from domino_graft.training.data import Example
-from tests.test_decoding import build
+from tests.decoding.test_decoding import build
 
 
 def test_walk_steps_over_accepted_drafts():
