@@ -1,0 +1,13 @@
+"""The fast target engine (issue #24): a static KV cache, an own forward for the Llama family
+of architectures sharing the HF model's weights, and CUDA-graph replay of decode/verify steps.
+
+Imports torch only (no pydantic, no other domino_graft module), so GPU scripts can use it on
+images without the project's full dependencies.
+"""
+
+from .graphs import GraphRunner
+from .llama import SUPPORTED_MODEL_TYPES, FastConfig, FastLM, UnsupportedModel, check_supported
+from .static_cache import StaticKVCache
+
+__all__ = ["FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES", "UnsupportedModel",
+           "check_supported"]

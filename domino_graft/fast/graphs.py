@@ -1,0 +1,105 @@
+"""CUDA-graph replay of the fast forward at fixed shapes.
+
+One graph per (B, T, kv_len bucket, logits_to_keep), captured on first use and replayed
+afterwards: the decode step (T=1) and the verify step (T=K+1) each get one per bucket. The
+graph reads its ids and positions from static device buffers, so one capture serves every
+position; K/V land in the FastLM's static cache and the cache's device lengths advance
+inside the graph (``lengths = pos + T``). Attention reads the first ``kv_len`` cache
+positions, where kv_len is ``max(pos) + T`` rounded up to ``kv_block`` (the host knows the
+positions: it chose them, or the cache's host mirror holds them).
+
+On a CPU (or with ``use_graphs=False``) the same calls run the forward eagerly, with the same
+buckets, so tests exercise this code path.
+
+Outputs (logits, captured hidden states) are the graph's static tensors: valid until the
+next call of this runner; clone what must outlive it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+from .llama import FastLM, Pos
+
+
+class _Captured:
+    def __init__(self, graph, ids, pos, logits, hidden):
+        self.graph, self.ids, self.pos, self.logits, self.hidden = graph, ids, pos, logits, hidden
+
+
+class GraphRunner:
+    def __init__(self, lm: FastLM, *, capture: Iterable[int] = (), use_graphs: Optional[bool] = None,
+                 kv_block: int = 256, warmup: int = 2):
+        self.lm = lm
+        self.capture = tuple(capture)
+        self.use_graphs = (lm.device.type == "cuda") if use_graphs is None else bool(use_graphs)
+        if self.use_graphs and lm.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA model")
+        self.kv_block = int(kv_block)
+        self.warmup = int(warmup)
+        self.graphs: dict[tuple, _Captured] = {}
+        self.captures = 0  # how many graphs were captured (a test checks replay, not recapture)
+
+    def bucket(self, end: Optional[int]) -> int:
+        if end is None:
+            return self.lm.max_len
+        return min(self.lm.max_len, -(-end // self.kv_block) * self.kv_block)
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, pos: Pos = None, *, logits_to_keep: int = 0):
+        """Like ``FastLM.forward(ids, pos)``; pos None = the cache's lengths."""
+        lm = self.lm
+        b, t = ids.shape
+        host = lm.host_positions(pos, b)
+        if host is not None:
+            end = max(host) + t
+            if min(host) < 0 or end > lm.max_len:
+                raise ValueError(f"positions {min(host)}..{end - 1} outside the cache (max_len {lm.max_len})")
+        kv_len = self.bucket(None if host is None else max(host) + t)
+        if not self.use_graphs:
+            return lm.forward(ids, pos, capture=self.capture, kv_len=kv_len, logits_to_keep=logits_to_keep)
+        key = (b, t, kv_len, int(logits_to_keep))
+        g = self.graphs.get(key)
+        fresh = g is None
+        if fresh:
+            g = _Captured(None, torch.zeros((b, t), dtype=torch.long, device=lm.device),
+                          torch.zeros((b,), dtype=torch.long, device=lm.device), None, None)
+        g.ids.copy_(ids, non_blocking=True)
+        if pos is None:
+            g.pos.copy_(lm.cache.lengths[:b])
+        elif isinstance(pos, torch.Tensor):
+            g.pos.copy_(pos.to(torch.long).expand(b) if pos.dim() == 0 else pos, non_blocking=True)
+        elif isinstance(pos, int):
+            g.pos.fill_(pos)
+        else:
+            g.pos.copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        if fresh:
+            self._capture(g, kv_len, int(logits_to_keep))
+            self.graphs[key] = g
+        g.graph.replay()
+        cache = lm.cache
+        if host is not None and cache.host_lengths is not None:
+            cache.host_lengths[:b] = [p + t for p in host]
+        else:
+            cache.host_lengths = None
+        return g.logits, g.hidden
+
+    def _capture(self, g: _Captured, kv_len: int, keep: int) -> None:
+        lm = self.lm
+        # Warm-up runs (cuBLAS workspaces, torch.compile) compute exactly the step about to be
+        # replayed, from the same buffers: their K/V writes and length update are idempotent.
+        host_mirror = None if lm.cache.host_lengths is None else list(lm.cache.host_lengths)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(1, self.warmup)):
+                lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits, hidden = lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep)
+        lm.cache.host_lengths = host_mirror
+        g.graph, g.logits, g.hidden = graph, logits, hidden
+        self.captures += 1

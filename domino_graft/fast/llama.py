@@ -1,0 +1,371 @@
+"""An own forward for the Llama family (llama, mistral, qwen2, qwen3), on a static cache.
+
+Built from a loaded Hugging Face model by *sharing* its parameter tensors (nothing is
+copied), so the HF model stays usable beside it and both see the same weights. The math
+mirrors transformers' modules op for op (RMSNorm in fp32 then cast, RoPE from the model's
+own ``inv_freq`` buffer, Qwen3's per-head q/k norms, SwiGLU), which keeps fp32 logits equal
+to HF's to ~1e-6. What differs is the machinery:
+
+* K/V go into a preallocated ``StaticKVCache`` at explicit positions ``pos..pos+T-1``;
+* positions are a device tensor ``[B]`` (an int or a host list is accepted too), so one CUDA
+  graph serves every position (graphs.py);
+* attention reads only the first ``kv_len`` cache positions (a static bucket chosen by the
+  caller) under an explicit mask: query i of row b sees key positions ``<= pos[b] + i``;
+* GQA without materialising repeated K/V: the ``n_heads / n_kv_heads`` query heads of one KV
+  head are folded into the query-length axis of one ``scaled_dot_product_attention`` call.
+
+Layer ids follow the project's convention: 0-based decoder-layer outputs, -1 = the final
+post-norm state.
+
+Anything outside this family of architectures (sliding windows in use, dynamic RoPE
+scaling, other activations, ...) raises ``UnsupportedModel``: callers fall back to HF.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from .static_cache import StaticKVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+# RoPE types whose frequencies are fixed at load time (HF precomputes inv_freq and one
+# attention scaling factor); "dynamic" / "longrope" change them with the sequence length.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3")
+
+Pos = Union[int, Sequence[int], torch.Tensor, None]
+
+
+class UnsupportedModel(ValueError):
+    """This model cannot run on the fast engine; use the Hugging Face forward instead."""
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_type: str
+    tie_word_embeddings: bool
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+# weights of one decoder layer, in this order (None where the architecture has none)
+LAYER_FIELDS = ("in_norm", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "q_norm", "k_norm",
+                "post_norm", "wg", "bg", "wu", "bu", "wd", "bd")
+
+
+# --------------------------------------------------------------------------- the math
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    dt = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dt)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(q_pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    """cos/sin ``[B, 1, T, D]`` for positions ``[B, T]``, computed in fp32 as HF does."""
+    freqs = q_pos[..., None].to(torch.float32) * inv_freq.to(torch.float32)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = (emb.cos() * scaling).to(dtype)
+    sin = (emb.sin() * scaling).to(dtype)
+    return cos[:, None], sin[:, None]
+
+
+def attention_mask(q_pos: torch.Tensor, key_pos: torch.Tensor, group: int) -> torch.Tensor:
+    """Boolean mask ``[B, 1, group*T, S]``: query (r, i) of row b sees keys <= q_pos[b, i]
+    (causal within the new tokens, everything before them), for the folded GQA layout."""
+    b, t = q_pos.shape
+    allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    return allowed[:, None].expand(b, group, t, key_pos.shape[0]).reshape(b, 1, group * t, key_pos.shape[0])
+
+
+def prologue(q_pos, key_pos, inv_freq, scaling: float, dtype: torch.dtype, group: int):
+    cos, sin = rope_cos_sin(q_pos, inv_freq, scaling, dtype)
+    return cos, sin, attention_mask(q_pos, key_pos, group)
+
+
+def decoder_layer(x, cos, sin, mask, rows, idx, kc, vc, w, num_heads: int, num_kv_heads: int, head_dim: int,
+                  eps: float, kv_len: int):
+    """One pre-norm decoder layer; writes this step's K/V into kc/vc at idx ``[B, T]``."""
+    (in_norm, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm, post_norm, wg, bg, wu, bu, wd, bd) = w
+    b, t, _ = x.shape
+    h = rms_norm(x, in_norm, eps)
+    q = F.linear(h, wq, bq).view(b, t, num_heads, head_dim)
+    k = F.linear(h, wk, bk).view(b, t, num_kv_heads, head_dim)
+    v = F.linear(h, wv, bv).view(b, t, num_kv_heads, head_dim)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    q = q.transpose(1, 2)
+    k = k.transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    # the cache write: advanced indices around a slice index a [B, T, H, D] view
+    kc[rows, :, idx] = k.transpose(1, 2)
+    vc[rows, :, idx] = v
+    group = num_heads // num_kv_heads
+    qf = q.reshape(b, num_kv_heads, group * t, head_dim)
+    o = F.scaled_dot_product_attention(qf, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=mask,
+                                       scale=head_dim ** -0.5)
+    o = o.reshape(b, num_heads, t, head_dim).transpose(1, 2).reshape(b, t, num_heads * head_dim)
+    x = x + F.linear(o, wo, bo)
+    h = rms_norm(x, post_norm, eps)
+    return x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+
+
+def epilogue(x, norm_w, lm_w, eps: float, keep: int):
+    h = rms_norm(x, norm_w, eps)
+    return h, F.linear(h[:, -keep:] if keep else h, lm_w)
+
+
+# ------------------------------------------------------------------------- config reading
+def _rope_params(cfg) -> tuple[str, dict]:
+    params = getattr(cfg, "rope_parameters", None)
+    if isinstance(params, dict) and "full_attention" in params:  # per-layer-type rope
+        raise UnsupportedModel("fast engine: per-layer-type RoPE parameters are not supported")
+    if not params:
+        params = getattr(cfg, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    return str(rope_type), dict(params)
+
+
+def check_supported(cfg, max_len: int) -> None:
+    """Raise UnsupportedModel with the reason when this config is outside the fast path."""
+    mt = getattr(cfg, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModel(f"fast engine: model_type {mt!r} is not supported; supported: "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (use the Hugging Face forward)")
+    act = getattr(cfg, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise UnsupportedModel(f"fast engine: hidden_act {act!r} is not supported; supported: silu")
+    rope_type, _ = _rope_params(cfg)
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise UnsupportedModel(f"fast engine: RoPE type {rope_type!r} is not supported; supported: "
+                               f"{', '.join(STATIC_ROPE_TYPES)} (use the Hugging Face forward)")
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", True)  # qwen2/qwen3 carry a switch
+    layer_types = getattr(cfg, "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types) or (window and uses_window and window < max_len):
+        raise UnsupportedModel(f"fast engine: sliding-window attention (window {window}) shorter than "
+                               f"max_len {max_len} is not supported")
+    for flag in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if getattr(cfg, flag, None):
+            raise UnsupportedModel(f"fast engine: {flag} is not supported")
+    if int(getattr(cfg, "pretraining_tp", 1) or 1) != 1:
+        raise UnsupportedModel("fast engine: pretraining_tp > 1 is not supported")
+
+
+def _weight(mod) -> Optional[torch.Tensor]:
+    return None if mod is None else mod.weight
+
+
+def _bias(mod) -> Optional[torch.Tensor]:
+    return None if mod is None else getattr(mod, "bias", None)
+
+
+class FastLM:
+    """The fast target forward over a static KV cache.
+
+    ``forward(ids [B, T], pos)`` -> ``(logits [B, T', V], {layer_id: hidden [B, T, H]})`` and
+    writes K/V at ``pos..pos+T-1``; afterwards ``cache.lengths[:B] == pos + T``. Roll back a
+    rejection with ``cache.set_lengths(keep)`` (or just pass the next ``pos`` explicitly).
+    """
+
+    def __init__(self, cfg: FastConfig, *, embed: torch.Tensor, layers: list[tuple], norm: torch.Tensor,
+                 lm_head: torch.Tensor, inv_freq: torch.Tensor, rope_scaling: float, cache: StaticKVCache):
+        self.cfg, self.embed, self.layers, self.norm, self.lm_head = cfg, embed, layers, norm, lm_head
+        self.inv_freq, self.rope_scaling, self.cache = inv_freq, float(rope_scaling), cache
+        self.device, self.dtype = embed.device, embed.dtype
+        self.max_len, self.max_batch = cache.max_len, cache.max_batch
+        self._arange = torch.arange(self.max_len, device=self.device)
+        self._rows = torch.arange(self.max_batch, device=self.device)[:, None]
+        self._layer_fn: Callable = decoder_layer
+        self._prologue_fn: Callable = prologue
+        self._epilogue_fn: Callable = epilogue
+        self.compiled = False
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_hf(cls, model, max_batch: int = 1, max_len: int = 2048) -> "FastLM":
+        """Wrap a loaded HF causal LM (llama / mistral / qwen2 / qwen3); shares its tensors."""
+        cfg = model.config
+        check_supported(cfg, max_len)
+        inner = model.model
+        rotary = getattr(inner, "rotary_emb", None)
+        if rotary is None or getattr(rotary, "inv_freq", None) is None:
+            raise UnsupportedModel("fast engine: the model has no rotary_emb.inv_freq buffer")
+        rope_type, _ = _rope_params(cfg)
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        if heads % kv_heads:
+            raise UnsupportedModel(f"fast engine: {heads} heads are not a multiple of {kv_heads} KV heads")
+        fc = FastConfig(model_type=cfg.model_type, num_layers=len(inner.layers), hidden_size=cfg.hidden_size,
+                        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=cfg.vocab_size,
+                        rms_norm_eps=float(cfg.rms_norm_eps), rope_type=rope_type,
+                        tie_word_embeddings=model.get_output_embeddings().weight is inner.embed_tokens.weight)
+        layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+            if (qn is None) != (fc.model_type != "qwen3"):
+                raise UnsupportedModel(f"fast engine: {fc.model_type} layer with unexpected q/k norms")
+            layers.append((
+                layer.input_layernorm.weight,
+                a.q_proj.weight, _bias(a.q_proj), a.k_proj.weight, _bias(a.k_proj),
+                a.v_proj.weight, _bias(a.v_proj), a.o_proj.weight, _bias(a.o_proj),
+                _weight(qn), _weight(kn), layer.post_attention_layernorm.weight,
+                m.gate_proj.weight, _bias(m.gate_proj), m.up_proj.weight, _bias(m.up_proj),
+                m.down_proj.weight, _bias(m.down_proj),
+            ))
+        embed = inner.embed_tokens.weight
+        cache = StaticKVCache(fc.num_layers, max_batch, kv_heads, max_len, head_dim, dtype=embed.dtype,
+                              device=embed.device)
+        return cls(fc, embed=embed, layers=layers, norm=inner.norm.weight,
+                   lm_head=model.get_output_embeddings().weight, inv_freq=rotary.inv_freq,
+                   rope_scaling=getattr(rotary, "attention_scaling", 1.0), cache=cache)
+
+    def compile(self, **kwargs) -> "FastLM":
+        """torch.compile the per-layer math (one compiled function serves every layer: the
+        weights are arguments) plus the prologue and epilogue. Positions are tensors, so
+        nothing recompiles per position; each (B, T, kv_len) shape compiles once."""
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        opts = dict(fullgraph=True, dynamic=False)
+        opts.update(kwargs)
+        self._layer_fn = torch.compile(decoder_layer, **opts)
+        self._prologue_fn = torch.compile(prologue, **opts)
+        self._epilogue_fn = torch.compile(epilogue, **opts)
+        self.compiled = True
+        return self
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights one forward reads (the embedding table only when it is the LM head)."""
+        seen, total = set(), 0
+        for t in [w for layer in self.layers for w in layer] + [self.norm, self.lm_head]:
+            if t is not None and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+    # ------------------------------------------------------------------ forward
+    def host_positions(self, pos: Pos, b: int) -> Optional[list[int]]:
+        """The positions as host ints when they are known without a device sync."""
+        if pos is None:
+            h = self.cache.host_lengths
+            return None if h is None else list(h[:b])
+        if isinstance(pos, int):
+            return [pos] * b
+        if isinstance(pos, torch.Tensor):
+            if pos.device.type != "cpu":
+                return None
+            return pos.expand(b).tolist() if pos.dim() == 0 else pos.tolist()
+        vals = [int(p) for p in pos]
+        if len(vals) != b:
+            raise ValueError(f"pos: {len(vals)} positions for a batch of {b}")
+        return vals
+
+    def pos_tensor(self, pos: Pos, b: int) -> torch.Tensor:
+        if pos is None:
+            return self.cache.lengths[:b]
+        if isinstance(pos, torch.Tensor):
+            p = pos.to(self.device, torch.long)
+            return p.expand(b) if p.dim() == 0 else p
+        if isinstance(pos, int):
+            return torch.full((b,), pos, dtype=torch.long, device=self.device)
+        return torch.tensor([int(p) for p in pos], dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, pos: Pos = None, *, capture: Iterable[int] = (),
+                kv_len: Optional[int] = None, logits_to_keep: int = 0, update_lengths: bool = True,
+                use_compiled: bool = True):
+        """ids ``[B, T]`` at positions pos..pos+T-1 (pos: int, B host ints, a ``[B]`` tensor,
+        or None = the cache's lengths). kv_len: how many cache positions attention reads
+        (static; default: exactly max(pos) + T when the positions are host-known, else
+        max_len). logits_to_keep: 0 = logits for all T tokens, n = the last n only.
+        use_compiled=False runs the eager math even after compile() (a prefill, say, whose
+        shape would otherwise compile once more). Returns (logits, {layer id: hidden state})."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids: shape {tuple(ids.shape)}; expected [B, T]")
+        b, t = ids.shape
+        if b > self.max_batch:
+            raise ValueError(f"batch {b} > max_batch {self.max_batch}")
+        capture = tuple(capture)
+        for lid in capture:
+            if not -1 <= lid < self.cfg.num_layers:
+                raise ValueError(f"capture layer id {lid} out of range: valid 0..{self.cfg.num_layers - 1} or -1")
+        host = self.host_positions(pos, b)
+        if host is not None:
+            end = max(host) + t
+            if min(host) < 0 or end > self.max_len:
+                raise ValueError(f"positions {min(host)}..{end - 1} outside the cache (max_len {self.max_len})")
+            kv_len = end if kv_len is None else kv_len
+            if kv_len < end:
+                raise ValueError(f"kv_len {kv_len} < max(pos) + T = {end}")
+        kv_len = self.max_len if kv_len is None else min(int(kv_len), self.max_len)
+        p = self.pos_tensor(pos, b)
+        q_pos = p[:, None] + self._arange[:t]  # [B, T]
+        pro, layer_fn, epi = ((self._prologue_fn, self._layer_fn, self._epilogue_fn) if use_compiled
+                              else (prologue, decoder_layer, epilogue))
+        cos, sin, mask = pro(q_pos, self._arange[:kv_len], self.inv_freq, self.rope_scaling,
+                                           self.dtype, self.cfg.group)
+        rows = self._rows[:b]
+        full = b == self.max_batch
+        x = F.embedding(ids, self.embed)
+        hidden = {}
+        c = self.cfg
+        for i, w in enumerate(self.layers):
+            kc, vc = self.cache.k[i], self.cache.v[i]
+            if not full:
+                kc, vc = kc[:b], vc[:b]
+            x = layer_fn(x, cos, sin, mask, rows, q_pos, kc, vc, w, c.num_heads, c.num_kv_heads,
+                               c.head_dim, c.rms_norm_eps, kv_len)
+            if i in capture:
+                hidden[i] = x
+        h, logits = epi(x, self.norm, self.lm_head, c.rms_norm_eps, int(logits_to_keep))
+        if -1 in capture:
+            hidden[-1] = h
+        if update_lengths:
+            self.cache.lengths[:b].copy_(p + t)
+            if host is not None and self.cache.host_lengths is not None:
+                self.cache.host_lengths[:b] = [x_ + t for x_ in host]
+            else:
+                self.cache.host_lengths = None
+        return logits, hidden
+
+    __call__ = forward
+
+    # ------------------------------------------------------------------ helpers
+    @torch.no_grad()
+    def greedy(self, prompt: torch.Tensor, max_new_tokens: int, step: Optional[Callable] = None) -> list[int]:
+        """Target-alone greedy decoding of one prompt ``[1, n]`` (prefill, then T=1 steps through
+        `step(ids, pos)`, by default this forward; a GraphRunner works too)."""
+        step = step or self.forward
+        n = prompt.shape[1]
+        logits, _ = self.forward(prompt, 0, logits_to_keep=1, use_compiled=False)
+        tok = logits[:, -1].argmax(-1)
+        out = [int(tok)]
+        for i in range(max_new_tokens - 1):
+            logits, _ = step(tok[:, None], n + i)
+            tok = logits[:, -1].argmax(-1)
+            out.append(int(tok))
+        return out
