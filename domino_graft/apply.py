@@ -11,7 +11,8 @@ from .recipe import load_recipe
 
 
 def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
-                 overrides: list[str] | None = None, echo=print) -> tuple[GraftPlan, Optional[Path]]:
+                 overrides: list[str] | None = None, echo=print, force: bool = False) -> tuple[GraftPlan, Optional[Path]]:
+    """force: replace an existing run dir at `out` (never anything else, never a run in training)."""
     recipe = load_recipe(recipe_path, overrides)
     plan = plan_graft(recipe, name=Path(recipe_path).stem)
     echo(plan.format())
@@ -20,8 +21,12 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
 
     from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
-    from .rundir import default_run_dir, write_run_dir
+    from .rundir import check_run_destination, default_run_dir, write_run_dir
     from .target import load_target
+
+    out_dir = Path(out) if out else default_run_dir(recipe_path)
+    # before minutes of loading; an existing run is work, replaced only on request
+    replacing = check_run_destination(out_dir, force=force, option="-o" if out else "-o (default runs/<recipe>)")
 
     device = pick_device(recipe.device)
     target = load_target(recipe.target, device=device)
@@ -30,7 +35,8 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
     graft = Graft(adapter, head)  # checks the head fits the drafter's hook points
     # record the head actually built (a bundle's G / r / pure prefix), not schema defaults
     recipe = effective_recipe(recipe, head.spec)
-    out_dir = Path(out) if out else default_run_dir(recipe_path)
+    if replacing:  # again: a train may have started on it meanwhile
+        check_run_destination(out_dir, force=force)
     write_run_dir(
         out_dir,
         recipe_path=recipe_path,
@@ -39,6 +45,7 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
         adapter=graft.adapter,
         head=graft.head,
         target_identity=target.identity,
+        force=replacing,
     )
-    echo(f"wrote run dir {out_dir}" + (" (head loaded from the drafter checkpoint)" if head_tensors else ""))
+    echo(("replaced" if replacing else "wrote") + f" run dir {out_dir}" + (" (head loaded from the drafter checkpoint)" if head_tensors else ""))
     return plan, out_dir

@@ -28,31 +28,23 @@ RANDOM_PROMPTS = 8  # built-in prompt set for tokenizer-less (random) targets
 
 
 # ---------------------------------------------------------------------- prompts
-def read_prompts(path: str, *, limit: Optional[int] = None) -> list[dict]:
+def read_prompts(path: str, *, limit: Optional[int] = None, flag: str = "--prompts") -> list[dict]:
     """JSONL, one object per line: {"prompt": str} | {"messages": [...]} | {"prompt_ids": [int]}
-    (optionally "raw": true to skip the chat template for that prompt)."""
+    (optionally "raw": true to skip the chat template for that prompt). Every line's types are
+    checked as it is read (file:line, field, bad value); lengths are checked when encoding."""
+    from .inputs import check_prompt_record, iter_jsonl
+
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"--prompts: {str(p)!r} does not exist or is not a file")
+        raise FileNotFoundError(f"{flag}: {str(p)!r} does not exist or is not a file")
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"--prompts: {p}:{n}: not valid JSON ({e})") from None
-        keys = [k for k in ("prompt", "messages", "prompt_ids") if k in obj] if isinstance(obj, dict) else []
-        if len(keys) != 1:
-            raise ValueError(
-                f"--prompts: {p}:{n}: each line needs exactly one of \"prompt\", \"messages\", \"prompt_ids\" "
-                f"(got {sorted(obj) if isinstance(obj, dict) else type(obj).__name__})"
-            )
+    for n, obj in iter_jsonl(p, flag):
+        check_prompt_record(obj, f"{flag}: {p}:{n}")
         out.append({"source": f"{p.name}:{n}", **obj})
         if limit is not None and len(out) >= limit:
             break
     if not out:
-        raise ValueError(f"--prompts: {p} holds no prompts")
+        raise ValueError(f"{flag}: {p} holds no prompts; valid: one JSON object per line, e.g. {{\"prompt\": \"Hi\"}}")
     return out
 
 
@@ -86,7 +78,8 @@ def _reserved_ids(loaded) -> set[int]:
     return stop_token_ids(loaded.target) | {int(i) for i in loaded.adapter.reserved_token_ids()}
 
 
-def encode(loaded, item: dict) -> list[int]:
+def encode(loaded, item: dict, *, max_new_tokens: Optional[int] = None) -> list[int]:
+    """One prompt's ids; it must fit the target's positions with `max_new_tokens` to generate."""
     return encode_prompt(
         loaded.target,
         prompt=item.get("prompt"),
@@ -95,6 +88,8 @@ def encode(loaded, item: dict) -> list[int]:
         raw=bool(item.get("raw", False)),
         chat=loaded.recipe.target.chat,
         reserved=_reserved_ids(loaded),
+        placeholders=loaded.adapter.reserved_token_ids(),
+        max_new_tokens=max_new_tokens,
         where=f"--prompts {item.get('source', '')}".strip(),
     )
 
@@ -145,7 +140,7 @@ def run_bench(
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
     engine = Engine(target, adapter, head, rollout=choice, stop_ids=stop_token_ids(target))
-    encoded = [encode(loaded, item) for item in prompts]
+    encoded = [encode(loaded, item, max_new_tokens=max_new_tokens) for item in prompts]  # all, before any decode
     k = adapter.num_slots
     runs = {
         "target": lambda ids, i: engine.target_only(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed_offset=i),

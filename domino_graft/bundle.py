@@ -7,7 +7,10 @@ hash differs from the one the bundle was exported for.
 
 Checks, in the order that gives the most useful message first: every tensor name and
 shape against what config.json implies (header only, no data read), the dtype the
-manifest declares, then each tensor's sha256 and config.json's against the manifest.
+manifest declares, then each tensor's sha256 and config.json's against the manifest; the
+manifest's recipe against the identity it records (target seed, drafter family, head spec);
+and, as the weights are read, that every tensor is finite (a re-signed manifest does not
+make NaN weights loadable).
 """
 
 from __future__ import annotations
@@ -137,13 +140,17 @@ def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=No
     from .checkpoint import load_tensors
     from .graft import build_head, effective_recipe
     from .recipe import parse_recipe
-    from .rundir import LoadedRun
+    from .rundir import LoadedRun, check_model_finite, check_recipe_matches_manifest
     from .provenance import config_hash
 
     path = Path(path).resolve()
     manifest = verify_bundle(path)[0] if verify else read_manifest(path)
     source = f"{path}/manifest.json"
     family = bundle_family(manifest, source)
+    if not isinstance(manifest.get("recipe"), dict):
+        raise CheckpointError(f"{source}: field 'recipe' is missing or not an object; the manifest is damaged")
+    check_recipe_matches_manifest(manifest["recipe"], manifest, recipe_source=f"{source}: recipe",
+                                  manifest_source="its target/drafter/head identity")
     recipe = family.bundle_recipe(parse_recipe(manifest["recipe"], source=source), path)
 
     tgt = _load_target_for(recipe, target, device)
@@ -162,6 +169,7 @@ def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=No
         state = load_tensors(path / head_file)
         check_tensors(state, head.spec.tensor_shapes(), source=str(path / head_file))
         head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    check_model_finite(adapter, head, source=str(path))
     head.to(device)
     adapter.to(device)
     return LoadedRun(path, effective_recipe(recipe, head.spec), manifest, tgt, adapter, head)

@@ -35,9 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Graft Domino heads onto parallel speculative-decoding drafters.",
     )
     parser.add_argument("--version", action="version", version=f"domino-graft {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of every error (also: DOMINO_GRAFT_DEBUG=1)")
+    # also accepted after the command (`domino-graft train RUN --debug`); SUPPRESS keeps the
+    # sub-parser from resetting a --debug given before the command
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[debug])
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
     return parser
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .errors import run_with_clean_errors
 
-    return run_with_clean_errors(importlib.import_module(args._module).run, args)
+    return run_with_clean_errors(importlib.import_module(args._module).run, args, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .checkpoint import (
     atomic_dir,
+    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     save_tensors,
@@ -150,10 +150,20 @@ def _draft_logits(adapter, head, ids, feats, anchors, prev_tokens=None, greedy=T
 
 
 def max_rel_diff(a_list, b_list) -> float:
+    """max |a - b| / max(1, max |a|) over the blocks; NaN as soon as either side holds a
+    non-finite value (Python's max(0.0, nan) is 0.0: a NaN must never read as a match)."""
     worst = 0.0
     for (a, _), (b, _) in zip(a_list, b_list):
+        if a.shape != b.shape:
+            return math.inf
+        if a.numel() == 0:
+            continue
+        if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
+            return math.nan
         scale = max(1.0, float(a.abs().max()))
-        worst = max(worst, float((a - b).abs().max()) / scale)
+        d = float((a - b).abs().max()) / scale
+        if not d <= worst:  # also takes a NaN
+            worst = d
     return worst
 
 
@@ -190,6 +200,9 @@ def self_check(bundle_dir: Path, *, target, adapter, head, dtype: str, format: s
     with torch.no_grad():
         ids, feats, anchors = _probe_inputs(target, adapter, seed=seed)
         mem = _draft_logits(adapter, head, ids, feats, anchors)
+        if not all(bool(x.isfinite().all()) for x, _ in mem):
+            raise ExportError("export self-check failed, no bundle written: the model's own draft logits are not "
+                              "finite (NaN/Inf weights or activations); it is not exportable")
         tokens = [t for _, t in mem]
         # fp32 export: rounding is the identity, the in-memory pass is the rounded reference
         if dtype == "fp32":
@@ -292,22 +305,30 @@ def _drafter_summary(family, adapter, config: dict) -> dict:
 
 
 def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: Optional[str] = None,
-               dtype: Optional[str] = None, device: Optional[str] = None, echo=print) -> Path:
-    """Export RUN (default: the most recent) to a verified bundle; returns its path."""
+               dtype: Optional[str] = None, device: Optional[str] = None, echo=print, force: bool = False) -> Path:
+    """Export RUN (default: the most recent) to a verified bundle; returns its path.
+
+    force: replace an existing bundle at the destination (never anything else)."""
+    from .checkpoint import check_destination
     from .device import pick_device
     from .provenance import git_sha, now, versions
     from .recipe import recipe_to_dict
-    from .rundir import load_run, resolve_run, run_recipe
+    from .rundir import check_recipe_matches_manifest, load_run, read_run_manifest, resolve_run, run_recipe
 
     run_dir = resolve_run(run)
     recipe = run_recipe(run_dir)
+    # the manifest and the recipe the bundle will record must describe the same weights
+    check_recipe_matches_manifest(recipe_to_dict(recipe), read_run_manifest(run_dir),
+                                  recipe_source=f"{run_dir}/recipe.resolved.json", manifest_source="manifest.json")
     family = get_family(recipe.drafter.family)
     format, dtype = format or recipe.export.format, dtype or recipe.export.dtype
     _check_format(family, format, dtype)
+    out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)
+    option = "-o" if out else "-o (default bundles/<run>-<format>-<dtype>)"
+    replacing = check_destination(out_dir, kind="bundle", option=option, force=force)  # before loading
     device = device or pick_device(recipe)
     loaded = load_run(run_dir, device=device)
     adapter, head, target = loaded.adapter, loaded.head, loaded.target
-    out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)
 
     files, configs = family.bundle_contents(adapter, head, format=format, dtype=dtype)
     main_config = next(iter(configs.values()))
@@ -338,14 +359,14 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         "bench": _bench_results(run_dir),
     }
     n_tensors = len(manifest["tensors"])
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, overwrite=replacing) as tmp:
         for f, tensors in files.items():
             (tmp / f).parent.mkdir(parents=True, exist_ok=True)
             save_tensors(tmp / f, tensors, {"format": "pt"})
         for f, cfg in configs.items():
             atomic_write_json(tmp / f, cfg)
         for name, source in family.bundle_code_files(format).items():
-            shutil.copyfile(source, tmp / name)
+            atomic_write_bytes(tmp / name, Path(source).read_bytes())
         manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         atomic_write_json(tmp / "manifest.json", manifest)
         echo(f"self-check: reloading {n_tensors} tensors ({dtype}) and comparing draft logits ...")
@@ -353,9 +374,11 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
                                             format=format, family=family, seed=recipe.bench.seed, device=device)
         atomic_write_json(tmp / "manifest.json", manifest)
         atomic_write_text(tmp / "README.md", model_card(manifest, main_config, bundle=str(out_dir)))
+        if replacing:  # the same refusals as before loading, should anything have changed there since
+            check_destination(out_dir, kind="bundle", option=option, force=force)
     sc = manifest["self_check"]
     echo(
-        f"wrote bundle {out_dir} ({format}, {dtype}, {n_tensors} tensors); self-check passed: "
+        ("replaced" if replacing else "wrote") + f" bundle {out_dir} ({format}, {dtype}, {n_tensors} tensors); self-check passed: "
         f"exact {sc['exact_max_rel_diff']:.2g} <= {sc['exact_tolerance']:g}, "
         f"fidelity {sc['fidelity_max_rel_diff']:.2g} <= {sc['fidelity_tolerance']:g}"
     )

@@ -102,9 +102,34 @@ def resolve_head_fields(recipe: Recipe, checkpoint: dict | None, source: str = "
 
 def effective_recipe(recipe: Recipe, spec) -> Recipe:
     """The recipe with the head fields the head was actually built with (a run dir must
-    record the checkpoint's G/r/pure prefix, not the schema defaults it replaced)."""
+    record the checkpoint's G/r/pure prefix, not the schema defaults it replaced), and the
+    drafter fields its checkpoint decided (a family's `recipe_values`): a run's resolved
+    recipe lists every field, and reloading the run must not find the schema's default for
+    a value the user never set contradicting the checkpoint it was built from."""
     head = recipe.head.model_copy(update={k: getattr(spec, k) for k in HEAD_CHECKPOINT_FIELDS})
-    return recipe.model_copy(update={"head": head})
+    update = {"head": head}
+    values = _drafter_values(recipe)
+    if values:
+        update["drafter"] = recipe.drafter.model_copy(update=values)
+    return recipe.model_copy(update=update)
+
+
+def _drafter_values(recipe: Recipe) -> dict:
+    """{drafter field: value the drafter is built with} for the fields its checkpoint decides."""
+    from .registry import get_family
+    from .target import TargetShape, target_config_dict
+
+    family = get_family(recipe.drafter.family)
+    model_module = getattr(family, "model_module", None)
+    if not model_module:
+        return {}
+    import importlib
+
+    values_of = getattr(importlib.import_module(model_module), "recipe_values", None)
+    if values_of is None:
+        return {}
+    tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
+    return {k: v for k, v in values_of(recipe.drafter, tshape).items() if k in type(recipe.drafter).model_fields}
 
 
 def head_spec_for(recipe: Recipe, fam_plan, checkpoint: dict | None = None) -> "HeadSpec":
@@ -119,16 +144,32 @@ def head_spec_for(recipe: Recipe, fam_plan, checkpoint: dict | None = None) -> "
 
 
 def plan_graft(recipe: Recipe, *, name: str = "recipe") -> GraftPlan:
-    """Pure data from configs: no weights are read."""
+    """Pure data from configs: no weights are read. Checks that need the target's or the
+    drafter's config (layer ids, token ids, slots, positions) fail here, every problem at once,
+    one line each, as a RecipeError."""
     from dataclasses import asdict
 
+    from .recipe import RecipeError
     from .registry import get_family
     from .target import TargetShape, target_config_dict
 
     tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
     family = get_family(recipe.drafter.family)
-    fam = family.plan(recipe.drafter, tshape)
-    spec = head_spec_for(recipe, fam, family.checkpoint_head_fields(recipe.drafter))
+    problems = _target_checks(recipe, tshape)
+    try:
+        fam = family.plan(recipe.drafter, tshape)
+        spec = head_spec_for(recipe, fam, family.checkpoint_head_fields(recipe.drafter))
+    except ValueError as e:
+        if type(e) is not ValueError and not problems:  # a checkpoint's or recipe's own error, as it is
+            raise
+        raise RecipeError(recipe.name or name, [*str(e).splitlines(), *problems]) from None
+    k = fam.num_slots
+    if spec.pure_prefix_len >= k:
+        came = "" if "pure_prefix_len" in recipe.head.model_fields_set else " (the drafter checkpoint's)"
+        problems.append(f"head.pure_prefix_len: {spec.pure_prefix_len}{came} is invalid; valid: 0..{k - 1} (the "
+                        f"drafter makes {k} proposal(s) per block; slots 1..pure_prefix_len stay uncorrected)")
+    if problems:
+        raise RecipeError(recipe.name or name, problems)
     t = recipe.target
     source = "random (seed %d)" % t.random.seed if t.random else (t.path or f"asset {t.asset}")
     return GraftPlan(
@@ -139,6 +180,19 @@ def plan_graft(recipe: Recipe, *, name: str = "recipe") -> GraftPlan:
         head_spec=spec.to_dict(),
         head_tensors=spec.tensor_shapes(),
     )
+
+
+def _target_checks(recipe: Recipe, tshape) -> list[str]:
+    """Recipe values that must fit the target's config: sequence lengths in positions."""
+    problems = []
+    positions = tshape.max_position_embeddings
+    if recipe.bench.max_new_tokens >= positions:
+        problems.append(f"bench.max_new_tokens: {recipe.bench.max_new_tokens} is invalid; valid: 1..{positions - 1} "
+                        f"(the target has {positions:,} positions, max_position_embeddings, and a prompt needs one)")
+    if recipe.train.data.max_length > positions:
+        problems.append(f"train.data.max_length: {recipe.train.data.max_length} is invalid; valid: 8..{positions} "
+                        f"(the target has {positions:,} positions, max_position_embeddings)")
+    return problems
 
 
 class Graft:

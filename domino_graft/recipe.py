@@ -7,7 +7,10 @@ Conventions fixed here:
 * layer ids are 0-based decoder-layer *outputs*; -1 means the final post-norm state;
 * relative paths resolve against the recipe file's folder;
 * unknown keys are errors, and every problem is reported at once, one line each,
-  as `dotted.path: bad value -> what would be valid`.
+  as `dotted.path: bad value -> what would be valid` (bad values cut to a short repr);
+* recipe files are UTF-8 text of at most MAX_RECIPE_BYTES; their YAML may not repeat a key,
+  use anchors or aliases (`&a` / `*a`), or nest deeper than MAX_YAML_DEPTH;
+* an override's relative path (`target.path=models/x`) resolves against the current directory.
 """
 
 from __future__ import annotations
@@ -123,6 +126,13 @@ class Train(Strict):
     data: Data = Data()
 
     @model_validator(mode="after")
+    def _batch_splits(self):
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size: {self.batch_size} is not a multiple of train.grad_accum {self.grad_accum}; "
+                             f"valid: a multiple of grad_accum × the number of GPUs")
+        return self
+
+    @model_validator(mode="after")
     def _warmup_needs_backbone(self):
         if self.backbone_only_steps and self.backbone == "frozen":
             raise ValueError(
@@ -186,9 +196,109 @@ def recipe_model() -> type[Recipe]:
 
 
 # --------------------------------------------------------------------------- loading
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a few kB; anything near this is not one
+MAX_YAML_DEPTH = 32  # nesting levels; recipes use four
 
 
-def _format_error(err: dict, data: Any) -> str:
+class _Refused(Exception):
+    """A YAML construct recipes do not accept (alias, anchor, excessive nesting)."""
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """yaml.SafeLoader without anchors and aliases (`&a` / `*a`: an alias bomb of a few hundred
+    bytes expands to gigabytes, and recipes have no use for them) and with a nesting limit
+    (deep `[[[[...` would exhaust Python's recursion)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1 if event.start_mark else "?"
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(f"line {line}: YAML alias *{_short_text(event.anchor)} refused: recipes take no anchors or "
+                           "aliases (&name / *name); write the value out in full")
+        if getattr(event, "anchor", None) is not None:
+            raise _Refused(f"line {line}: YAML anchor &{_short_text(event.anchor)} refused: recipes take no anchors or "
+                           "aliases (&name / *name); write the value out in full")
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(f"line {line}: nested more than {MAX_YAML_DEPTH} levels deep; recipes nest a few levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _short_text(s: str, limit: int = 40) -> str:
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+def _duplicate_keys(node, path: str = "") -> list[str]:
+    """Every key given twice in one mapping (YAML would silently keep the last), with both lines."""
+    problems = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            shown = None if name is None else _short_text(name)
+            here = f"{path}.{shown}" if path and shown is not None else (shown or path or "<recipe>")
+            if name is not None:
+                if (key.tag, name) in first:
+                    problems.append(f"{here}: duplicate key {_short(name)} at line {key.start_mark.line + 1} "
+                                    f"(first given at line {first[(key.tag, name)]}); valid: each key once per section")
+                else:
+                    first[(key.tag, name)] = key.start_mark.line + 1
+            problems += _duplicate_keys(value, here)
+    elif isinstance(node, yaml.SequenceNode):
+        for n, item in enumerate(node.value):
+            problems += _duplicate_keys(item, f"{path}[{n}]")
+    return problems
+
+
+def _yaml_problem(e: Exception) -> str:
+    """One line for a YAML error (PyYAML's own message spans lines, with a caret)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+def safe_yaml(text: str) -> tuple[Any, list[str]]:
+    """Parse YAML the recipe way: -> (data, problems). Problems name the line; anchors, aliases,
+    duplicate keys and deep nesting are refused; nothing is expanded before it is refused."""
+    loader = _RecipeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except _Refused as e:
+            return None, [f"<yaml>: {e}"]
+        except RecursionError:
+            return None, [f"<yaml>: nested too deeply; recipes nest a few levels"]
+        except yaml.YAMLError as e:
+            return None, [f"<yaml>: not valid YAML: {_yaml_problem(e)}"]
+        if node is None:
+            return None, []
+        dups = _duplicate_keys(node)
+        if dups:
+            return None, dups
+        try:
+            return loader.construct_document(node), []
+        except yaml.YAMLError as e:
+            return None, [f"<yaml>: not valid YAML: {_yaml_problem(e)}"]
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:  # e.g. an integer of 10,000 digits
+            return None, [f"<yaml>: a value cannot be read: {_short_text(str(e), 120)}"]
+    finally:
+        loader.dispose()
+
+
+def _short(value: Any) -> str:
+    from .inputs import short
+
+    return short(value)
+
+
+def _format_error(err: dict, data: Any) -> list[str]:
     loc = [str(p) for p in err["loc"]]
     # Tagged unions put the tag into the path (drafter.<family>.x): drop it.
     if len(loc) >= 2 and loc[0] == "drafter" and loc[1] in family_names():
@@ -199,23 +309,38 @@ def _format_error(err: dict, data: Any) -> str:
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
         valid = _valid_keys(loc[:-1], data)
-        return f"{path}: unknown key (value {value!r}); valid keys here: {', '.join(valid)}"
+        return [f"{path}: unknown key (value {_short(value)}); valid keys here: {', '.join(valid)}"]
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tag_path = f"{path}.family" if not path.endswith("family") else path
         got = ctx.get("tag", value.get("family") if isinstance(value, dict) else value)
-        return f"{tag_path}: {got!r} is not a drafter family; valid: {', '.join(family_names())}"
+        return [f"{tag_path}: {_short(got)} is not a drafter family; valid: {', '.join(family_names())}"]
     if kind == "literal_error":
-        return f"{path}: {value!r} is not valid; valid: {ctx.get('expected')}"
+        return [f"{path}: {_short(value)} is not valid; valid: {ctx.get('expected')}"]
     if kind == "missing":
-        return f"{path}: required field is missing"
-    shown = value if not isinstance(value, dict) else "{...}"
-    return f"{path}: {shown!r} is invalid: {err['msg']}"
+        return [f"{path}: required field is missing"]
+    if kind == "value_error":
+        # Validators of a section raise "field: bad value; valid: ..." (several lines for several
+        # problems): the line gets the field's full dotted path.
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        fields = set(_valid_keys(loc, data))
+        lines = []
+        for line in msg.splitlines() or [msg]:
+            head = line.split(":", 1)[0]
+            name = head.split("[", 1)[0]
+            if ":" in line and name in fields and " " not in head:
+                lines.append(f"{path}.{line}" if loc else line)
+            else:
+                lines.append(f"{path}: {line}")
+        return lines
+    shown = _short(value) if not isinstance(value, dict) else "{...}"
+    return [f"{path}: {shown} is invalid: {err['msg']}"]
 
 
-def _valid_keys(loc: list[str], data: Any) -> list[str]:
+def _section_model(loc: list[str], data: Any):
+    """The pydantic model of the section at `loc` (None if there is none)."""
     model: Any = Recipe
     for part in loc:
-        if part == "drafter":
+        if part == "drafter" and model is Recipe:
             section = data.get("drafter") if isinstance(data, dict) else None
             fam = section.get("family") if isinstance(section, dict) else None
             known = families()
@@ -223,22 +348,60 @@ def _valid_keys(loc: list[str], data: Any) -> list[str]:
             continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
-            return []
+            return None
         ann = field.annotation
         for cand in getattr(ann, "__args__", (ann,)):
             if isinstance(cand, type) and issubclass(cand, BaseModel):
                 model = cand
                 break
-    return sorted(getattr(model, "model_fields", {}))
+        else:
+            return None
+    return model
+
+
+def _valid_keys(loc: list[str], data: Any) -> list[str]:
+    return sorted(getattr(_section_model(loc, data), "model_fields", {}))
+
+
+def _is_path_field(loc: list[str], data: Any) -> bool:
+    """Whether recipe field `loc` is a path (declared with schema.path_fields)."""
+    from .schema import resolve_path
+
+    if not loc:
+        return False
+    model = _section_model(loc[:-1], data)
+    decorators = getattr(model, "__pydantic_decorators__", None)
+    if decorators is None:
+        return False
+    return any(d.func is resolve_path and loc[-1] in d.info.fields for d in decorators.field_validators.values())
+
+
+def _cross_checks(recipe: Recipe) -> list[str]:
+    """Checks across sections that need no target config (the rest are the plan's, graft.plan_graft)."""
+    problems = []
+    slots_of = getattr(recipe.drafter, "declared_num_slots", None)
+    slots = slots_of() if callable(slots_of) else None
+    ppl = recipe.head.pure_prefix_len
+    if slots is not None and ppl >= slots:
+        problems.append(f"head.pure_prefix_len: {ppl} is invalid; valid: 0..{slots - 1} (the drafter makes {slots} "
+                        f"proposal(s) per block, and slots 1..pure_prefix_len are left uncorrected)")
+    return problems
 
 
 def parse_recipe(data: Any, *, source: str = "<recipe>", base_dir: Optional[str] = None) -> Recipe:
+    if data is None:  # an empty file: report what is missing, like any other incomplete recipe
+        data = {}
     if not isinstance(data, dict):
-        raise RecipeError(source, [f"<recipe>: expected a mapping at the top level, got {type(data).__name__}"])
+        raise RecipeError(source, [f"<recipe>: expected a mapping (key: value lines) at the top level, got "
+                                   f"{type(data).__name__} {_short(data)}"])
     try:
-        return recipe_model().model_validate(data, context={"base_dir": base_dir})
+        recipe = recipe_model().model_validate(data, context={"base_dir": base_dir})
     except ValidationError as e:
-        raise RecipeError(source, [_format_error(err, data) for err in e.errors()]) from None
+        raise RecipeError(source, [line for err in e.errors() for line in _format_error(err, data)]) from None
+    problems = _cross_checks(recipe)
+    if problems:
+        raise RecipeError(source, problems)
+    return recipe
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -257,17 +420,23 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     name = path.name.removesuffix(".yaml").removesuffix(".yml")
     if str(name_or_path) in (name, f"{name}.yaml", f"recipes/{name}.yaml") and name in shipped:
         return shipped[name]
-    raise RecipeError(str(path), [f"<file>: {str(path)!r} is neither a file nor a shipped recipe; shipped: "
+    raise RecipeError(str(path), [f"<file>: {_short(str(path))} is neither a file nor a shipped recipe; shipped: "
                                   f"{', '.join(shipped)} (`domino-graft recipes` lists them)"])
 
 
 def load_recipe_text(path: str | os.PathLike) -> tuple[str, dict]:
+    """The recipe file's text and its parsed YAML; a file over MAX_RECIPE_BYTES, binary or not
+    UTF-8, or YAML that is invalid, aliased or has duplicate keys is a RecipeError naming it."""
+    from .inputs import read_text
+
     path = find_recipe(path)
-    text = path.read_text()
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RecipeError(str(path), [f"<yaml>: not valid YAML: {e}"]) from None
+        text = read_text(path, "<file>", max_bytes=MAX_RECIPE_BYTES)
+    except ValueError as e:
+        raise RecipeError(str(path), [str(e).replace(f"<file>: {path}: ", "<file>: ", 1)]) from None
+    data, problems = safe_yaml(text)
+    if problems:
+        raise RecipeError(str(path), problems)
     return text, data
 
 
@@ -275,43 +444,80 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     path = find_recipe(path)
     text, data = load_recipe_text(path)
     if overrides:
-        data = apply_overrides(data, overrides, source=str(path))
+        data = apply_overrides({} if data is None else data, overrides, source=str(path))
     return parse_recipe(data, source=str(path), base_dir=str(Path(path).resolve().parent))
 
 
+OVERRIDE_SYNTAX = ("section.key=VALUE, the value in YAML: head.rank=64, train.lr=1e-4, "
+                   "drafter.target_layer_ids=[1,2], target.path=models/x")
+
+
 def apply_overrides(data: dict, overrides: list[str], *, source: str = "<overrides>") -> dict:
-    """`train.lr=1e-4 head.rank=64` -> a new nested dict; values parsed as YAML scalars."""
+    """`train.lr=1e-4 head.rank=64` -> a new nested dict; values parsed as YAML (scalars or flow
+    lists). A relative path given for a path field resolves against the current directory (where
+    the user typed it), not the recipe's folder."""
     import copy
 
+    if not isinstance(data, dict):  # parse_recipe reports the top level
+        return data
     data = copy.deepcopy(data)
     problems = []
     for item in overrides:
         if "=" not in item:
-            problems.append(f"{item}: override must look like dotted.key=value")
+            problems.append(f"override {_short(item)}: no '='; valid: {OVERRIDE_SYNTAX}")
             continue
         key, raw = item.split("=", 1)
-        node = data
         parts = key.split(".")
-        for p in parts[:-1]:
+        if not key or any(not p or not p.replace("_", "").isalnum() for p in parts):
+            problems.append(f"override {_short(item)}: {_short(key)} is not a dotted key; valid: {OVERRIDE_SYNTAX}")
+            continue
+        try:
+            value = _scalar(raw)
+        except ValueError as e:
+            problems.append(f"override {_short(item)}: the value {_short(raw)} is not valid YAML ({e}); "
+                            f"valid: {OVERRIDE_SYNTAX} (quote text with ':' or '#', e.g. name='a: b')")
+            continue
+        if isinstance(value, str) and _is_path_field(parts, data):
+            value = _cwd_path(value)
+        node = data
+        for depth, p in enumerate(parts[:-1]):
             if node.get(p) is None:
                 node[p] = {}
             node = node[p]
             if not isinstance(node, dict):
-                problems.append(f"{key}: {p!r} is not a section")
+                where = ".".join(parts[: depth + 1])
+                problems.append(f"override {_short(item)}: {where} is {_short(node)}, not a section; valid: "
+                                f"{where}=VALUE")
                 break
         else:
-            node[parts[-1]] = _scalar(raw)
+            node[parts[-1]] = value
     if problems:
         raise RecipeError(source, problems)
     return data
 
 
+def _cwd_path(value: str) -> str:
+    """An override's relative path, against the current directory (a shipped config such as
+    configs/qwen3-8b.json, found there only, is left for the schema to resolve)."""
+    from .schema import shipped_recipes_dir
+
+    p = Path(os.path.expanduser(value))
+    if p.is_absolute() or not value:
+        return str(p) if value else value
+    here = Path.cwd() / p
+    if not here.exists() and (shipped_recipes_dir() / p).exists():
+        return value
+    return str(here)
+
+
 def _scalar(raw: str) -> Any:
-    """A YAML scalar, except that `1e-4` is a float: PyYAML follows YAML 1.1, which reads
-    exponent notation without a dot (`1e-4`, `3E5`) as a string."""
+    """An override value as YAML, except that `1e-4` is a float: PyYAML follows YAML 1.1, which reads
+    exponent notation without a dot (`1e-4`, `3E5`) as a string. Raises ValueError with one line."""
     import re
 
-    value = yaml.safe_load(raw)
+    value, problems = safe_yaml(raw)
+    if problems:
+        raise ValueError(problems[0].removeprefix("<yaml>: ").removeprefix("not valid YAML: "))
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value.strip()):
         return float(value)
     return value

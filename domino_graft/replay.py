@@ -95,27 +95,54 @@ def responses_file(path: str | Path, flag: str = "--responses") -> Path:
 
 
 def read_responses(path: str | Path, target, *, chat: bool, limit: Optional[int] = None,
-                   flag: str = "--responses") -> list[Example]:
+                   flag: str = "--responses", reserved: Iterable[int] = ()) -> list[Example]:
     """The target's own responses (`regenerate` output), encoded as training examples; every
-    record must carry a response (the tokens replay walks over)."""
+    record must carry a response (the tokens replay walks over), fit the target's vocabulary
+    and positions, and hold none of the drafter's `reserved` placeholder ids."""
+    from .inputs import iter_jsonl
+
     path = responses_file(path, flag)
     eos = (target.shape.eos_token_ids or (None,))[0]
+    v, positions = target.shape.vocab_size, target.shape.max_position_embeddings
+    note = getattr(target, "tokenizer_note", None) or "the target has no tokenizer (random target?)"
+    held_out = {int(i) for i in reserved}
     examples = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if limit is not None and len(examples) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{flag}: {path}:{n} is not JSON ({e.msg})") from None
-            ex = encode_record(rec, target.tokenizer, chat=chat, eos_id=eos, where=f"{path}:{n}")
-            if not any(ex.loss_mask):
-                raise ValueError(f"{flag}: {path}:{n} has no response tokens; each record needs the target's "
-                                 "answer (messages ending with the assistant turn, or prompt+response)")
-            examples.append(ex)
+    for n, rec in iter_jsonl(path, flag):
+        where = f"{flag}: {path}:{n}"
+        ex = encode_record(rec, target.tokenizer, chat=chat, eos_id=eos, where=where, no_tokenizer=note)
+        if not any(ex.loss_mask):
+            raise ValueError(f"{where}: has no response tokens; each record needs the target's "
+                             "answer (messages ending with the assistant turn, or prompt+response)")
+        bad = [t for t in ex.input_ids if not 0 <= t < v]
+        if bad:
+            raise ValueError(f"{where}: token id {bad[0]} is outside the target vocabulary; valid: 0..{v - 1}")
+        held = sorted(set(ex.input_ids) & held_out)
+        if held:
+            raise ValueError(f"{where}: holds token id {held[0]}, the drafter's reserved placeholder; valid: "
+                             "records without it")
+        if len(ex.input_ids) > positions:
+            raise ValueError(f"{where}: {len(ex.input_ids):,} tokens (prompt + response); the target has "
+                             f"{positions:,} positions (max_position_embeddings); valid: shorter records")
+        examples.append(ex)
+        if limit is not None and len(examples) >= limit:
+            break
     if not examples:
         raise ValueError(f"{flag}: {path} holds no records")
     return examples
+
+
+def check_responses(path: str | Path, *, limit: Optional[int] = None, flag: str = "--responses") -> int:
+    """Every record's format and types (UTF-8, JSON, fields), before a model is loaded: -> records."""
+    from .inputs import iter_jsonl
+    from .training.data import check_record
+
+    path = responses_file(path, flag)
+    count = 0
+    for n, rec in iter_jsonl(path, flag):
+        check_record(rec, f"{flag}: {path}:{n}")
+        count += 1
+        if limit is not None and count >= limit:
+            break
+    if not count:
+        raise ValueError(f"{flag}: {path} holds no records")
+    return count

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 DTYPES = ("fp32", "bf16", "fp16")
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -69,3 +69,19 @@ class RandomModel(Strict):
     tie_word_embeddings: bool = True
     eos_token_id: int = Field(1, ge=0)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        """Shapes transformers would only reject at the first forward (a raw shape error)."""
+        problems = []
+        if self.num_heads % self.num_kv_heads:
+            valid = [k for k in range(1, self.num_heads + 1) if self.num_heads % k == 0]
+            problems.append(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads} "
+                            f"(grouped-query attention); valid: {', '.join(map(str, valid))}")
+        if self.head_dim % 2:
+            problems.append(f"head_dim: {self.head_dim} is odd; valid: an even number (rotary embeddings rotate pairs)")
+        if self.eos_token_id >= self.vocab_size:
+            problems.append(f"eos_token_id: {self.eos_token_id} is outside the vocabulary; valid: 0..{self.vocab_size - 1}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self

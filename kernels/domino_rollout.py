@@ -120,7 +120,7 @@ class KernelConfig:
     # order-stable compaction) over [rows, V / pool_radix_block] programs: no torch.topk, no
     # per-row loop, no host sync, CUDA-graph capturable. Exact top-k for bf16/fp16 logits
     # (boundary ties to the lowest ids), to 2^-15 relative for fp32. Measured on the H200
-    # (head_latency_h200_radix.json, Qwen3-8B, batch 1): the selection alone 364 us against
+    # (the radix probe, commit 1d66318, Qwen3-8B, batch 1): the selection alone 364 us against
     # torch.topk's 53 us (both inside a CUDA graph), whole pool rollout 0.544 ms vs 0.211 ms;
     # the best block/warps of its sweep (2048/4) are the defaults below. Correct but slow: an option.
     pool_select: str = "topk"
@@ -130,8 +130,8 @@ class KernelConfig:
     pool_radix_warps: int = 4
     # Fraction of W2's rows (the first ones) the full-vocabulary scan loads with evict_last so that
     # they stay in L2 from one corrected step to the next (W2 = 77.8 MB > the ~50 MB L2 at Qwen3-8B
-    # shapes; the rest streams with evict_first). 0 disables. Swept by bench/head_latency.py
-    # ("l2_pin_sweep": 0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
+    # shapes; the rest streams with evict_first). 0 disables. Swept by head_latency's
+    # "l2_pin_sweep" at commit 1d66318 (0 / 0.3 / 0.45 / 0.6, end-to-end rollouts with the L2 flushed between
     # repetitions). Measured on the H200, batch 1: 0 -> 0.448 ms, 0.3 -> 0.576, 0.45 -> 0.577,
     # 0.6 -> 0.576: the hints cost more than the reuse saves, so pinning is off (the zig-zag below
     # gets W2 rows from L2 without hints).
@@ -150,21 +150,19 @@ class KernelConfig:
     # scoring phase of every step) instead of two launches a step. Measured on the H200
     # (Qwen3-8B, bucket pool): correct (same tokens, no error flag) but slower, 0.432 ms vs
     # 0.224 ms at batch 1 and 0.897 vs 0.476 at batch 4 (not the barriers, ~0.8 us each: its
-    # phases, ~10 us each; bench/results/barrier_probe_h200.json), so it stays off:
-    # bench/head_latency.py ("pool_persistent_probe", run in a subprocess) turns it on when it is
-    # faster, agrees token for token with the multi-launch path and never trips its error flag.
+    # phases, ~10 us each; barrier_probe, commit 1d66318), so it stays off (docs/kernels.md).
     pool_persistent: bool = False
     pool_persistent_max_batch: int = 4
     # How its programs wait at a grid barrier (PERSISTENT_BARRIERS, `triton_persistent._grid_barrier`):
     # "rmw" (tl.atomic_add(bar, 0) acquire reads, the code measured above), "volatile" (volatile
     # loads, then one acquire read) or "ld_acquire" (inline-PTX acquire loads). Measured on the
-    # H200 (bench/barrier_probe.py): 0.79, 1.05 and 0.74 us a barrier, whole rollouts within 1.3%.
+    # H200 (barrier_probe, commit 1d66318): 0.79, 1.05 and 0.74 us a barrier, whole rollouts within 1.3%.
     pool_persistent_barrier: str = "rmw"
     # Each persistent program's rows of W_hh (3 gates x BLOCK_G x G: 48 KB in bf16 at Qwen3-8B's G
     # with 128 programs) loaded once before the first step and kept on chip for all K steps, as
     # its W1b slice already is, instead of re-read from L2 in G/BLOCK_KC dependent chunks every
     # step (the suspect for the ~10 us phases). Same products, summed in another order. Measured
-    # on the H200 (bench/barrier_probe.py, Qwen3-8B, topk pool): 0.232 ms vs 0.408 re-reading at
+    # on the H200 (barrier_probe, commit 1d66318, Qwen3-8B, topk pool): 0.232 ms vs 0.408 re-reading at
     # batch 1 (0.508 vs 0.735 at batch 4), same tokens: the phases fall from ~10 to ~4.5 us, still
     # slower than the multi-launch rollout (0.177 / 0.309 ms), so it stays off with the rest.
     pool_persistent_whh_resident: bool = False
@@ -175,21 +173,20 @@ class KernelConfig:
     # pure slots' steps and the earlier slots instead of before the chain: at batch 1 the batched
     # selection is ~0.07 of the pool rollout's 0.177 ms. Same candidate sets, so the same greedy
     # tokens (ties go to the lowest id whatever a pool's order). Inside a CUDA graph the fork
-    # becomes parallel branches. Measured slower on the H200 (head_latency.py's
-    # select_overlap_probe, Qwen3-8B shapes, batch 1): 0.660 / 0.402 / 0.269 ms with 1 / 2 / 4
+    # becomes parallel branches. Measured slower on the H200 (head_latency's
+    # select_overlap_probe at commit 1d66318, Qwen3-8B shapes, batch 1): 0.660 / 0.402 / 0.269 ms with 1 / 2 / 4
     # streams against 0.174 ms batched, same tokens; a one-row torch.topk is hardly quicker than
-    # fourteen, so the first corrected slot waits for a whole selection anyway. Off; the probe
-    # adopts a count only where it is faster. On a CPU (and under the interpreter) the per-slot
+    # fourteen, so the first corrected slot waits for a whole selection anyway. Off. On a CPU (and under the interpreter) the per-slot
     # selections run inline, which is what CI checks.
     pool_select_overlap: int = 0
     # Greedy chains with programmatic dependent launch (sm_90+): every kernel after the first
     # gru_step may become resident while its predecessor runs and waits on it in-kernel
     # (`triton_rollout` docstring), hiding the launch gap between the ~30 dependent kernels of a
     # rollout. Same kernels, same arithmetic, same tokens. Measured on the H200 (Qwen3-8B shapes,
-    # bf16, CUDA graph, bench/head_latency.py "pdl_probe"): full vocabulary 0.395 -> 0.373 ms at
+    # bf16, CUDA graph, head_latency's "pdl_probe" at commit 22c64d4): full vocabulary 0.395 -> 0.373 ms at
     # batch 1 and 0.433 -> 0.417 at batch 4, pool 0.201 -> 0.174 and 0.315 -> 0.306, identical
     # drafts in all four, so it is on. It is ignored where it cannot run (CPU, the interpreter,
-    # pre-sm_90 GPUs, sampling); the probe turns it off again on a GPU where it is not faster.
+    # pre-sm_90 GPUs, sampling). On another GPU, time it with bench/head_latency.py (docs/kernels.md).
     pdl: bool = True
 
 
@@ -238,14 +235,14 @@ class TorchRollout:
 # Capture hygiene (CudaGraphRollout._capture). On two H200 machines that had been training drafters,
 # with a cold Triton cache only, the first capture of the persistent pool rollout at (batch 4,
 # pure 2, topk) was invalidated ("operation failed due to a previous error during capture"); with
-# the cache warm it passed (bench/results/gpu_tests_h200_*.log). Two suspects lie outside the
+# the cache warm it passed (the GPU test logs of commit 1d66318). Two suspects lie outside the
 # captured stream: a garbage collection during the capture freeing an earlier graph or its memory
 # pool (a rollout holds itself in a cycle through its bound `_body`, so only the cyclic collector
 # frees it), and a CUDA call from another thread, which the default "global" capture mode counts
 # against the capture. So: no automatic collection while warming up and capturing (torch.cuda.graph
 # still runs one gc.collect() before it starts), and capture errors counted for this thread only.
 # Not shown to be the fix: on a fresh machine the failure did not occur even without them
-# (bench/capture_probe.py, bench/results/capture_probe_h200*.json).
+# (capture_probe, commit 1d66318).
 GC_OFF_DURING_CAPTURE = True
 CAPTURE_ERROR_MODE = "thread_local"
 

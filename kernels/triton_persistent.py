@@ -7,10 +7,10 @@ could never pass, so the interpreter runs it with ONE program (block_g = G), who
 at once: CI checks every step of the kernel there, and the GPU tests its barriers. It shares
 `triton_rollout`'s @triton.jit device functions (`_gru_cell`, `_reduce_partials`, `_pool_score`).
 
-Measured on the H200 (bench/results/head_latency_h200.json, "pool_persistent_probe"): token for
+Measured on the H200 (head_latency's "pool_persistent_probe", commit 1d66318; docs/kernels.md): token for
 token equal to the multi-launch path, but slower (0.432 vs 0.224 ms at Qwen3-8B shapes, batch 1).
 Off by default (KernelConfig.pool_persistent). Not because of the barriers: one costs 0.74-1.05 us
-(bench/results/barrier_probe_h200.json), 30 of them ~0.024 ms; the phases between them take ~10 us
+(barrier_probe, commit 1d66318), 30 of them ~0.024 ms; the phases between them take ~10 us
 each, against ~3-4 us for the multi-launch kernels' same work (each program walks its W_hh rows
 in dependent chunks every step: few loads in flight).
 
@@ -18,7 +18,7 @@ How a program waits at a barrier after arriving is a choice (`BARRIERS`,
 KernelConfig.pool_persistent_barrier): "rmw" (tl.atomic_add(bar, 0) acquire reads, one thread
 reading for the CTA; the default, and the code measured above), "volatile" (volatile loads by
 every thread, then one acquire read) or "ld_acquire" (inline-PTX acquire loads by every thread).
-bench/barrier_probe.py measured them on the H200: ld_acquire 0.74 us, rmw 0.79 us, volatile
+barrier_probe (commit 1d66318) measured them on the H200: ld_acquire 0.74 us, rmw 0.79 us, volatile
 1.05 us per barrier; whole rollouts within 1.3% of each other, so the default stays rmw.
 """
 

@@ -14,7 +14,7 @@ DATA=data/smollm2_quickstart.regen.jsonl
 mkdir -p data
 
 domino-graft fetch smollm2-135m-instruct gsm8k gsm8k-symbolic
-domino-graft apply recipes/smollm2_dflash.yaml -o "$RUN" \
+domino-graft apply smollm2_dflash -o "$RUN" --force \
   train.data.path="$PWD/$DATA" train.data.num_samples=16 train.max_steps=40 train.save_every=20
 
 # training prompts are GSM-Symbolic variants, never the GSM8K test questions bench uses
@@ -23,6 +23,6 @@ domino-graft regenerate "$RUN" --prompts data/smollm2_quickstart_prompts.jsonl -
   --max-new-tokens 96 --batch-size 8
 
 domino-graft train "$RUN"              # prints per-slot accuracy, base vs Domino-corrected
-domino-graft bench "$RUN" --limit 2 --max-new-tokens 32 --json "$RUN/bench.json"
-domino-graft export "$RUN"
+domino-graft bench "$RUN" --limit 2 --max-new-tokens 32 --json "$RUN/bench.json" --force
+domino-graft export "$RUN" --force
 domino-graft generate "$RUN" --prompt "What is 12 times 7? Answer briefly." --max-new-tokens 40

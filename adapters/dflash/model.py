@@ -486,48 +486,88 @@ def backbone_tensor_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
 def config_from_recipe(d, tshape) -> DFlashConfig:
     """The drafter's config: from its checkpoint (drafter.path / drafter.config) or fresh
     from recipe settings and the target's shape. Explicit recipe settings that contradict
-    a checkpoint are errors, never silently overridden."""
+    a checkpoint are errors, never silently overridden; values the recipe did not set yield
+    to the checkpoint's. Every problem is one line of the ValueError raised."""
     source = d.path or d.config
+    problems = []
     if source is not None:
-        cfg = DFlashConfig.from_native(read_config_json(source, "drafter.path" if d.path else "drafter.config"))
-        conflicts = []
+        field_name = "drafter.path" if d.path else "drafter.config"
+        cfg = DFlashConfig.from_native(read_config_json(source, field_name))
         for name in ("block_size", "target_layer_ids", "mask_token_id", "shift_label"):
             # None = "the default", never a contradiction (a run's resolved recipe lists every field)
             if name in d.model_fields_set and getattr(d, name) is not None and getattr(d, name) != getattr(cfg, name):
-                conflicts.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {getattr(cfg, name)!r}")
+                problems.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's "
+                                f"{getattr(cfg, name)!r} (remove it from the recipe to use the checkpoint's)")
         if "num_layers" in d.model_fields_set and d.num_layers != cfg.num_hidden_layers:
-            conflicts.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers}")
-        if conflicts:
-            raise ValueError("; ".join(conflicts))
+            problems.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers} "
+                            "(remove it from the recipe to use the checkpoint's)")
         if cfg.num_target_layers in (0, None):
             cfg.num_target_layers = tshape.num_layers
-        return cfg
-    ids = d.target_layer_ids or default_target_layer_ids(tshape.num_layers, d.num_layers)
-    return DFlashConfig(
-        hidden_size=tshape.hidden_size,
-        num_hidden_layers=d.num_layers,
-        num_attention_heads=tshape.num_heads,
-        num_key_value_heads=tshape.num_kv_heads,
-        head_dim=tshape.head_dim,
-        intermediate_size=d.intermediate_size or tshape.intermediate_size,
-        vocab_size=tshape.vocab_size,
-        num_target_layers=tshape.num_layers,
-        target_layer_ids=list(ids),
-        mask_token_id=d.mask_token_id if d.mask_token_id is not None else tshape.vocab_size - 1,
-        block_size=d.block_size,
-        shift_label=d.shift_label,
-        rms_norm_eps=tshape.rms_norm_eps,
-        rope_theta=tshape.rope_theta,
-        max_position_embeddings=tshape.max_position_embeddings,
-    )
+        for name, ours, theirs in (("hidden_size", cfg.hidden_size, tshape.hidden_size),
+                                   ("vocab_size", cfg.vocab_size, tshape.vocab_size)):
+            if ours != theirs:
+                problems.append(f"{field_name}: the checkpoint's {name} {ours} != the target's {theirs}; DFlash reuses "
+                                "the target's embeddings and LM head, so they must match (a drafter for another target?)")
+        if cfg.block_size < 2:
+            problems.append(f"{field_name}: the checkpoint's block_size {cfg.block_size} is invalid; valid: >= 2")
+        ids_from = " (from the checkpoint's config)"
+    else:
+        ids = d.target_layer_ids or default_target_layer_ids(tshape.num_layers, d.num_layers)
+        cfg = DFlashConfig(
+            hidden_size=tshape.hidden_size,
+            num_hidden_layers=d.num_layers,
+            num_attention_heads=tshape.num_heads,
+            num_key_value_heads=tshape.num_kv_heads,
+            head_dim=tshape.head_dim,
+            intermediate_size=d.intermediate_size or tshape.intermediate_size,
+            vocab_size=tshape.vocab_size,
+            num_target_layers=tshape.num_layers,
+            target_layer_ids=list(ids),
+            mask_token_id=d.mask_token_id if d.mask_token_id is not None else tshape.vocab_size - 1,
+            block_size=d.block_size,
+            shift_label=d.shift_label,
+            rms_norm_eps=tshape.rms_norm_eps,
+            rope_theta=tshape.rope_theta,
+            max_position_embeddings=tshape.max_position_embeddings,
+        )
+        ids_from = "" if d.target_layer_ids else (
+            f" (the default spread for {d.num_layers} drafter layer(s); set drafter.target_layer_ids)")
+    n = tshape.num_layers
+    ids = cfg.target_layer_ids
+    bad = [i for i in ids if not -1 <= i < n]
+    if bad:
+        problems.append(f"drafter.target_layer_ids: {bad[0]} in {ids} is out of range{ids_from}; valid: 0..{n - 1} "
+                        f"(0-based outputs of the target's {n} decoder layers) or -1 (the final norm)")
+    elif len(set(ids)) != len(ids):
+        problems.append(f"drafter.target_layer_ids: {ids} lists a layer twice{ids_from}; valid: distinct ids in "
+                        f"0..{n - 1} or -1")
+    mask, v = cfg.mask_token_id, tshape.vocab_size
+    if not 0 <= mask < v:
+        problems.append(f"drafter.mask_token_id: {mask} is outside the target vocabulary; valid: 0..{v - 1} "
+                        f"(a row the target never emits, e.g. {v - 1})")
+    elif mask in tshape.eos_token_ids:
+        problems.append(f"drafter.mask_token_id: {mask} is the target's eos id; valid: a row the target never emits "
+                        f"(prompts and data may not hold it), e.g. {v - 1}")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return cfg
+
+
+def recipe_values(d, tshape) -> dict:
+    """The drafter fields a checkpoint decided, as built (graft.effective_recipe records them in a
+    run's resolved recipe, so that reloading it never finds a schema default in conflict)."""
+    if d.path is None and d.config is None:
+        return {}
+    cfg = config_from_recipe(d, tshape)
+    return {"block_size": cfg.block_size, "num_layers": cfg.num_hidden_layers,
+            "target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id,
+            "shift_label": cfg.shift_label}
 
 
 def plan(d, tshape):
     from ..plan import FamilyPlan, HookPoint
 
     cfg = config_from_recipe(d, tshape)
-    if cfg.mask_token_id >= tshape.vocab_size:
-        raise ValueError(f"drafter.mask_token_id: {cfg.mask_token_id} is outside the target vocabulary (0..{tshape.vocab_size - 1})")
     k = cfg.block_size - 1
     h = cfg.hidden_size
     where = "positions 0..K-1 (shift_label)" if cfg.shift_label else "positions 1..K"

@@ -273,26 +273,50 @@ class MedusaAdapter(DrafterAdapter):
 # ------------------------------------------------------------------ recipe -> drafter
 def config_from_recipe(d, tshape) -> MedusaConfig:
     """From the checkpoint (drafter.path / drafter.config) or fresh from the recipe. Recipe
-    settings that contradict a checkpoint are errors, never silently overridden."""
+    settings that contradict a checkpoint are errors, never silently overridden; values the
+    recipe did not set yield to the checkpoint's. Every problem is one line of the ValueError."""
     source = d.path or d.config
+    problems = []
     if source is not None:
         field_name = "drafter.path" if d.path else "drafter.config"
         cfg = MedusaConfig.from_native(read_config_json(source, field_name), tshape, field_name)
-        conflicts = []
         for name, theirs in (("num_heads", cfg.num_heads), ("num_layers", cfg.num_layers)):
             if name in d.model_fields_set and getattr(d, name) != theirs:
-                conflicts.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {theirs!r}")
-        if conflicts:
-            raise ValueError("; ".join(conflicts))
+                problems.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {theirs!r} "
+                                "(remove it from the recipe to use the checkpoint's)")
+        for name, ours, target in (("hidden_size", cfg.hidden_size, tshape.hidden_size),
+                                   ("vocab_size", cfg.vocab_size, tshape.vocab_size)):
+            if ours != target:
+                problems.append(f"{field_name}: the checkpoint's {name} {ours} != the target's {target}; Medusa heads "
+                                "read the target's hidden state and share its vocabulary (heads for another target?)")
+        if cfg.num_heads < 1 or cfg.num_layers < 1:
+            problems.append(f"{field_name}: medusa_num_heads {cfg.num_heads}, medusa_num_layers {cfg.num_layers}; "
+                            "valid: both >= 1")
     else:
         cfg = MedusaConfig(hidden_size=tshape.hidden_size, vocab_size=tshape.vocab_size,
                            num_heads=d.num_heads, num_layers=d.num_layers)
     if d.tree:  # the recipe's tree wins over one stored with the heads
         cfg.tree = [list(p) for p in d.tree]
-    if cfg.tree and max(len(p) for p in cfg.tree) > cfg.num_heads:
-        raise ValueError(f"drafter.tree: paths up to {max(len(p) for p in cfg.tree)} deep; valid: at most "
-                         f"{cfg.num_heads} (the checkpoint's medusa_num_heads)")
+    if cfg.tree:
+        deepest = max(range(len(cfg.tree)), key=lambda n: len(cfg.tree[n]))
+        if len(cfg.tree[deepest]) > cfg.num_heads:
+            problems.append(f"drafter.tree[{deepest}]: {cfg.tree[deepest]} is {len(cfg.tree[deepest])} deep; valid: "
+                            f"at most {cfg.num_heads} (one level per head: the drafter's num_heads)")
+        widest = max(range(len(cfg.tree)), key=lambda n: max(cfg.tree[n], default=0))
+        if max(cfg.tree[widest], default=0) >= cfg.vocab_size:
+            problems.append(f"drafter.tree[{widest}]: rank {max(cfg.tree[widest])} is beyond the vocabulary; valid: "
+                            f"ranks 0..{cfg.vocab_size - 1}")
+    if problems:
+        raise ValueError("\n".join(problems))
     return cfg
+
+
+def recipe_values(d, tshape) -> dict:
+    """The drafter fields a checkpoint decided, as built (recorded in a run's resolved recipe)."""
+    if d.path is None and d.config is None:
+        return {}
+    cfg = config_from_recipe(d, tshape)
+    return {"num_heads": cfg.num_heads, "num_layers": cfg.num_layers}
 
 
 def plan(d, tshape):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, model_validator
 
 from domino_graft.schema import Strict, path_fields
 
@@ -29,12 +29,13 @@ class MedusaDrafter(Strict):
 
     _resolve_paths = path_fields("path", "config")
 
-    @field_validator("tree")
-    @classmethod
-    def _tree_is_a_tree(cls, tree, info: ValidationInfo):
+    @model_validator(mode="after")
+    def _tree_is_a_tree(self):
+        tree = self.tree
         if tree is None:
-            return tree
-        depth = info.data.get("num_heads", 4)
+            return self
+        # the depth limit is num_heads: the recipe's, or the checkpoint's (checked when planning)
+        depth = self.num_heads if self.declared_num_slots() is not None else None
         problems = []
         if not tree:
             problems.append("tree: [] has no nodes; give at least [[0]] or leave tree out for chain decoding")
@@ -45,7 +46,7 @@ class MedusaDrafter(Strict):
                 problems.append(f"tree[{n}]: [] is empty; every path names at least one rank")
             elif any(r < 0 for r in path):
                 problems.append(f"tree[{n}]: {path} has a negative rank; valid ranks are 0, 1, 2, ...")
-            elif len(path) > depth:
+            elif depth is not None and len(path) > depth:
                 problems.append(f"tree[{n}]: {path} is {len(path)} deep; valid: at most num_heads = {depth}")
             elif key in seen:
                 problems.append(f"tree[{n}]: {path} appears twice")
@@ -54,5 +55,12 @@ class MedusaDrafter(Strict):
             if len(path) > 1 and tuple(path[:-1]) not in seen:
                 problems.append(f"tree[{n}]: {path} has no parent {path[:-1]} in the tree; add it")
         if problems:
-            raise ValueError("; ".join(problems))
-        return tree
+            raise ValueError("\n".join(problems[:8] + ([f"tree: ... and {len(problems) - 8} more problem(s)"]
+                                                        if len(problems) > 8 else [])))
+        return self
+
+    def declared_num_slots(self):
+        """Proposals per block (heads) when the recipe decides it (a checkpoint's count wins otherwise)."""
+        if (self.path is None and self.config is None) or "num_heads" in self.model_fields_set:
+            return self.num_heads
+        return None

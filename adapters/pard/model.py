@@ -102,11 +102,13 @@ def resolve(d, tshape, target_config=None):
                 if ours != saved:
                     problems.append(f"drafter.random.{name}: {ours} conflicts with the checkpoint's {saved}")
         elif "num_layers" in d.model_fields_set and d.num_layers != cfg.num_hidden_layers:
-            problems.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers}")
+            problems.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers} "
+                            "(remove it from the recipe to use the checkpoint's)")
         token = d.pard_token_id if d.pard_token_id is not None else theirs
         k = raw.get(SLOTS_KEY)
         if k is not None and "num_slots" in d.model_fields_set and d.num_slots != k:
-            problems.append(f"drafter.num_slots: {d.num_slots} conflicts with the checkpoint's {SLOTS_KEY} {k}")
+            problems.append(f"drafter.num_slots: {d.num_slots} conflicts with the checkpoint's {SLOTS_KEY} {k} "
+                            "(remove it from the recipe to use the checkpoint's)")
         num_slots = int(k) if k is not None and "num_slots" not in d.model_fields_set else d.num_slots
     elif d.random is not None:
         from domino_graft.target import random_hf_config
@@ -129,9 +131,26 @@ def resolve(d, tshape, target_config=None):
         token = vocab - 1  # like DFlash's mask default: the last row, unused by most tokenizers
     if not 0 <= token < vocab:
         problems.append(f"drafter.pard_token_id: {token} is outside the drafter vocabulary; valid: 0..{vocab - 1}")
+    elif token in tshape.eos_token_ids:
+        problems.append(f"drafter.pard_token_id: {token} is the target's eos id; valid: a row the target never emits "
+                        f"(prompts and data may not hold it), e.g. {vocab - 1}")
+    if num_slots < 2:
+        problems.append(f"drafter.num_slots: {num_slots} (the checkpoint's {SLOTS_KEY}) is invalid; valid: >= 2")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("\n".join(problems))
     return cfg, int(token), num_slots, start
+
+
+def recipe_values(d, tshape) -> dict:
+    """The drafter fields a checkpoint decided, as built (recorded in a run's resolved recipe, so
+    that reloading the run never finds a schema default in conflict with the checkpoint)."""
+    if d.path is None:
+        return {}
+    cfg, _, num_slots, _ = resolve(d, tshape)
+    values = {"num_slots": num_slots}
+    if d.random is None:
+        values["num_layers"] = cfg.get_text_config().num_hidden_layers
+    return values
 
 
 def tensor_shapes(cfg) -> dict[str, tuple[int, ...]]:

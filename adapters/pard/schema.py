@@ -34,3 +34,9 @@ class PardDrafter(Strict):
         if self.path is not None and self.random is not None:
             raise ValueError("give at most one of path, random (neither = copy the target's first num_layers layers)")
         return self
+
+    def declared_num_slots(self):
+        """k when the recipe decides it (a checkpoint's pard_num_slots wins otherwise)."""
+        if self.path is None or "num_slots" in self.model_fields_set:
+            return self.num_slots
+        return None

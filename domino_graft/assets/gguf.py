@@ -26,10 +26,10 @@ PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 12345 ünïcode\n\tde
 # Gemma-3's GGUF tokenizer wrongly, and a save-and-reload check alone misses some of them (the
 # real GGUF, 2026-12): 5.17.0 splits words into pieces ("▁qu", "ick") and its saved copy into
 # characters; 5.18.0, 5.20.2 and 5.22.2 get the words right but add no <bos>, and their saved
-# copies agree. 5.23.0 and 5.24.0 give these ids (bench/tokenizer_versions.py,
-# bench/results/tokenizer_versions_gemma3.json). SmolLM2's are right under 5.17.0 and 5.24.0, but
+# copies agree. 5.23.0 and 5.24.0 give these ids (tokenizer_versions, commit 1d66318;
+# docs/results.md). SmolLM2's are right under 5.17.0 and 5.24.0, but
 # 4.56.2 and 4.57.6 prepend <|im_start|> to it, their saved copies agreeing
-# (bench/results/tokenizer_versions_smollm2*.json). The saved folders themselves load the same
+# (same probe). The saved folders themselves load the same
 # under 4.56+ (backport): only the conversion needs a recent transformers.
 PROBE_IDS = {
     "smollm2-135m-instruct": [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 216, 33, 34, 35, 36, 37,

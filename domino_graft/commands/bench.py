@@ -16,7 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     p.add_argument("--seed", type=int, help="default: recipe bench.seed")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
-    p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically)")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically); never over another file, "
+                   "nor over an earlier bench report without --force")
+    p.add_argument("--force", action="store_true", help="--json may replace an existing bench report")
     p.add_argument("--plot", metavar="PNG", help="plot acceptance by slot, base vs Domino (needs matplotlib)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--rollout", default=None,
@@ -24,8 +26,29 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+BENCH_REPORT_KEYS = ("tau", "per_slot_acceptance", "identical_to_target")
+
+
+def is_bench_report(path) -> bool:
+    """A JSON file `bench --json` wrote (its report's headline keys)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in BENCH_REPORT_KEYS)
+
+
+def check_json_destination(path, force: bool) -> None:
+    from ..checkpoint import check_destination
+
+    check_destination(path, kind="bench report", option="--json", force=force, is_kind=is_bench_report)
+
+
 def run(args) -> int:
-    from ..benchmark import check_plot_available, format_report, plot_acceptance, resolve_prompts, run_bench
+    from ..benchmark import check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
     from ..decoding import Sampling, check_rollout_name, rollout_choice
     from ..device import pick_device
@@ -33,10 +56,14 @@ def run(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
+    if args.json:
+        check_json_destination(args.json, args.force)  # before minutes of decoding, not after
     if args.plot:
         check_plot_available()  # fail before minutes of decoding, not after
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
+    if args.prompts:
+        read_prompts(args.prompts, limit=args.limit)  # a bad prompt file fails before the models load
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
     b = loaded.recipe.bench
     seed = b.seed if args.seed is None else args.seed
@@ -52,6 +79,7 @@ def run(args) -> int:
                        progress=not args.no_progress and sys.stderr.isatty())
     print(format_report(report))
     if args.json:
+        check_json_destination(args.json, args.force)  # again: the decode took a while
         atomic_write_json(args.json, report)
         print(f"wrote {args.json}")
     if args.plot:

@@ -12,6 +12,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="weights dtype (default: the recipe's export.dtype)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to run the self-check (default: the recipe's)")
     p.add_argument("--dry-run", action="store_true", help="print the bundle's tensors and config from configs alone")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle at BUNDLE (anything else there "
+                   "is never replaced)")
 
 
 def run(args) -> int:
@@ -23,5 +25,5 @@ def run(args) -> int:
         return 0
     from ..export import export_run
 
-    export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device)
+    export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device, force=args.force)
     return 0

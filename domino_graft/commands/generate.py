@@ -26,11 +26,16 @@ def add_arguments(p) -> None:
 
 
 def _parse_ids(text: str) -> list[int]:
+    from ..inputs import short
+
     parts = text.replace(",", " ").split()
-    try:
-        return [int(x) for x in parts]
-    except ValueError:
-        raise ValueError(f"--prompt-ids: {text!r} is invalid; valid: integers separated by commas or spaces") from None
+    if not parts:
+        raise ValueError(f"--prompt-ids: {short(text)} holds no ids; valid: integers separated by commas or spaces")
+    for n, x in enumerate(parts):
+        if not (x.isascii() and x.isdigit()):
+            raise ValueError(f"--prompt-ids: id {n + 1}, {short(x)}, is not a token id; valid: integers >= 0 "
+                             "separated by commas or spaces, e.g. \"5 9 12 7\"")
+    return [int(x) for x in parts]
 
 
 class _Streamer:
@@ -71,6 +76,9 @@ def run(args) -> int:
     from ..loading import load_run_or_bundle
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if args.max_new_tokens < 1:  # before minutes of loading
+        raise ValueError(f"--max-new-tokens: {args.max_new_tokens!r} is invalid; valid: an integer >= 1")
+    prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
@@ -79,10 +87,12 @@ def run(args) -> int:
     prompt_ids = encode_prompt(
         target,
         prompt=args.prompt,
-        prompt_ids=_parse_ids(args.prompt_ids) if args.prompt_ids is not None else None,
+        prompt_ids=prompt_ids,
         raw=args.raw,
         chat=loaded.recipe.target.chat,
         reserved=reserved | loaded.adapter.reserved_token_ids(),
+        placeholders=loaded.adapter.reserved_token_ids(),
+        max_new_tokens=args.max_new_tokens,
         where="--prompt" if args.prompt is not None else "--prompt-ids",
     )
     if target.tokenizer is None and args.prompt is not None:

@@ -8,7 +8,10 @@ def add_arguments(p) -> None:
 
     allow_intermixed(p)
     p.add_argument("--prompts", required=True, metavar="FILE.jsonl", help="messages | prompt | prompt_ids per line")
-    p.add_argument("-o", "--out", required=True, metavar="OUT.jsonl", help="appended to; ids already there are skipped")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.jsonl", help="appended to; ids already there are skipped "
+                   "(only ever an earlier regenerate output: anything else there is refused)")
+    p.add_argument("--force", action="store_true", help="regenerate every prompt, replacing an earlier OUT.jsonl "
+                   "once complete")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--batch-size", type=int, default=8, metavar="B")
     p.add_argument("--no-progress", action="store_true")
@@ -23,5 +26,5 @@ def run(args) -> int:
 
     source, overrides = split_run_and_overrides(args.items, "RUN_OR_RECIPE")
     regenerate(source, args.prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-               overrides=overrides, progress=not args.no_progress)
+               overrides=overrides, progress=not args.no_progress, force=args.force)
     return 0

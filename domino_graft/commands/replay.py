@@ -21,17 +21,18 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..checkpoint import atomic_write_json
     from ..device import pick_device
-    from ..replay import read_responses, replay, responses_file
+    from ..replay import check_responses, read_responses, replay
     from ..rundir import load_run, resolve_run
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag}: {value} is invalid; valid: an integer >= 1")
-    responses_file(args.responses)
+    check_responses(args.responses, limit=args.limit)  # a bad file fails before the model loads
     run_dir = resolve_run(args.run)
     loaded = load_run(run_dir, device=pick_device(args.device, option="--device"))
     target = loaded.target
-    examples = read_responses(args.responses, target, chat=loaded.recipe.target.chat, limit=args.limit)
+    examples = read_responses(args.responses, target, chat=loaded.recipe.target.chat, limit=args.limit,
+                              reserved=loaded.adapter.reserved_token_ids())
     res = replay(target, loaded.adapter, loaded.head, examples, max_anchors=args.max_tokens)
     print(f"{run_dir}: {res['sequences']} responses, greedy τ replayed: base {res['tau_base']:.3f}, "
           f"with the Domino head {res['tau_final']:.3f} (×{res['tau_final'] / res['tau_base']:.3f})")

@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # One positional list: argparse cannot match `RUN --flag KEY=VALUE` to two positionals.
     p.add_argument("items", nargs="*", metavar="[RUN] [KEY=VALUE ...]",
-                   help="run directory (default: the most recent one), then train.* overrides, re-validated")
+                   help="run directory (default: the most recent one), then train.* overrides, re-validated (a relative path in an override is taken from the current directory)")
 
 
 def split_run_and_overrides(items: list[str], name: str) -> tuple[str | None, list[str]]:

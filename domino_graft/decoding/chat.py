@@ -14,12 +14,11 @@ from typing import Iterable, Optional
 
 
 def _check_ids(ids, vocab_size: int, where: str) -> list[int]:
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"{where}: expected a non-empty list of integer token ids, got {ids!r}")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"{where}: ids {bad[:5]} are outside the target vocabulary; valid: 0..{vocab_size - 1}")
-    return list(ids)
+    from ..inputs import check_ids, check_ids_in_vocab
+
+    ids = check_ids(list(ids) if isinstance(ids, tuple) else ids, where)
+    check_ids_in_vocab(ids, vocab_size, where)
+    return ids
 
 
 def byte_fallback_ids(text: str, vocab_size: int, reserved: Iterable[int] = ()) -> list[int]:
@@ -38,42 +37,69 @@ def encode_prompt(
     raw: bool = False,
     chat: bool = True,
     reserved: Iterable[int] = (),
+    placeholders: Iterable[int] = (),
+    max_new_tokens: Optional[int] = None,
     where: str = "prompt",
 ) -> list[int]:
     """Exactly one of prompt / messages / prompt_ids. `chat=False` (recipe target.chat) or
     `raw=True` tokenizes a text prompt as is; `reserved` ids (stop ids, the drafter's placeholder
-    tokens) are avoided by the byte fallback."""
+    tokens) are avoided by the byte fallback; `placeholders` (the drafter's mask / parallel-draft
+    ids) may not appear in the prompt. The prompt, after the chat template, plus `max_new_tokens`
+    must fit the target's positions; text is size-checked before it is tokenised. Every error
+    is one line naming `where`, the bad value and what is valid."""
+    from ..inputs import check_length, check_messages, check_text, check_text_size, describe
+
     given = [k for k, v in (("prompt", prompt), ("messages", messages), ("prompt_ids", prompt_ids)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"{where}: give exactly one of prompt, messages, prompt_ids (got {', '.join(given) or 'none'})")
     v = target.shape.vocab_size
+    positions = target.shape.max_position_embeddings
     if prompt_ids is not None:
-        return _check_ids(prompt_ids, v, f"{where}.prompt_ids")
-    tok = target.tokenizer
-    if tok is None:
+        ids = _check_ids(prompt_ids, v, f"{where}: prompt_ids")
+    else:
         if messages is not None:
-            raise ValueError(
-                f"{where}.messages: this target has no tokenizer (a random test model), so it has no chat "
-                f"template; give token ids instead, e.g. {{\"prompt_ids\": [5, 17, 42]}}"
-            )
-        return byte_fallback_ids(prompt, v, reserved)
-    if messages is not None:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise ValueError(f"{where}.messages: expected a list of {{\"role\", \"content\"}} objects, got {messages!r}")
-        return _apply_template(tok, messages, where)
-    if not isinstance(prompt, str):
-        raise ValueError(f"{where}.prompt: expected a string, got {type(prompt).__name__}")
-    if raw or not chat or not getattr(tok, "chat_template", None):
-        return _check_ids(tok(prompt).input_ids, v, where)
-    return _apply_template(tok, [{"role": "user", "content": prompt}], where)
+            check_messages(messages, f"{where}: messages", limit=1 << 62)
+            text_len = sum(len(m["content"]) for m in messages)
+        else:
+            check_text(prompt, f"{where}: prompt", limit=1 << 62)
+            text_len = len(prompt)
+        check_text_size(text_len, positions, where)
+        tok = target.tokenizer
+        note = getattr(target, "tokenizer_note", None)
+        if tok is None and note:
+            raise ValueError(f"{where}: {note}; give token ids instead (--prompt-ids, or {{\"prompt_ids\": [...]}} lines)")
+        if tok is None:
+            if messages is not None:
+                raise ValueError(
+                    f"{where}: messages: this target has no tokenizer (a random test model), so it has no chat "
+                    f"template; give token ids instead, e.g. {{\"prompt_ids\": [5, 17, 42]}}"
+                )
+            ids = byte_fallback_ids(prompt, v, reserved)
+        elif messages is not None:
+            ids = _apply_template(tok, messages, where)
+        elif raw or not chat or not getattr(tok, "chat_template", None):
+            ids = list(tok(prompt).input_ids)
+        else:
+            ids = _apply_template(tok, [{"role": "user", "content": prompt}], where)
+        if not ids:
+            raise ValueError(f"{where}: the prompt {describe(prompt)} encodes to no tokens; give some text")
+        _check_ids(ids, v, f"{where}: its token ids")
+    held = sorted(set(ids) & {int(i) for i in placeholders})
+    if held:
+        raise ValueError(f"{where}: holds token id {held[0]}, the drafter's reserved placeholder (mask / draft token); "
+                         f"valid: prompts without it")
+    check_length(len(ids), max_new_tokens, positions, where)
+    return ids
 
 
 def _apply_template(tok, messages: list, where: str) -> list[int]:
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"{where}.messages: the target's tokenizer has no chat template; give a raw \"prompt\" instead")
+        raise ValueError(f"{where}: messages: the target's tokenizer has no chat template; give a raw \"prompt\" instead")
     # Render to text, then tokenize without extra specials: apply_chat_template's tokenized
     # return type changed across transformers versions (list vs BatchEncoding).
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    from ..inputs import render_chat
+
+    text = render_chat(tok, messages, where, add_generation_prompt=True)
     return list(tok(text, add_special_tokens=False).input_ids)
 
 

@@ -74,10 +74,24 @@ def check_prompt(target, prompt_ids, max_new_tokens: int) -> torch.Tensor:
     ids = list(prompt_ids)
     if not ids:
         raise ValueError("prompt: empty; decoding needs at least one prompt token")
+    import operator
+
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            operator.index(i)
+        except TypeError:
+            from ..inputs import describe
+
+            raise ValueError(f"prompt ids: {describe(i)} is not a token id; valid: integers") from None
     v = target.shape.vocab_size
     bad = [i for i in ids if not 0 <= int(i) < v]
     if bad:
         raise ValueError(f"prompt ids: {bad[:5]} outside the target vocabulary; valid: 0..{v - 1}")
+    from ..inputs import check_length
+
+    check_length(len(ids), max_new_tokens, target.shape.max_position_embeddings, "prompt")
     return torch.tensor([ids], dtype=torch.long, device=target.device)
 
 

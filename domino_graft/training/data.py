@@ -94,83 +94,118 @@ def synthetic_examples(kind: str, *, num_samples: int, max_length: int, vocab_si
 # ------------------------------------------------------------------------------ files
 def read_records(path: str) -> list[dict]:
     """Rows of a jsonl / json / parquet file or a saved `datasets` folder."""
+    return [rec for _, rec in read_located_records(path)]
+
+
+def read_located_records(path: str, what: str = "train.data.path") -> list[tuple[str, dict]]:
+    """(where, row) for every row: `file:line` for JSON lines, `file row i` otherwise."""
     p = Path(path)
     if p.is_file() and p.suffix == ".jsonl":
         # plain JSON lines need no `datasets` (absent on some GPU images), and a bad line
-        # is reported with its number
-        rows = []
-        for n, line in enumerate(p.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as e:
-                    raise ValueError(f"train.data.path: {path}:{n} is not valid JSON ({e})") from None
-        return rows
-    import datasets
+        # (not UTF-8, not JSON) is reported with its number
+        from ..inputs import iter_jsonl
 
-    if p.is_dir():
-        ds = datasets.load_from_disk(str(p))
-        if isinstance(ds, datasets.DatasetDict):
-            split = "train" if "train" in ds else next(iter(ds))
-            ds = ds[split]
-    elif p.is_file() and p.suffix in (".jsonl", ".json"):
-        ds = datasets.load_dataset("json", data_files=str(p), split="train")
-    elif p.is_file() and p.suffix == ".parquet":
-        ds = datasets.load_dataset("parquet", data_files=str(p), split="train")
-    elif not p.exists():
-        raise FileNotFoundError(f"train.data.path: {path!r} does not exist")
-    else:
+        return [(f"{path}:{n}", rec) for n, rec in iter_jsonl(p, what)]
+    if not p.exists():
+        raise FileNotFoundError(f"{what}: {path!r} does not exist")
+    kind = "folder written by datasets.save_to_disk" if p.is_dir() else p.suffix
+    if not (p.is_dir() or (p.is_file() and p.suffix in (".json", ".parquet"))):
         raise ValueError(
-            f"train.data.path: {path!r} is not a supported dataset; valid: .jsonl, .json, .parquet, "
+            f"{what}: {path!r} is not a supported dataset; valid: .jsonl, .json, .parquet, "
             "or a folder written by datasets.save_to_disk"
         )
-    return list(ds)
+    import datasets
+
+    try:
+        if p.is_dir():
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                split = "train" if "train" in ds else next(iter(ds))
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset("json" if p.suffix == ".json" else "parquet", data_files=str(p), split="train")
+    except Exception as e:  # datasets / pyarrow raise many kinds for a file they cannot read
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"{what}: {path} cannot be read as a {kind} dataset ({type(e).__name__}: {why})") from None
+    return [(f"{path} row {i}", rec) for i, rec in enumerate(ds)]
 
 
-def _assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def _assistant_spans(tokenizer, messages: list[dict], where: str = "train.data") -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of assistant turns: for turn i,
     render(messages[:i], generation prompt) is a prefix of render(messages[:i+1]); the
     difference is what the target itself would have written (content + end-of-turn)."""
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    from ..inputs import render_chat
+
+    full = render_chat(tokenizer, messages, where)
     spans = []
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        before = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True) if i else ""
+        upto = render_chat(tokenizer, messages[: i + 1], where)
         if not (upto.startswith(before) and full.startswith(upto)):
             raise ValueError(
-                "train.data: the chat template re-renders earlier turns (e.g. strips reasoning), so the "
+                f"{where}: the chat template re-renders earlier turns (e.g. strips reasoning), so the "
                 "assistant tokens cannot be located; give single-turn records or prompt/response pairs"
             )
         spans.append((len(before), len(upto)))
     return full, spans
 
 
-def encode_conversation(tokenizer, messages: list[dict]) -> Example:
-    full, spans = _assistant_spans(tokenizer, messages)
+def encode_conversation(tokenizer, messages: list[dict], where: str = "train.data") -> Example:
+    full, spans = _assistant_spans(tokenizer, messages, where)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     mask = [int(any(s <= start < e for s, e in spans)) for start, _ in enc["offset_mapping"]]
     return Example(ids, mask)
 
 
-def encode_record(rec: dict, tokenizer, *, chat: bool, eos_id: Optional[int], where: str) -> Example:
-    if "prompt_ids" in rec and "response_ids" in rec:
+def check_record(rec, where: str) -> str:
+    """The record's format (RECORD_FORMATS), its fields' types checked: -> messages | pair | ids | text."""
+    from ..inputs import check_ids, check_messages, check_text, describe
+
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object ({RECORD_FORMATS}), got {describe(rec)}")
+    if "prompt_ids" in rec or "response_ids" in rec:
+        for key in ("prompt_ids", "response_ids"):
+            if key not in rec:
+                raise ValueError(f"{where}: has {'response_ids' if key == 'prompt_ids' else 'prompt_ids'} but no "
+                                 f"{key}; valid: both, lists of integer token ids")
+        check_ids(rec["prompt_ids"], f"{where}: prompt_ids", allow_empty=True)
+        check_ids(rec["response_ids"], f"{where}: response_ids", allow_empty=True)
+        return "ids"
+    if "messages" in rec:
+        check_messages(rec["messages"], f"{where}: messages")
+        return "messages"
+    if "prompt" in rec or "response" in rec:
+        for key in ("prompt", "response"):
+            if key not in rec:
+                raise ValueError(f"{where}: has {'response' if key == 'prompt' else 'prompt'} but no {key}; "
+                                 f"valid: {RECORD_FORMATS}")
+            check_text(rec[key], f"{where}: {key}")
+        return "pair"
+    if "text" in rec:
+        check_text(rec["text"], f"{where}: text")
+        return "text"
+    raise ValueError(f"{where}: record has keys {', '.join(map(repr, sorted(map(str, rec)))) or 'none'}; "
+                     f"valid record formats: {RECORD_FORMATS}")
+
+
+def encode_record(rec: dict, tokenizer, *, chat: bool, eos_id: Optional[int], where: str,
+                  no_tokenizer: str = "the target has no tokenizer (random target?)") -> Example:
+    kind = check_record(rec, where)
+    if kind == "ids":
         p, r = list(rec["prompt_ids"]), list(rec["response_ids"])
         return Example(p + r, [0] * len(p) + [1] * len(r))
     if tokenizer is None:
-        raise ValueError(
-            f"{where}: the target has no tokenizer (random target?), so text records cannot be encoded; "
-            "give prompt_ids + response_ids"
-        )
-    if "messages" in rec or ("prompt" in rec and "response" in rec):
+        raise ValueError(f"{where}: {no_tokenizer}, so text records cannot be encoded; give prompt_ids + response_ids")
+    if kind in ("messages", "pair"):
         messages = rec.get("messages") or [
             {"role": "user", "content": rec["prompt"]},
             {"role": "assistant", "content": rec["response"]},
         ]
         if chat and getattr(tokenizer, "chat_template", None):
-            return encode_conversation(tokenizer, messages)
+            return encode_conversation(tokenizer, messages, where)
         # No template: plain prompt then response; the response (and EOS) is trained.
         ids, mask = [], []
         for m in messages:
@@ -181,10 +216,16 @@ def encode_record(rec: dict, tokenizer, *, chat: bool, eos_id: Optional[int], wh
             ids.append(eos_id)
             mask.append(1)
         return Example(ids, mask)
-    if "text" in rec:
-        ids = tokenizer(rec["text"])["input_ids"]
-        return Example(list(ids), [1] * len(ids))
-    raise ValueError(f"{where}: record has keys {sorted(rec)}; valid record formats: {RECORD_FORMATS}")
+    ids = tokenizer(rec["text"])["input_ids"]
+    return Example(list(ids), [1] * len(ids))
+
+
+def no_tokenizer_reason(recipe) -> str:
+    """Why the recipe's target cannot encode text, in words."""
+    t = recipe.target
+    if t.random is not None:
+        return "the target is a random model (built from a seed) and has no tokenizer"
+    return f"the target ({t.path or t.asset}) has no tokenizer files"
 
 
 def load_examples(recipe, tokenizer, *, vocab_size: int, eos_id: int, reserved: set[int]) -> list[Example]:
@@ -197,16 +238,21 @@ def load_examples(recipe, tokenizer, *, vocab_size: int, eos_id: int, reserved: 
     if d.path is None:
         raise ValueError("train.data: no training data; set train.data.path (jsonl / parquet / datasets folder) "
                          "or train.data.synthetic (copy | arith)")
-    records = read_records(d.path)
+    records = read_located_records(d.path)
     if d.num_samples is not None:
         records = records[: d.num_samples]
     out = []
-    for i, rec in enumerate(records):
-        ex = encode_record(rec, tokenizer, chat=recipe.target.chat, eos_id=eos_id, where=f"{d.path} row {i}")
+    reason = no_tokenizer_reason(recipe)
+    for where, rec in records:
+        ex = encode_record(rec, tokenizer, chat=recipe.target.chat, eos_id=eos_id, where=where, no_tokenizer=reason)
         ex = Example(ex.input_ids[: d.max_length], ex.loss_mask[: d.max_length])
         bad = [t for t in ex.input_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"{d.path} row {i}: token id {bad[0]} is outside the target vocabulary (0..{vocab_size - 1})")
+            raise ValueError(f"{where}: token id {bad[0]} is outside the target vocabulary; valid: 0..{vocab_size - 1}")
+        held = sorted(set(ex.input_ids) & set(reserved))
+        if held:
+            raise ValueError(f"{where}: holds token id {held[0]}, the drafter's reserved placeholder (mask / draft "
+                             "token), which it must never see as data; valid: records without it")
         if sum(ex.loss_mask[2:]) > 0:  # something to anchor on
             out.append(ex)
     if not out:

@@ -14,7 +14,7 @@ training finally writes into the run is training/weights.py.
 
 from __future__ import annotations
 
-import json
+import io
 import random
 import shutil
 from pathlib import Path
@@ -22,7 +22,18 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..checkpoint import CheckpointError, atomic_dir, atomic_write_json, check_tensors, load_tensors, save_tensors
+from ..checkpoint import (
+    CheckpointError,
+    atomic_dir,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_tensors,
+    first_nonfinite,
+    load_tensors,
+    read_json,
+    save_tensors,
+    torch_load,
+)
 from ..provenance import now
 
 
@@ -42,6 +53,29 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
+
+
+# what resume reads from state.json, and the type each must have
+STATE_FIELDS = {"step": int, "train": dict, "max_steps": int, "tokens_seen": int}
+
+
+def read_checkpoint_state(path: Path) -> dict:
+    """A checkpoint's state.json, checked: valid JSON with the fields resume reads."""
+    f = Path(path) / "state.json"
+    state = read_json(f)
+    for key, typ in STATE_FIELDS.items():
+        if key not in state:
+            raise CheckpointError(f"{f}: field {key!r} is missing; the checkpoint is damaged: resume from an "
+                                  "earlier one (delete this folder) or start over")
+        if not isinstance(state[key], typ) or isinstance(state[key], bool):
+            raise CheckpointError(f"{f}: field {key!r} is {state[key]!r}, expected {typ.__name__}")
+    return state
+
+
+def _torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def rng_state() -> dict:
@@ -83,8 +117,8 @@ def save_checkpoint(run_dir: Path, step: int, module, optimizer, scheduler, info
     if info.main:
         with atomic_dir(final) as tmp:
             save_tensors(tmp / "model.safetensors", msd, {"format": "domino-graft training checkpoint"})
-            torch.save(osd, tmp / "optimizer.pt")
-            torch.save({"scheduler": scheduler.state_dict(), "rng": rngs}, tmp / "trainer.pt")
+            atomic_write_bytes(tmp / "optimizer.pt", _torch_bytes(osd))
+            atomic_write_bytes(tmp / "trainer.pt", _torch_bytes({"scheduler": scheduler.state_dict(), "rng": rngs}))
             # which parameters have AdamW moments: the resume restores exactly these (see load_checkpoint)
             atomic_write_json(tmp / "state.json", {**state, "step": step, "saved_at": now(),
                                                    "optimizer_state_for": sorted(osd.get("state", {}))})
@@ -104,12 +138,20 @@ def prune(run_dir: Path, keep_last: int) -> None:
 
 def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
     """Restore model, optimizer, scheduler and this rank's RNG; return state.json."""
-    state = json.loads((path / "state.json").read_text())
+    state = read_checkpoint_state(path)
     msd = load_tensors(path / "model.safetensors")
     # A sharded parameter (DTensor) reports its global shape: the check needs no collective.
     expected = {n: tuple(p.shape) for n, p in module.named_parameters() if p.requires_grad}
     check_tensors(msd, expected, source=str(path / "model.safetensors"))
-    osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    osd = torch_load(path / "optimizer.pt")
+    if not isinstance(osd, dict) or not isinstance(osd.get("state", {}), dict):
+        raise CheckpointError(f"{path / 'optimizer.pt'}: not an optimizer state (expected a dict with 'state')")
+    moments = {f"state[{p!r}].{k}": v for p, st in osd.get("state", {}).items() if isinstance(st, dict)
+               for k, v in st.items() if isinstance(v, torch.Tensor)}
+    bad = first_nonfinite(moments)
+    if bad:
+        raise CheckpointError(f"{path / 'optimizer.pt'}: {bad[0]} holds {bad[1]} non-finite value(s) (NaN/Inf) of "
+                              f"{bad[2]}; the checkpoint is damaged: resume from an earlier one")
     # strict=False: a trainable parameter that never got a gradient (the head during
     # train.backbone_only_steps) has no AdamW state to restore; the model tensors were checked above.
     # strict=False would also restart the moments of a parameter whose state is missing from a
@@ -123,7 +165,9 @@ def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
             "checkpoint: restore it, or resume from an earlier checkpoint")
     set_state_dict(module, optimizer, model_state_dict=msd, optim_state_dict=osd,
                    options=StateDictOptions(full_state_dict=True, ignore_frozen_params=True, strict=False))
-    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    trainer = torch_load(path / "trainer.pt")
+    if not isinstance(trainer, dict) or not {"scheduler", "rng"} <= set(trainer):
+        raise CheckpointError(f"{path / 'trainer.pt'}: not a trainer state (expected 'scheduler' and 'rng')")
     scheduler.load_state_dict(trainer["scheduler"])
     rngs = trainer["rng"]
     if len(rngs) == info.world:

@@ -7,13 +7,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from ..checkpoint import atomic_write_json, check_tensors, save_tensors, sha256_file
+from ..checkpoint import check_tensors, json_bytes, read_json, sha256_file, staged_writes, tensors_bytes
 from ..provenance import now
 from .resume import state_dict_options
 
@@ -53,23 +54,31 @@ def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, ba
                        backbone_shapes: dict, drafter_dtype: torch.dtype, native_config: dict,
                        training: dict) -> None:
     """Replace RUN/head.safetensors (and RUN/drafter/ when the backbone trained), then the
-    manifest's checksums and `training` entry. Each file is replaced atomically and the
-    manifest last, so a crash in between leaves a manifest whose checksums flag the change."""
+    manifest's checksums and `training` entry. Every file is written to a temp sibling first
+    (NaN/Inf refused) and all are renamed into place only once all are written, the manifest
+    last: a full disk leaves the run exactly as it was."""
     run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    save_tensors(run_dir / "head.safetensors", {k: v.float() for k, v in head_tensors.items()},
-                 {"format": "domino-head", "spec": json.dumps(head_spec)})
+    manifest = read_json(run_dir / "manifest.json")
+    head_file = run_dir / "head.safetensors"
+    head_bytes = tensors_bytes({k: v.float() for k, v in head_tensors.items()},
+                               {"format": "domino-head", "spec": json.dumps(head_spec)}, source=str(head_file))
     files = dict(manifest.get("files", {}))
-    files["head.safetensors"] = sha256_file(run_dir / "head.safetensors")
+    files["head.safetensors"] = hashlib.sha256(head_bytes).hexdigest()
+    drafter_file = run_dir / "drafter" / "model.safetensors"
+    drafter_bytes = None
     if backbone is not None:
         check_tensors(backbone, backbone_shapes, source="trained drafter backbone")
-        save_tensors(run_dir / "drafter" / "model.safetensors", {k: v.to(drafter_dtype) for k, v in backbone.items()},
-                     {"format": "pt"})
-        atomic_write_json(run_dir / "drafter" / "config.json", native_config)
-        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
-    elif (run_dir / "drafter" / "model.safetensors").is_file():
-        files["drafter/model.safetensors"] = sha256_file(run_dir / "drafter" / "model.safetensors")
+        drafter_bytes = tensors_bytes({k: v.to(drafter_dtype) for k, v in backbone.items()}, {"format": "pt"},
+                                      source=str(drafter_file))
+        files["drafter/model.safetensors"] = hashlib.sha256(drafter_bytes).hexdigest()
+    elif drafter_file.is_file():
+        files["drafter/model.safetensors"] = sha256_file(drafter_file)
     manifest["files"] = files
     manifest["training"] = training
     manifest["updated_at"] = now()
-    atomic_write_json(run_dir / "manifest.json", manifest)
+    with staged_writes() as stage:
+        stage(head_file, head_bytes)
+        if drafter_bytes is not None:
+            stage(drafter_file, drafter_bytes)
+            stage(run_dir / "drafter" / "config.json", json_bytes(native_config))
+        stage(run_dir / "manifest.json", json_bytes(manifest))

@@ -186,12 +186,12 @@ def test_tree_choices_are_validated():
     base = {"target": {"random": {}}, "drafter": {"family": "medusa", "num_heads": 2}}
     with pytest.raises(RecipeError) as e:
         parse_recipe({**base, "drafter": {**base["drafter"], "tree": [[0], [0, 0, 0], [1, 2], [0], [-1]]}})
-    (line,) = e.value.problems
-    assert line.startswith("drafter.tree:")
-    assert "tree[1]: [0, 0, 0] is 3 deep; valid: at most num_heads = 2" in line
-    assert "tree[2]: [1, 2] has no parent [1]" in line
-    assert "tree[3]: [0] appears twice" in line
-    assert "tree[4]: [-1] has a negative rank" in line
+    lines = e.value.problems  # every problem at once, one line each, with its dotted path
+    assert "drafter.tree[1]: [0, 0, 0] is 3 deep; valid: at most num_heads = 2" in lines
+    assert "drafter.tree[2]: [1, 2] has no parent [1] in the tree; add it" in lines
+    assert "drafter.tree[3]: [0] appears twice" in lines
+    assert "drafter.tree[4]: [-1] has a negative rank; valid ranks are 0, 1, 2, ..." in lines
+    assert all(line.startswith("drafter.tree[") for line in lines)
     ok = parse_recipe({**base, "drafter": {**base["drafter"], "tree": [[0], [1], [0, 0]]}})
     assert ok.drafter.tree == [[0], [1], [0, 0]]
 

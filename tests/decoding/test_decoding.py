@@ -428,7 +428,9 @@ def test_bench_flags_tau_collapse_against_the_training_estimate(tiny_run, tmp_pa
     manifest["training"] = {"final_metrics": claim}
     (run / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
-    assert run_command("bench", args) == 0
+    assert run_command("bench", args) == 1  # its own earlier report is kept unless --force
+    assert "--force" in capsys.readouterr().err
+    assert run_command("bench", args + ["--force"]) == 0
     rep = json.loads(out.read_text())
     assert rep["training_tau_estimate"] == claim
     assert rep["tau_collapse"] == {"domino": True, "base": True}

@@ -1,4 +1,4 @@
-"""domino_graft.replay (`domino-graft replay`, bench/acceptance_probe.py) replays greedy decoding
+"""domino_graft.replay (`domino-graft replay`) replays greedy decoding
 from training-style blocks. On the target's own greedy output it must accept exactly what
 `Engine.speculative` accepts, block for block: the training label/GRU convention
 (`training_blocks`) and the decoding one are the same."""
