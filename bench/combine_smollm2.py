@@ -1,5 +1,6 @@
-"""bench/results/smollm2_h200.json, the README table: each drafter family's section copied from the
-run that measured it at its table configuration, with that run's provenance beside it.
+"""bench/results/smollm2_h200.json, the results table (docs/results.md): each drafter family's
+section copied from the run that measured it at its table configuration, with that run's
+provenance beside it.
 
     python bench/combine_smollm2.py            # the table's three sources (TABLE below)
     python bench/combine_smollm2.py --check    # exit 1 if the committed file differs from a rebuild
@@ -11,17 +12,15 @@ only in the drafter family and its own settings (the source's scale), never in w
 from or what they drafted for. A family with one source has its numbers copied, never recomputed.
 
 A family with several sources (TABLE lists files) is a set of seed repeats: the same scale with
-only the `*.seed` overrides changed (checked). Declared before the second seed ran (the comment on
-scale gpu-block16-seed1 in bench/smollm2_pipeline.py), its rows are the mean over the seeds: tau,
-speedups and per-slot acceptance averaged, tau_ratio_domino_over_base the ratio of the mean taus,
+only the `*.seed` overrides changed (checked). Its rows are the mean over the seeds: tau, speedups
+and per-slot acceptance averaged, tau_ratio_domino_over_base the ratio of the mean taus,
 identical_to_target true only if it is true in every seed; each seed's own numbers stay beside them
 under `per_seed`.
 
 BESIDE lists results shown next to a family's table rows without being them, under "beside"
-(the same checks, the same averaging). Declared before gpu-block16-long ran (its comment in
-bench/smollm2_pipeline.py): DFlash's rows are the longest equal-budget training (3,000 steps), and
-the two 1,500-step seeds that were the rows before it stay beside them. Its first run decoded 261
-of 264 prompts; the rows are its re-run, gpu-block16-long2 (declared likewise before it ran).
+(the same checks, the same averaging): DFlash's rows are its longest equal-budget training
+(3,000 steps, scale gpu-block16-long2), and the two 1,500-step seeds (gpu-block16,
+gpu-block16-seed1) stay beside them.
 """
 
 from __future__ import annotations
@@ -38,9 +37,7 @@ RESULTS = REPO / "bench" / "results"
 # scale gpu-block16); Medusa and PARD have no block size and use gpu-puzzles' settings, which
 # gpu-block16 shares for them exactly. All three trained on the same 12,000 responses.
 TABLE = {
-    # gpu-block16 at 3,000 steps instead of 1,500: the second run of that configuration (scale
-    # gpu-block16-long2), which decoded every prompt; the first (gpu-block16-long) ran out of
-    # device time 3 HumanEval prompts short and stays committed as a record, not a row
+    # gpu-block16 at 3,000 steps instead of 1,500 (scale gpu-block16-long2)
     "dflash": "smollm2_h200_gpu_block16_long2.json",
     "medusa": "smollm2_h200_gpu_puzzles.json",
     "pard": "smollm2_h200_pard.json",

@@ -4,6 +4,7 @@ Run from the repository root (the package need not be installed; imports torch, 
 domino_graft.head / domino_graft.kernels only):
 
     PYTHONPATH=. python bench/head_latency.py --out bench/results/head_latency_h200.json
+    PYTHONPATH=. python bench/head_latency.py --sweep --out OUT.json   # retune the launch constants first
 
 For each shape (Qwen3-8B: H=4096, G=1024, r=256, V=151936, block 16 -> K=15 proposals;
 SmolLM2-135M: H=576, G=256, r=64, V=49152, with the head and block size of
@@ -40,17 +41,12 @@ each the median of per-call CUDA-event timings after warm-up, with the L2 flushe
 write, outside the timed events, as triton.testing.do_bench does) before every repetition: in
 decoding the target's forward runs between two rollouts, so no rollout finds the previous one's
 weights in L2. (The single-kernel sweeps replay one kernel back to back, unflushed, except
-l2_reuse_sweep and pdl_probe, which time whole rollouts; pdl_probe, on sm_90+, keeps
-KernelConfig.pdl (on by default) for the rest of the run only if programmatic dependent launch is
-faster over the rollouts it probes, in all, and drafts the same tokens, and turns it off otherwise;
-pool_persistent_probe, on a GPU, probes the persistent pool rollout once per grid-barrier wait
-(KernelConfig.pool_persistent_barrier) and adopts the wait `persistent_choice` picks, if any,
-for the rest of the run; select_overlap_probe times the pool rollout with its candidate
-selection forked onto 0/1/2/4 side streams (KernelConfig.pool_select_overlap) and keeps the
-fastest that drafts the batched selection's tokens and beats it at every probed batch; beside it
-chain_probe times the chain alone, its candidates selected before the timed calls
-(chain_only_ms: the best any overlap can do), and the selection alone for 1, 2, 4 and all
-corrected rows.) Floors:
+l2_reuse_sweep, which times whole rollouts.) The table times KernelConfig() as shipped. `--sweep`
+first sweeps the launch constants on this GPU (w2_sweep, gru_sweep, pool_sweep, pool_select_sweep,
+radix_sweep, l2_reuse_sweep: the sweeps that chose the shipped values on the H200) and times the
+table with the fastest of each; single-kernel sweeps can pick a config that ties alone and is
+slower in a whole rollout, so compare against a run without it. The result file records the
+config used ("kernel_config"). Floors:
 
   floor_full_ms  = K x bytes(W2 + W1 + W_ih + W_hh) / read_bw    (the unfused full-vocabulary head
                    reads every weight once per proposal; DESIGN §6)
@@ -60,8 +56,8 @@ corrected rows.) Floors:
 
 read_bw is measured here: a sum over a 4 GiB bf16 tensor of random values (bytes read / time).
 
-`--smoke` runs everything at a tiny shape on the CPU (Triton interpreter, fp32, no CUDA graphs)
-in about a minute, to catch Python errors before a GPU run.
+`--smoke` runs everything (the sweeps too) at a tiny shape on the CPU (Triton interpreter, fp32,
+no CUDA graphs) in about a minute, to catch Python errors before a GPU run.
 """
 
 from __future__ import annotations
@@ -104,9 +100,8 @@ def _import_kernels():
 
 
 K = _import_kernels()
-from domino_graft.kernels.domino_rollout import PERSISTENT_BARRIERS  # noqa: E402
 from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
-from domino_graft.rundir import git_sha  # noqa: E402
+from domino_graft.provenance import git_sha  # noqa: E402
 
 DEV = "cuda"
 DT = torch.bfloat16
@@ -515,222 +510,6 @@ def sweep_l2_reuse(d: dict, head, emb, cfg, variants=L2_REUSE_VARIANTS, batch=1)
     return rows
 
 
-def probe_pool_persistent(cfg, batches=(1, 4), pool=None) -> list[dict]:
-    """Child-process half of `pool_persistent_probe`: the greedy pool rollout at Qwen3-8B shapes,
-    multi-launch vs one persistent launch (same selection), timed with the L2 flushed; drafts
-    compared token for token, the kernel's error flag read back."""
-    d = SHAPES["qwen3_8b"]
-    pool = pool or POOL
-    head, emb = make_problem(d, 1)
-    embed = K.reference.dense_embed(emb)
-    rows = []
-    for b in batches:
-        block, anchor = make_block(d, b)
-        row = dict(batch=b, pool_select=cfg.pool_select)
-        multi = K.make_rollout("triton_pool", head, emb, pool_size=pool,
-                               config=dataclasses.replace(cfg, pool_persistent=False))
-        pers = K.make_rollout("triton_pool", head, emb, pool_size=pool,
-                              config=dataclasses.replace(cfg, pool_persistent=True, pool_persistent_max_batch=b))
-        want, _ = multi(head, block, anchor, embed)
-        got, _ = pers(head, block, anchor, embed)
-        row["error_flag"] = int(pers.persistent_error.item())
-        row["token_agreement_with_multi_launch"] = float((got == want).float().mean())
-        row["multi_launch_ms"] = time_ms(lambda: multi(head, block, anchor, embed), iters=100)
-        row["persistent_ms"] = time_ms(lambda: pers(head, block, anchor, embed), iters=100)
-        got, _ = pers(head, block, anchor, embed)  # after 100+ replays: still agrees, flag still clear
-        row["error_flag"] = max(row["error_flag"], int(pers.persistent_error.item()))
-        row["agrees_after_replays"] = bool(torch.equal(got, want))
-        rows.append(row)
-        print("pool_persistent_probe", row, flush=True)
-        del multi, pers, block
-        empty_cache()
-    return rows
-
-
-def pool_persistent_probe(cfg, timeout_s=150) -> dict:
-    """Run `probe_pool_persistent` in a child process: a persistent kernel that faults would
-    poison this process's CUDA context, one whose barrier never passes could stall it; the child
-    takes either down alone (its failure is recorded, the multi-launch path stays the default)."""
-    import subprocess
-    import tempfile
-
-    out = dict(batches=[], ran_in="subprocess")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "probe.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--persistent-probe", "--out", str(path),
-               "--probe-config", json.dumps(asdict(cfg))]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-            out["returncode"] = proc.returncode
-            if proc.returncode != 0 or not path.exists():
-                out["error"] = (proc.stdout[-1500:] + proc.stderr[-3000:]) or "no output"
-            else:
-                out["batches"] = json.loads(path.read_text())
-        except subprocess.TimeoutExpired:
-            out["error"] = f"timed out after {timeout_s} s"
-    return out
-
-
-PDL_BATCHES = (1, 4)
-
-
-def time_variants(name: str, pool: int, head, emb, block, anchor, configs: dict) -> tuple[dict, dict]:
-    """Each KernelConfig of `configs` ({key: config}) as a whole graphed rollout, L2 flushed before
-    every call -> ({key: drafts}, {key: ms}); one rollout alive at a time."""
-    embed = K.reference.dense_embed(emb)
-    drafts, ms = {}, {}
-    for key, config in configs.items():
-        roll = K.make_rollout(name, head, emb, pool_size=pool, config=config)
-        drafts[key], _ = roll(head, block, anchor, embed)
-        ms[key] = time_ms(lambda: roll(head, block, anchor, embed), iters=60)
-        del roll
-    return drafts, ms
-
-
-def pdl_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[dict]:
-    """Whole rollouts (CUDA graph, L2 flushed before every call), full vocabulary and pool, with
-    and without programmatic dependent launch (KernelConfig.pdl). PDL moves no arithmetic, so the
-    drafts must be identical."""
-    rows = []
-    for b in batches:
-        block, anchor = make_block(d, b)
-        for name, pool in (("triton", 0), ("triton_pool", POOL)):
-            row = dict(batch=b, rollout=name)
-            try:
-                drafts, ms = time_variants(name, pool, head, emb, block, anchor,
-                                           {pdl: dataclasses.replace(cfg, pdl=pdl) for pdl in (False, True)})
-                row.update(plain_ms=ms[False], pdl_ms=ms[True], same_drafts=bool(torch.equal(drafts[False], drafts[True])))
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-            rows.append(row)
-            print("pdl_probe", row, flush=True)
-            empty_cache()
-    return rows
-
-
-def pdl_verdict(rows: list[dict]) -> bool:
-    """PDL on only if every probed rollout ran and drafted the same tokens, and the probed rollouts
-    took less time in all with it. (In all, not each: one rollout's ±5 % run-to-run noise flipped
-    an each-faster rule between two runs of one commit: the full-vocabulary batch-1 rollout went
-    0.395 -> 0.373 ms with PDL in one run and 0.401 -> 0.424 in the next, while the batch-1 pool
-    rollout gained ~0.026 ms in both.)"""
-    if not rows or any("error" in r or not r["same_drafts"] for r in rows):
-        return False
-    return sum(r["pdl_ms"] for r in rows) < sum(r["plain_ms"] for r in rows)
-
-
-def persistent_verdict(probe: dict):
-    """The largest probed batch up to which the persistent launch was faster, agreed token for
-    token and never set its error flag (None: keep the multi-launch path)."""
-    ok = None
-    for row in sorted(probe.get("batches", []), key=lambda r: r["batch"]):
-        good = (row.get("error_flag") == 0 and row.get("token_agreement_with_multi_launch") == 1.0
-                and row.get("agrees_after_replays") and row["persistent_ms"] < row["multi_launch_ms"])
-        if not good:
-            break
-        ok = row["batch"]
-    return ok
-
-
-# KernelConfig.pool_select_overlap values probed (side streams for the candidate selection)
-SELECT_OVERLAP_STREAMS = (0, 1, 2, 4)
-
-
-def select_overlap_probe(d: dict, head, emb, cfg, batches=PDL_BATCHES) -> list[dict]:
-    """Whole pool rollouts (CUDA graph, L2 flushed before every call) with the candidate selection
-    batched before the chain (0) or forked onto 1, 2 or 4 side streams beside it, each with its
-    drafts' agreement with the batched selection's."""
-    rows = []
-    for b in batches:
-        block, anchor = make_block(d, b)
-        row = dict(batch=b)
-        try:
-            drafts, ms = time_variants("triton_pool", POOL, head, emb, block, anchor,
-                                       {n: dataclasses.replace(cfg, pool_select_overlap=n) for n in SELECT_OVERLAP_STREAMS})
-            row["ms"] = {str(n): t for n, t in ms.items()}
-            row["agreement_with_batched"] = {str(n): float((x == drafts[0]).float().mean()) for n, x in drafts.items()}
-        except Exception as exc:
-            row["error"] = repr(exc)[:300]
-        if "error" not in row:  # (its own failure must not void the overlap timings above)
-            try:
-                row.update(chain_probe(head, emb, block, anchor, dataclasses.replace(cfg, pool_select_overlap=0), drafts[0]))
-            except Exception as exc:
-                row["chain_probe_error"] = repr(exc)[:300]
-        rows.append(row)
-        print("select_overlap_probe", row, flush=True)
-        empty_cache()
-    return rows
-
-
-def chain_probe(head, emb, block, anchor, cfg, batched_drafts) -> dict:
-    """What hiding the selection could at best reach: the graphed pool rollout with its candidates
-    selected once beforehand, outside the timed calls (`chain_only_ms`, the chain of dependent
-    launches alone; its drafts must be the batched selection's), and the selection's own latency
-    for 1, 2, 4 and all corrected rows (`select_ms_by_rows`, eager, L2 flushed): with the
-    selection beside the chain, the first corrected slot waits for a one-row selection."""
-    from domino_graft.kernels import triton_rollout as tr
-
-    roll = K.make_rollout("triton_pool", head, emb, pool_size=POOL, config=cfg)
-    pure = min(head.spec.pure_prefix_len, block.base_logits.shape[1])
-    rows = block.base_logits[:, pure:]
-    out = dict(select_ms_by_rows={str(m): time_ms(lambda m=m: roll._select(tr, rows[:, :m], POOL), iters=30)
-                                  for m in sorted({1, 2, 4, rows.shape[1]}) if m <= rows.shape[1]})
-    chosen = roll._select(tr, rows, POOL)
-    roll._select = lambda *_: chosen  # the instance attribute shadows the method inside _body
-    embed = K.reference.dense_embed(emb)
-    drafts, _ = roll(head, block, anchor, embed)
-    out.update(chain_only_ms=time_ms(lambda: roll(head, block, anchor, embed), iters=60),
-               chain_only_same_drafts=bool(torch.equal(drafts, batched_drafts)))
-    return out
-
-
-def select_overlap_choice(rows: list[dict]) -> int:
-    """The side-stream count adopted: among the counts that drafted the batched selection's tokens
-    and were faster than it at every probed batch, the fastest at batch 1; 0 when none was."""
-    if not rows or any("error" in r for r in rows):
-        return 0
-    ok = [n for n in SELECT_OVERLAP_STREAMS[1:]
-          if all(r["agreement_with_batched"].get(str(n)) == 1.0 and r["ms"].get(str(n), 1e9) < r["ms"]["0"]
-                 for r in rows)]
-    batch1 = next((r for r in rows if r["batch"] == 1), rows[0])
-    return min(ok, key=lambda n: batch1["ms"][str(n)]) if ok else 0
-
-
-# The persistent rollout's variants probed: every grid-barrier wait, and the default wait with
-# each program's W_hh rows resident (KernelConfig.pool_persistent_whh_resident) -> its settings
-PERSISTENT_VARIANTS = {
-    **{b: dict(pool_persistent_barrier=b, pool_persistent_whh_resident=False) for b in PERSISTENT_BARRIERS},
-    "rmw+whh_resident": dict(pool_persistent_barrier="rmw", pool_persistent_whh_resident=True),
-}
-
-
-def pool_persistent_probes(cfg, timeout_s=150) -> dict:
-    """`pool_persistent_probe` once per PERSISTENT_VARIANTS entry: {variant: probe}, each row
-    tagged with its wait and whether W_hh was resident."""
-    probes = {}
-    for name, settings in PERSISTENT_VARIANTS.items():
-        probes[name] = pool_persistent_probe(dataclasses.replace(cfg, **settings), timeout_s)
-        for row in probes[name]["batches"]:
-            row.update(barrier=settings["pool_persistent_barrier"], whh_resident=settings["pool_persistent_whh_resident"])
-        print("pool_persistent_probe", name, probes[name], flush=True)
-    return probes
-
-
-def persistent_choice(probes: dict):
-    """(variant, max batch) of the persistent variant (a PERSISTENT_VARIANTS name) adopted up to the
-    largest batch (`persistent_verdict`), the faster at batch 1 on a tie; None: none is."""
-    ok = []
-    for barrier, probe in probes.items():
-        upto = persistent_verdict(probe)
-        batch1 = [row["persistent_ms"] for row in probe.get("batches", []) if row["batch"] == 1]
-        if upto and batch1:
-            ok.append((upto, -batch1[0], barrier))
-    if not ok:
-        return None
-    upto, _, barrier = max(ok)
-    return barrier, upto
-
-
 _POOL_SELECT: dict = {}  # batch -> {"pool_select", "pool_chunks"} of the fastest EXACT method, from the sweep
 
 
@@ -949,18 +728,14 @@ def main():
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "head_latency_h200.json"))
     ap.add_argument("--batches", default="1,4,16,32")
     ap.add_argument("--shapes", default="qwen3_8b,smollm2,smollm2_k15")
-    ap.add_argument("--no-sweep", action="store_true", help="skip the launch-config sweeps, use KernelConfig()")
+    ap.add_argument("--sweep", action="store_true",
+                    help="sweep the launch constants on this GPU first and time the table with the fastest "
+                         "(default: KernelConfig() as shipped)")
     ap.add_argument("--pool-select", default=None, choices=["bucket", "topk", "radix"],
                     help="the pool rollout's candidate selection behind fused_pool_ms (default: KernelConfig's)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shape on the CPU through the Triton interpreter (fp32): checks the script, times nothing real")
-    ap.add_argument("--persistent-probe", action="store_true", help=argparse.SUPPRESS)  # child of pool_persistent_probe
-    ap.add_argument("--probe-config", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.persistent_probe:
-        cfg = K.KernelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.probe_config).items()})
-        json.dump(probe_pool_persistent(cfg), open(args.out, "w"), indent=1)
-        return
     if args.smoke:
         use_smoke_mode()
         if args.out == ap.get_default("out"):
@@ -1000,7 +775,7 @@ def main():
     cfg = K.KernelConfig()
     if args.pool_select:
         cfg.pool_select = args.pool_select
-    if not args.no_sweep:
+    if args.sweep or args.smoke:  # (--smoke: every code path, the sweeps too)
         d = sweep_shape
         head, emb = make_problem(d, 1)
         try:
@@ -1039,25 +814,6 @@ def main():
             pin = best(res["l2_reuse_sweep"], "ms", lambda r: r.get("same_drafts_as_first"))
             if pin:
                 cfg.w2_zigzag, cfg.w2_stream, cfg.w2_l2_pin_fraction = pin["zigzag"], pin["stream"], pin["fraction"]
-            if on_gpu():  # the persistent pool rollout, per grid-barrier wait: adopted only if faster and identical
-                probes = pool_persistent_probes(cfg)
-                errors += [f"pool_persistent_probe ({b}): {p['error']}" for b, p in probes.items() if "error" in p]
-                res["pool_persistent_probe"] = {"variants": probes}
-                chosen = persistent_choice(probes)
-                if chosen:
-                    res["pool_persistent_probe"]["chosen"] = chosen[0]
-                    cfg = dataclasses.replace(cfg, pool_persistent=True, pool_persistent_max_batch=chosen[1],
-                                              **PERSISTENT_VARIANTS[chosen[0]])
-            # programmatic dependent launch (--smoke: the code path only, PDL is ignored on a CPU)
-            if not on_gpu() or torch.cuda.get_device_capability()[0] >= 9:
-                res["pdl_probe"] = pdl_probe(d, head, emb, cfg)
-                errors += [f"pdl_probe: {r['error']}" for r in res["pdl_probe"] if "error" in r]
-                cfg.pdl = on_gpu() and pdl_verdict(res["pdl_probe"])
-            # the candidate selection beside the chain (--smoke: the inline per-slot path only)
-            res["select_overlap_probe"] = select_overlap_probe(d, head, emb, cfg)
-            errors += [f"select_overlap_probe: {r[k]}" for r in res["select_overlap_probe"]
-                       for k in ("error", "chain_probe_error") if k in r]
-            cfg.pool_select_overlap = select_overlap_choice(res["select_overlap_probe"]) if on_gpu() else 0
         except Exception:
             errors.append(f"sweep: {traceback.format_exc(limit=4)}")
         del head, emb

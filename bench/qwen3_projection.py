@@ -104,7 +104,7 @@ def main() -> None:
     import transformers
     from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config
 
-    from domino_graft.adapters.dflash import DFlashBackbone, DFlashConfig
+    from domino_graft.adapters.dflash.model import DFlashBackbone, DFlashConfig
 
     p = argparse.ArgumentParser()
     g = p.add_mutually_exclusive_group(required=True)

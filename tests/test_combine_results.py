@@ -1,6 +1,6 @@
-"""bench/combine_smollm2.py: the README table's results file is a copy of each family's source
-report (the mean of its seed repeats where it has several), and sources that trained on different
-data, or "seed repeats" that differ in more than their seeds, cannot share it."""
+"""bench/combine_smollm2.py: the results table (bench/results/smollm2_h200.json) is a copy of each
+family's source report (the mean of its seed repeats where it has several), and sources that
+trained on different data, or "seed repeats" that differ in more than their seeds, cannot share it."""
 
 from __future__ import annotations
 
@@ -15,23 +15,59 @@ sys.path.insert(0, str(REPO / "bench"))
 import combine_smollm2 as comb  # noqa: E402
 
 
-def test_committed_table_is_a_rebuild_of_its_sources():
-    committed = json.loads((comb.RESULTS / "smollm2_h200.json").read_text())
-    assert committed == comb.combine(beside=comb.BESIDE)
-    for fam, names in comb.TABLE.items():
-        if isinstance(names, str):
-            source = json.loads((comb.RESULTS / names).read_text())
-            assert committed[fam] == source[fam]
-            assert committed["combined_from"][fam]["git_sha"] == source["git_sha"]
-            continue
-        sources = [json.loads((comb.RESULTS / n).read_text())[fam] for n in names]
-        for s in ("gsm8k", "humaneval"):
-            row = committed[fam][s]
-            for v in ("base", "domino"):
-                assert row[f"tau_{v}"] == pytest.approx(sum(src[s][f"tau_{v}"] for src in sources) / len(sources))
-            assert row["tau_ratio_domino_over_base"] == pytest.approx(row["tau_domino"] / row["tau_base"])
-            assert [p["tau_domino"] for p in row["per_seed"]] == [src[s]["tau_domino"] for src in sources]
-            assert row["identical_to_target"] is all(src[s]["identical_to_target"] for src in sources)
+FIXTURES = REPO / "tests" / "fixtures" / "bench_records"
+# the table's sources, by run folder -> the families its report covers (their --families)
+RUNS = {"smollm2_h200_gpu_block16_long2": "dflash", "smollm2_h200_gpu_block16": "dflash",
+        "smollm2_h200_gpu_block16_seed1": "dflash", "smollm2_h200_gpu_puzzles": "dflash,medusa",
+        "smollm2_h200_pard": "pard"}
+
+
+@pytest.fixture
+def fixture_reports(tmp_path):
+    """The table's five source reports, built by the pipeline's report stage from two prompts per
+    set of each committed run's records (tests/fixtures/bench_records/), under the file names
+    TABLE and BESIDE give them."""
+    import smollm2_pipeline as sp
+
+    saved = list(sp.FAMILIES)
+    try:
+        for run, fams in RUNS.items():
+            sp.set_families(fams.split(","))
+            sp.stage_report(FIXTURES / run, tmp_path / f"{run}.json", max_new_tokens=96, command=f"report {run}")
+    finally:
+        sp.set_families(saved)
+    return tmp_path
+
+
+def test_the_table_copies_each_family_from_its_source_and_averages_the_seeds_beside(fixture_reports):
+    table = comb.combine(comb.TABLE, fixture_reports, comb.BESIDE)
+    src = {run: json.loads((fixture_reports / f"{run}.json").read_text()) for run in RUNS}
+    # one source per family: its section copied, its provenance beside it
+    for fam, name in comb.TABLE.items():
+        rep = src[name.removesuffix(".json")]
+        assert table[fam] == rep[fam]
+        assert table["combined_from"][fam]["git_sha"] == rep["git_sha"]
+        assert table["combined_from"][fam]["command"] == rep["command"]
+    assert table["combined_from"]["dflash"]["git_sha"] == "d8f89d44aaaf7492d0fd2ca3d232479d1966d4b0"
+    assert table["combined_from"]["medusa"]["git_sha"] == "1488a3594c36c02ccd84c6188d65068c6ad1cff0"
+    assert table["dflash"] != src["smollm2_h200_gpu_puzzles"]["dflash"]  # that run's block-8 DFlash is not a row
+    # beside DFlash's rows: the mean of the two 1,500-step seeds, each seed's own numbers kept
+    beside, seeds = table["beside"]["dflash"], [src["smollm2_h200_gpu_block16"], src["smollm2_h200_gpu_block16_seed1"]]
+    assert beside["what"] == comb.BESIDE["dflash"][0]
+    for s in ("gsm8k", "humaneval"):
+        for v in ("base", "domino", "headonly"):
+            assert beside[s][f"tau_{v}"] == pytest.approx(sum(r["dflash"][s][f"tau_{v}"] for r in seeds) / 2)
+        assert beside[s]["tau_ratio_domino_over_base"] == pytest.approx(beside[s]["tau_domino"] / beside[s]["tau_base"])
+        assert [p["tau_domino"] for p in beside[s]["per_seed"]] == [r["dflash"][s]["tau_domino"] for r in seeds]
+        assert beside[s]["num_seeds"] == 2 and beside[s]["identical_to_target"] is True
+        assert table["dflash"][s]["tau_domino"] != beside[s]["tau_domino"]
+    assert [c["git_sha"][:7] for c in beside["combined_from"]] == ["b68470c", "6e26e82"]
+    assert table["data"]["sha256"].startswith("e5ea6289")
+    # and the CLI writes what --check then accepts
+    out = fixture_reports / "table.json"
+    assert comb.main(["--results", str(fixture_reports), "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == table
+    assert comb.main(["--results", str(fixture_reports), "--out", str(out), "--check"]) == 0
 
 
 def _seed_source(tmp_path: Path, name: str, seed: int, taus: tuple, slots: list, prompts: int = 10,
@@ -113,18 +149,6 @@ def test_the_cli_combines_the_sources_it_is_given(tmp_path):
                       "--check"]) == 0
     with pytest.raises(SystemExit):
         comb.main(["--source", "eagle=s0.json"])
-
-
-def test_the_committed_beside_rows_are_the_means_of_their_sources():
-    committed = json.loads((comb.RESULTS / "smollm2_h200.json").read_text())
-    for fam, (what, names) in comb.BESIDE.items():
-        beside = committed["beside"][fam]
-        assert beside["what"] == what
-        sources = [json.loads((comb.RESULTS / n).read_text())[fam] for n in names]
-        for s in ("gsm8k", "humaneval"):
-            for v in ("base", "domino"):
-                assert beside[s][f"tau_{v}"] == pytest.approx(sum(src[s][f"tau_{v}"] for src in sources) / len(sources))
-        assert committed[fam] != {k: v for k, v in beside.items() if k not in ("what", "combined_from")}
 
 
 def test_beside_rows_are_shown_next_to_the_table_rows_not_instead(tmp_path):

@@ -96,18 +96,6 @@ def test_reuse_refuses_responses_of_another_length_or_target(tmp_path, pipeline)
     assert calls == [] and not (work / "train.regen.jsonl").exists()
 
 
-def test_puzzle_repeat_weights_the_training_file(tmp_path, pipeline):
-    pipe, _ = pipeline
-    work = tmp_path / "work"
-    work.mkdir()
-    _write(work / "train.regen.jsonl", [_chat("gsm8k-symbolic/1/0", "q", "a"), _chat("puzzle/m/f", "q", "a"),
-                                        _chat("pysrc/m/g", "q", "a")])
-    assert pipe.training_file(work, {"puzzle_repeat": 1}) == (work / "train.regen.jsonl").resolve()
-    weighted = pipe.training_file(work, {"puzzle_repeat": 3})
-    ids = [json.loads(line)["id"] for line in weighted.open()]
-    assert ids == ["gsm8k-symbolic/1/0", "puzzle/m/f", "pysrc/m/g", "puzzle/m/f", "puzzle/m/f"]
-
-
 def test_reuse_of_every_prompt_regenerates_nothing(tmp_path, pipeline):
     pipe, calls = pipeline
     scale = pipe.SCALES["smoke"]
