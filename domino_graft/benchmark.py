@@ -132,6 +132,7 @@ def run_bench(
     rollout: str | dict = "torch",
     progress: bool = True,
     warmup: bool = True,
+    kv: str = "dynamic",
 ) -> dict:
     from tqdm import tqdm
 
@@ -139,7 +140,7 @@ def run_bench(
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
-    engine = Engine(target, adapter, head, rollout=choice, stop_ids=stop_token_ids(target))
+    engine = Engine(target, adapter, head, rollout=choice, stop_ids=stop_token_ids(target), kv=kv)
     encoded = [encode(loaded, item, max_new_tokens=max_new_tokens) for item in prompts]  # all, before any decode
     k = adapter.num_slots
     runs = {
@@ -155,6 +156,7 @@ def run_bench(
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
+    kv_paths: dict[str, set] = {m: set() for m in MODES}  # the target cache each mode's decodes ran on
     divergences: list = []
     bar = tqdm(total=len(encoded) * len(MODES), desc="bench", unit="decode", disable=not progress, leave=False)
     for i, ids in enumerate(encoded):
@@ -163,6 +165,7 @@ def run_bench(
         for mode in MODES:
             bar.set_postfix_str(f"prompt {i + 1}/{len(encoded)} {mode}")
             results[mode] = runs[mode](ids, i)
+            kv_paths[mode].add(results[mode].kv_path)
             tallies[mode].add(results[mode])
             bar.update(1)
         for mode in ("base", "domino"):
@@ -180,6 +183,7 @@ def run_bench(
     bar.close()
 
     base_tps = tallies["target"].tokens_per_s()
+    kv_path = {m: "+".join(sorted(kv_paths[m])) or None for m in MODES}
 
     def speedup(mode):
         tps = tallies[mode].tokens_per_s()
@@ -226,6 +230,11 @@ def run_bench(
             "speedup": speedup("base"),
             "identical_to_target": identical["base"] if sampling.greedy else None,
         },
+        # the target cache each mode ran on ("static" | "dynamic"); "base" keeps its fixed key set
+        "kv_path": kv_path["domino"],
+        "base_kv_path": kv_path["base"],
+        "target_kv_path": kv_path["target"],
+        "kv": {"requested": kv, **kv_path, "note": engine.kv_note},
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,

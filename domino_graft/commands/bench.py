@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--rollout", default=None,
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
+    p.add_argument("--kv", default="dynamic", choices=("dynamic", "static"),
+                   help="target KV cache: dynamic (HF forward, default) or static (the fast engine where the "
+                        "target supports it, else dynamic; the report's kv_path says which ran)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -76,7 +79,7 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
     report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
-                       progress=not args.no_progress and sys.stderr.isatty())
+                       progress=not args.no_progress and sys.stderr.isatty(), kv=args.kv)
     print(format_report(report))
     if args.json:
         check_json_destination(args.json, args.force)  # again: the decode took a while

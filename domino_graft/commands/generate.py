@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stop-id", type=int, action="append", default=[], metavar="ID",
                    help="extra stop token id (repeatable); the target's eos ids always stop")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--kv", default="dynamic", choices=("dynamic", "static"),
+                   help="target KV cache: dynamic (HF forward, default) or static (the fast engine where the "
+                        "target supports it, else dynamic)")
     p.add_argument("--rollout", default=None,
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
 
@@ -99,7 +102,7 @@ def run(args) -> int:
         print(f"note: this target has no tokenizer; the prompt was mapped to ids by byte fallback: {prompt_ids}",
               file=sys.stderr)
     engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, args.rollout),
-                    stop_ids=stop_token_ids(target, args.stop_id))
+                    stop_ids=stop_token_ids(target, args.stop_id), kv=args.kv)
     stream = _Streamer(target)
     kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, on_tokens=stream)
     if args.target_only:
@@ -111,5 +114,5 @@ def run(args) -> int:
     tau = "-" if res.tau is None else f"{res.tau:.2f}"
     mode = "target alone" if args.target_only else ("base drafter" if args.no_head else "domino drafter")
     print(f"tau {tau} ({mode}): {len(res.tokens)} tokens, {res.target_forwards} target forwards, "
-          f"{tps:.1f} tokens/s, stopped by {res.stop_reason}", file=sys.stderr)
+          f"{tps:.1f} tokens/s, stopped by {res.stop_reason}, kv {res.kv_path}", file=sys.stderr)
     return 0

@@ -7,8 +7,12 @@ target's cache; the drafter has observed every position < pos):
     d, q         = rollout(head, block, x_0, ...)            Domino chain, K slots
     logits, feat = target([x_0, d_1..d_K] at pos..pos+K)     one target forward
     n_acc, next  = verify(...)                               greedy or speculative sampling
-    crop the target cache to pos + 1 + n_acc; observe feat of x_0, d_1..d_{n_acc}
+    roll the target cache back to pos + 1 + n_acc; observe feat of x_0, d_1..d_{n_acc}
     emit d_1..d_{n_acc}, next; x_0 <- next
+
+The target's cache is the HF DynamicCache (rollback = crop), or with `Engine(kv="static")`
+on a supported target the fast engine's static cache (rollback = set its length; the
+T = K + 1 verify replays a CUDA graph on a GPU).
 """
 
 from __future__ import annotations
@@ -39,13 +43,32 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     reached, accepted_slot, accepted = [0] * k, [0] * k, []
 
     t0 = time.perf_counter()
-    cache = new_cache(target, rollback=True)
-    adapter.reset(1)
     n = ids.shape[1]
-    logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
-                           logits_to_keep=1)
+    # the static cache (Engine(kv="static") on a supported target) or the HF DynamicCache
+    static_target = getattr(engine, "static_target", None)  # duck-typed engines: dynamic
+    static = static_target(n + max_new_tokens + k + 1) if static_target is not None else None
+    if static is not None:
+        def forward(seq, at):
+            return static.step(seq, at, capture=capture)
+
+        def keep(length):
+            static.rollback(length)
+    else:
+        cache = new_cache(target, rollback=True)
+
+        def forward(seq, at):
+            return target(seq, cache=cache, position_ids=positions(at, seq.shape[1], dev)[None], capture=capture)
+
+        def keep(length):
+            rollback(cache, length)
+    adapter.reset(1)
+    if static is not None:
+        logits, feats = static.prefill(ids, capture=capture, logits_to_keep=1)
+    else:
+        logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
+                               logits_to_keep=1)
     forwards = 1
-    rollback(cache, n)
+    keep(n)
     adapter.observe(feats, positions(0, n, dev), ids=ids)
     anchor = pick(logits[:, -1], sampling, gen)  # [1]
     pos = n
@@ -57,7 +80,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
             top_p=sampling.top_p, generator=gen, use_head=use_head,
         )
         seq = torch.cat([anchor[:, None], drafts], dim=1)
-        logits, feats = target(seq, cache=cache, position_ids=positions(pos, k + 1, dev)[None], capture=capture)
+        logits, feats = forward(seq, pos)
         forwards += 1
         if sampling.greedy:
             n_acc, nxt = verify_greedy(logits, drafts)
@@ -75,11 +98,11 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         if done:
             break
         # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
-        rollback(cache, pos + 1 + a)
+        keep(pos + 1 + a)
         # feats is None for a drafter that reads tokens only (capture_layers() == ())
         adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
                         ids=seq[:, : a + 1])
         anchor = nxt
         pos += a + 1
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
-                        reached, accepted_slot)
+                        reached, accepted_slot, kv_path="dynamic" if static is None else "static")

@@ -1,5 +1,6 @@
 """What every decoder shares: the result, the target-only stop rules, prompt checks,
-positions, and the target's cache (with rollback).
+positions, and the target's cache (with rollback): the HF DynamicCache, or the fast
+engine's static cache (`StaticTarget`, opt-in via `Engine(kv="static")`).
 
 The target-only baseline (engine.py), chain decoding (chain.py) and tree decoding (tree.py)
 each import this module and none of the others, so a measured speedup compares decoders
@@ -26,6 +27,7 @@ class DecodeResult:
     accepted: list[int] = field(default_factory=list)  # drafts accepted per verify step
     slot_reached: list[int] = field(default_factory=list)  # [K]: blocks whose slot j was verified
     slot_accepted: list[int] = field(default_factory=list)  # [K]: ... and accepted
+    kv_path: str = "dynamic"  # the target's cache that ran: "static" (fast engine) | "dynamic" (HF)
 
     @property
     def decode_steps(self) -> int:
@@ -136,3 +138,84 @@ def rollback(cache, keep: int) -> None:
         if window and getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > window - 1:
             layer.keys = layer.keys[..., -(window - 1):, :]
             layer.values = layer.values[..., -(window - 1):, :]
+
+
+# ------------------------------------------------------------- static target cache
+KV_CHOICES = ("dynamic", "static")
+
+
+def check_kv(kv: str) -> str:
+    if kv not in KV_CHOICES:
+        raise ValueError(f"kv: {kv!r} is invalid; valid: {', '.join(KV_CHOICES)}")
+    return kv
+
+
+class StaticTarget:
+    """The target on the fast engine (domino_graft.fast): its own forward sharing the HF
+    weights, a static KV cache whose rollback is a length, and on CUDA graph replay of the
+    fixed-shape steps (T = 1 decode, T = K + 1 verify; eager on a CPU).
+
+    ``step(ids, pos, capture=...)`` returns ``(logits, features)`` exactly like
+    ``TargetModel.__call__(..., capture=...)``: the captured layers' outputs concatenated
+    along the last dim in the order given (-1 = the final post-norm state), or None.
+    Build with ``StaticTarget.create(target)``; an unsupported target (or a cache length it
+    cannot serve: ``reserve`` raises ``fast.UnsupportedModel``) runs on the dynamic path."""
+
+    def __init__(self, target, lm_cls, runner_cls):
+        self.target = target
+        self._lm_cls, self._runner_cls = lm_cls, runner_cls
+        self.lm = None
+        self.runners: dict[tuple[int, ...], object] = {}
+
+    @classmethod
+    def create(cls, target) -> tuple[Optional["StaticTarget"], Optional[str]]:
+        """(the static target, None), or (None, why the target cannot run on it)."""
+        from ..fast import FastLM, GraphRunner, UnsupportedModel
+
+        self = cls(target, FastLM, GraphRunner)
+        try:
+            self.reserve(1)  # from_hf's architecture checks, on a small cache
+        except UnsupportedModel as e:
+            return None, str(e)
+        return self, None
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` positions (a new cache when the current one is shorter:
+        powers of two from 256, capped at the target's max_position_embeddings + slack)."""
+        if self.lm is not None and self.lm.max_len >= length:
+            return
+        size = 256
+        while size < length:
+            size *= 2
+        size = max(length, min(size, self.target.shape.max_position_embeddings + 64))
+        self.lm = self._lm_cls.from_hf(self.target.model, max_batch=1, max_len=size)
+        self.runners = {}  # graphs captured over the old cache's tensors
+
+    def reset(self, length: int) -> None:
+        """Start a decode that needs `length` positions: room for them, cache emptied."""
+        self.reserve(length)
+        self.lm.cache.reset()
+
+    def _features(self, hidden: dict, capture: tuple[int, ...]):
+        return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
+
+    def prefill(self, ids: torch.Tensor, *, capture: tuple[int, ...] = (), logits_to_keep: int = 1):
+        """The prompt at positions 0..T-1 (eager: one shape per prompt length)."""
+        capture = tuple(capture)
+        logits, hidden = self.lm.forward(ids, 0, capture=capture, logits_to_keep=logits_to_keep,
+                                         use_compiled=False)
+        return logits, self._features(hidden, capture)
+
+    def step(self, ids: torch.Tensor, pos: int, *, capture: tuple[int, ...] = ()):
+        """ids [1, T] at positions pos..pos+T-1, through the graph runner for `capture`.
+        The logits may be the runner's static buffer: valid until the next step."""
+        capture = tuple(capture)
+        runner = self.runners.get(capture)
+        if runner is None:
+            runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
+        logits, hidden = runner(ids, int(pos))
+        return logits, self._features(hidden, capture)
+
+    def rollback(self, keep: int) -> None:
+        """Keep the first `keep` positions: the cache's length moves, nothing is copied."""
+        self.lm.cache.set_lengths(int(keep))

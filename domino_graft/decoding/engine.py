@@ -4,6 +4,10 @@ Every path shares the same TargetModel forward, DynamicCache, dtype, stop handli
 token accounting (decoding/common.py), so a measured speedup is a speedup over an equally
 optimised baseline (docs/design.md §5), not over `model.generate`.
 
+`Engine(kv="static")` opts into the fast engine's static KV cache (decoding/common.py
+`StaticTarget`) for target-alone and chain decoding when the target's architecture is
+supported; otherwise (and for trees) the dynamic path runs. `DecodeResult.kv_path` says which.
+
 Speculative decoding is chosen by the drafter's topology (`adapter.topology`):
 
     "chain"   one chain of K proposals per block, greedy or sampled     decoding/chain.py
@@ -13,13 +17,14 @@ Speculative decoding is chosen by the drafter's topology (`adapter.topology`):
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
 from ..sampling import Sampling, pick
 from .chain import chain_speculative
-from .common import DecodeResult, OnTokens, Output, check_prompt, new_cache, positions, stop_set
+from .common import (DecodeResult, OnTokens, Output, StaticTarget, check_kv, check_prompt, new_cache, positions,
+                     stop_set)
 from .rollout import get_rollout
 from .tree import tree_speculative
 
@@ -34,8 +39,16 @@ class Engine:
     Batch size 1: a batched chain verifier needs per-row cache lengths (ragged crops);
     not implemented."""
 
-    def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = ()):
-        """rollout: a name, or a choice {"name", "pool_size", "pool_select"} (decoding.rollout_choice)."""
+    def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = (),
+                 kv: str = "dynamic"):
+        """rollout: a name, or a choice {"name", "pool_size", "pool_select"} (decoding.rollout_choice).
+        kv: "dynamic" (the HF forward and DynamicCache) or "static" (the fast engine where the
+        target supports it, else dynamic; `kv_note` says why not)."""
+        self.kv = check_kv(kv)
+        self._static: Optional[StaticTarget] = None
+        self.kv_note: Optional[str] = None
+        if self.kv == "static":
+            self._static, self.kv_note = StaticTarget.create(target)
         self.target = target
         self.adapter = adapter
         self.head = head
@@ -44,6 +57,24 @@ class Engine:
         self.rollout = get_rollout(choice["name"], head, pool_size=choice.get("pool_size"),
                                    pool_select=choice.get("pool_select"))
         self.stop_ids = frozenset(int(i) for i in stop_ids)
+
+    @property
+    def kv_path(self) -> str:
+        """The cache target-alone and chain decodes use: "static" or "dynamic"."""
+        return "static" if self._static is not None else "dynamic"
+
+    def static_target(self, length: int) -> Optional[StaticTarget]:
+        """The static target with room for `length` positions, emptied; None = use the dynamic path."""
+        if self._static is None:
+            return None
+        from ..fast import UnsupportedModel
+
+        try:
+            self._static.reset(length)
+        except UnsupportedModel as e:  # e.g. a sliding window shorter than this decode
+            self.kv_note = str(e)
+            return None
+        return self._static
 
     # ---------------------------------------------------------------- baseline
     @torch.inference_mode()
@@ -55,18 +86,29 @@ class Engine:
         gen = sampling.generator(dev, seed_offset)
         out = Output(max_new_tokens, stop_set(self.stop_ids, stop_ids), on_tokens)
         t0 = time.perf_counter()
-        cache = new_cache(self.target, rollback=False)
         n = ids.shape[1]
-        logits, _ = self.target(ids, cache=cache, position_ids=positions(0, n, dev)[None], logits_to_keep=1)
+        static = self.static_target(n + max_new_tokens + 1)
+        if static is not None:
+            logits, _ = static.prefill(ids, logits_to_keep=1)
+
+            def step(tok, pos):
+                return static.step(tok[:, None], pos)[0]
+        else:
+            cache = new_cache(self.target, rollback=False)
+            logits, _ = self.target(ids, cache=cache, position_ids=positions(0, n, dev)[None], logits_to_keep=1)
+
+            def step(tok, pos):
+                return self.target(tok[:, None], cache=cache, position_ids=positions(pos, 1, dev)[None])[0]
         forwards = 1
         tok = pick(logits[:, -1], sampling, gen)
         pos = n
         while not out.push([int(tok)]):
-            logits, _ = self.target(tok[:, None], cache=cache, position_ids=positions(pos, 1, dev)[None])
+            logits = step(tok, pos)
             forwards += 1
             tok = pick(logits[:, -1], sampling, gen)
             pos += 1
-        return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards)
+        return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards,
+                            kv_path="dynamic" if static is None else "static")
 
     # ------------------------------------------------------------- speculative
     @torch.inference_mode()

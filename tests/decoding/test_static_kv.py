@@ -1,0 +1,230 @@
+"""The opt-in static-cache path of the decoding engine (`Engine(kv="static")`): the fast
+target engine (domino_graft/fast) with its static KV cache, in target-alone and chain
+decoding. Greedy: token for token the same as target-alone decoding on either cache, with
+rejections right after full acceptances; T > 0: the target's distribution (chi-square,
+with a wrong-q control); unsupported targets fall back to the dynamic path and say so.
+CPU, eager (the graph runner's CPU path)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from domino_graft.decoding import Engine, Sampling, rollout, warp
+from domino_graft.graft import build_head
+from domino_graft.recipe import load_recipe
+from domino_graft.registry import get_family
+from domino_graft.target import load_target
+from tests.conftest import REPO, randomize_head
+from domino_graft.adapters.base import DraftBlock
+from tests.decoding.test_sampling import ALPHA, chi_square_pvalue
+from tests.decoding.test_sampling import build as sampling_build
+
+FAMILIES = ["dflash", "medusa", "pard"]
+PROMPTS = [[3, 4, 5], [7, 11, 2, 9, 13, 17], [5], [20, 30, 40, 50, 60, 70, 80, 2, 3, 4, 5]]
+
+
+class Oracle:
+    """The real adapter, its base logits pushed on each slot either toward the target's known
+    continuation (probability `hit`) or toward a wrong token: full acceptances, partial ones,
+    and rejections right after full ones, whatever the random drafter would propose."""
+
+    def __init__(self, inner, reference: list[int], hit: float, seed: int, vocab: int, boost: float = 30.0):
+        self.inner, self.reference, self.hit, self.boost, self.vocab = inner, reference, hit, boost, vocab
+        self.rng = random.Random(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, anchor, position):
+        block = self.inner.propose(anchor, position)
+        base = block.base_logits.clone()
+        for j in range(base.shape[1]):
+            at = position + 1 + j
+            if at < len(self.reference):
+                right = self.reference[at]
+                tok = right if self.rng.random() < self.hit else (right + 1 + self.rng.randrange(5)) % (self.vocab - 1)
+                base[:, j, tok] += self.boost
+        return DraftBlock(block.hidden, base)
+
+
+def graft(family: str, arch: str, *, vocab: int | None = None, seed: int = 0):
+    overrides = [f"target.random.architecture={arch}", f"target.random.seed={seed}"]
+    if family == "medusa":
+        overrides.append("drafter.tree=null")  # chain verification (trees stay on the dynamic path)
+    recipe = load_recipe(REPO / "recipes" / f"tiny_{family}.yaml", overrides)
+    target = load_target(recipe.target)
+    adapter, head_tensors = get_family(family).build(recipe.drafter, target)
+    head = build_head(recipe, adapter, head_tensors)
+    randomize_head(head, seed + 1, 0.5)  # W2 != 0: the head changes drafts, most of them rejected
+    return target, adapter, head
+
+
+@pytest.fixture(scope="module", params=[(f, a) for f in FAMILIES for a in ("llama", "qwen3")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def grafted(request):
+    family, arch = request.param
+    return graft(family, arch)
+
+
+def test_greedy_static_equals_target_alone_and_dynamic(grafted):
+    target, adapter, head = grafted
+    assert adapter.topology == "chain"
+    static = Engine(target, adapter, head, kv="static")
+    dynamic = Engine(target, adapter, head)
+    assert static.kv_path == "static" and dynamic.kv_path == "dynamic"
+    full_then_reject = 0
+    for i, prompt in enumerate(PROMPTS):
+        n_new = 24
+        ref = static.target_only(prompt, max_new_tokens=n_new)
+        assert ref.kv_path == "static"
+        dyn_ref = dynamic.target_only(prompt, max_new_tokens=n_new)
+        assert dyn_ref.kv_path == "dynamic"
+        assert ref.tokens == dyn_ref.tokens, f"prompt {i}: static target-alone != dynamic target-alone"
+        # an oracle nudges random slots toward the target's continuation: full acceptances,
+        # partial ones and rejections right after them, all rolled back by a length
+        reference = list(prompt) + ref.tokens
+        for use_head in (True, False):
+            for hit in (0.0, 0.8, 1.0):
+                v = target.shape.vocab_size
+                static.adapter = Oracle(adapter, reference, hit, seed=31 * i + int(hit * 10), vocab=v)
+                dynamic.adapter = Oracle(adapter, reference, hit, seed=31 * i + int(hit * 10), vocab=v)
+                s = static.speculative(prompt, max_new_tokens=n_new, use_head=use_head)
+                d = dynamic.speculative(prompt, max_new_tokens=n_new, use_head=use_head)
+                assert s.kv_path == "static" and d.kv_path == "dynamic"
+                assert s.tokens == ref.tokens, f"prompt {i} hit {hit}: static speculative != target alone"
+                assert d.tokens == ref.tokens, f"prompt {i} hit {hit}: dynamic speculative != target alone"
+                assert s.accepted == d.accepted, f"prompt {i} hit {hit}: acceptance differs between caches"
+                k = adapter.num_slots
+                full_then_reject += sum(a == k and b < k for a, b in zip(s.accepted, s.accepted[1:]))
+        static.adapter = dynamic.adapter = adapter
+    assert full_then_reject > 0, "no rejection right after a full acceptance was exercised"
+
+
+def test_features_match_target_capture(grafted):
+    """The drafter observes the same features on either path (concatenation order, -1 = post-norm)."""
+    from domino_graft.decoding.common import StaticTarget
+
+    target, adapter, _ = grafted
+    capture = tuple(adapter.capture_layers()) or (0, -1)
+    st, why = StaticTarget.create(target)
+    assert st is not None, why
+    ids = torch.tensor([[3, 9, 4, 17, 5, 6, 8]])
+    with torch.inference_mode():
+        ref_logits, ref_feats = target(ids, capture=capture)
+        st.reset(32)
+        logits, feats = st.prefill(ids[:, :4], capture=capture, logits_to_keep=0)
+        l2, f2 = st.step(ids[:, 4:], 4, capture=capture)
+    torch.testing.assert_close(torch.cat([logits, l2], 1), ref_logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.cat([feats, f2], 1), ref_feats, atol=1e-4, rtol=0)
+    for order in (capture, tuple(reversed(capture)) + (-1,)):
+        with torch.inference_mode():
+            st.reset(8)
+            _, f = st.prefill(ids, capture=order, logits_to_keep=1)
+            _, r = target(ids, capture=order)
+        torch.testing.assert_close(f, r, atol=1e-4, rtol=0)
+
+
+def test_sampling_static_keeps_target_distribution():
+    """The joint law of the first two generated tokens on the static path (the prefill's
+    sample, then the first verify step's), against the exact target law; a wrong q fails."""
+    vocab, n_samples = 8, 600
+    warp_ = dict(temperature=0.1, top_k=5, top_p=0.95)
+    target, adapter, head = sampling_build(4, vocab=vocab, ppl=0, block_size=3)  # test_sampling's engine case
+    prompt = [2, 5, 3, 6]
+    with torch.inference_mode():
+        every = torch.cat([torch.tensor([prompt]).expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+        logits, _ = target(every)
+    joint = warp(logits[0, -2], **warp_)[:, None] * warp(logits[:, -1], **warp_)
+
+    def wrong_q(head_, block, anchor, embed, **kw):
+        drafts, _ = rollout(head_, block, anchor, embed, **kw)
+        return drafts, warp(block.base_logits, kw["temperature"], kw["top_k"], kw["top_p"])
+
+    sampling = Sampling(seed=0, **warp_)
+    pvalues = {}
+    for name in ("right", "wrong"):
+        engine = Engine(target, adapter, head, kv="static")
+        if name == "wrong":
+            engine.rollout = wrong_q
+        counts = torch.zeros(vocab * vocab, dtype=torch.long)
+        for i in range(n_samples):
+            res = engine.speculative(prompt, max_new_tokens=2, sampling=sampling, seed_offset=i)
+            assert res.kv_path == "static"
+            t0, t1 = res.tokens
+            counts[t0 * vocab + t1] += 1
+        pvalues[name] = chi_square_pvalue(counts, joint)
+    assert pvalues["right"][1] > ALPHA, pvalues
+    assert pvalues["wrong"][1] < ALPHA, pvalues
+
+
+def test_sampling_target_alone_static_same_draws_as_dynamic():
+    """Same seed, same settings: target-alone sampling draws the same tokens on either cache
+    (the logits agree to rounding; at these temperatures no draw sits on a boundary)."""
+    target, adapter, head = graft("dflash", "qwen3", seed=2)
+    s = Sampling(temperature=1.0, top_k=8, seed=5)
+    a = Engine(target, adapter, head, kv="static").target_only([3, 4, 5], max_new_tokens=16, sampling=s)
+    b = Engine(target, adapter, head).target_only([3, 4, 5], max_new_tokens=16, sampling=s)
+    assert a.kv_path == "static" and b.kv_path == "dynamic"
+    assert a.tokens == b.tokens
+
+
+def test_unsupported_target_falls_back_to_dynamic():
+    target, adapter, head = graft("dflash", "gemma3")
+    engine = Engine(target, adapter, head, kv="static")
+    assert engine.kv_path == "dynamic" and "gemma3" in (engine.kv_note or "")
+    ref = Engine(target, adapter, head).target_only([3, 4, 5], max_new_tokens=10)
+    alone = engine.target_only([3, 4, 5], max_new_tokens=10)
+    spec = engine.speculative([3, 4, 5], max_new_tokens=10)
+    assert alone.kv_path == spec.kv_path == "dynamic"
+    assert alone.tokens == spec.tokens == ref.tokens
+
+
+def test_tree_stays_dynamic():
+    recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml", ["drafter.tree=[[0],[1],[0,0],[0,1],[0,0,0]]"])
+    target = load_target(recipe.target)
+    adapter, tensors = get_family("medusa").build(recipe.drafter, target)
+    head = build_head(recipe, adapter, tensors)
+    assert adapter.topology == "tree"
+    engine = Engine(target, adapter, head, kv="static")
+    ref = engine.target_only([3, 4, 5], max_new_tokens=12)
+    res = engine.speculative([3, 4, 5], max_new_tokens=12)
+    assert ref.kv_path == "static" and res.kv_path == "dynamic"
+    assert res.tokens == ref.tokens
+
+
+def test_kv_choice_is_checked():
+    target, adapter, head = graft("dflash", "qwen3")
+    with pytest.raises(ValueError, match="kv"):
+        Engine(target, adapter, head, kv="paged")
+
+
+def test_longer_decode_grows_the_static_cache():
+    target, adapter, head = graft("dflash", "llama", seed=3)
+    engine = Engine(target, adapter, head, kv="static")
+    prompt = [random.Random(0).randrange(2, 90) for _ in range(250)]
+    res = engine.target_only(prompt, max_new_tokens=20)
+    assert res.kv_path == "static" and engine._static.lm.max_len >= 271
+    ref = Engine(target, adapter, head).target_only(prompt, max_new_tokens=20)
+    assert res.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("kv", ["static", "dynamic"])
+def test_bench_records_kv_path(tiny_run, tmp_path, kv, capsys):
+    import json
+
+    from tests.decoding.test_decoding import run_command
+
+    out = tmp_path / "bench.json"
+    rc = run_command("bench", [str(tiny_run), "--temperature", "0", "--max-new-tokens", "12", "--limit", "2",
+                               "--json", str(out), "--kv", kv])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["kv_path"] == rep["base_kv_path"] == rep["target_kv_path"] == kv
+    assert rep["kv"]["requested"] == kv and rep["kv"]["target"] == kv
+    assert rep["identical_to_target"] is True and rep["base"]["identical_to_target"] is True
+    capsys.readouterr()
+    assert run_command("generate", [str(tiny_run), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--kv", kv]) == 0
+    assert f"kv {kv}" in capsys.readouterr().err
