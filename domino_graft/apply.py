@@ -13,20 +13,21 @@ from .recipe import load_recipe
 def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
                  overrides: list[str] | None = None, echo=print, force: bool = False) -> tuple[GraftPlan, Optional[Path]]:
     """force: replace an existing run dir at `out` (never anything else, never a run in training)."""
+    from .rundir import check_run_destination, default_run_dir, write_run_dir
+
     recipe = load_recipe(recipe_path, overrides)
     plan = plan_graft(recipe, name=Path(recipe_path).stem)
+    out_dir = Path(out) if out else default_run_dir(recipe_path)
+    if not dry_run:
+        # before the plan and minutes of loading; an existing run is work, replaced only on request
+        replacing = check_run_destination(out_dir, force=force, option="-o" if out else "-o (default runs/<recipe>)")
     echo(plan.format())
     if dry_run:
         return plan, None
 
     from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
-    from .rundir import check_run_destination, default_run_dir, write_run_dir
     from .target import load_target
-
-    out_dir = Path(out) if out else default_run_dir(recipe_path)
-    # before minutes of loading; an existing run is work, replaced only on request
-    replacing = check_run_destination(out_dir, force=force, option="-o" if out else "-o (default runs/<recipe>)")
 
     device = pick_device(recipe.device)
     target = load_target(recipe.target, device=device)
