@@ -93,8 +93,3 @@ def get_family(name: str):
     if name not in found:
         raise FamilyError(f"drafter.family: {name!r} is not a registered drafter family; valid: {', '.join(found)}")
     return found[name]
-
-
-def refresh() -> None:
-    """Forget what was found (after installing a family package into a running process)."""
-    _families.cache_clear()

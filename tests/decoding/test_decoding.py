@@ -52,10 +52,13 @@ def build(seed: int, *, arch="qwen3", vocab=61, tie=False, layers=2, block_size=
 
 
 class Oracle:
-    """The real adapter, with base logits nudged toward the target's known continuation."""
+    """The real adapter, with base logits nudged toward the target's known continuation (with
+    probability `hit` per slot). With `vocab` given, a missed slot is pushed toward a wrong
+    token instead of left alone, so rejections happen whatever the random drafter proposes."""
 
-    def __init__(self, inner, reference: list[int], hit: float, seed: int, boost: float = 30.0):
-        self.inner, self.reference, self.hit, self.boost = inner, reference, hit, boost
+    def __init__(self, inner, reference: list[int], hit: float, seed: int, boost: float = 30.0,
+                 vocab: int | None = None):
+        self.inner, self.reference, self.hit, self.boost, self.vocab = inner, reference, hit, boost, vocab
         self.rng = random.Random(seed)
 
     def __getattr__(self, name):
@@ -66,8 +69,13 @@ class Oracle:
         base = block.base_logits.clone()
         for j in range(base.shape[1]):
             at = position + 1 + j
-            if at < len(self.reference) and self.rng.random() < self.hit:
-                base[:, j, self.reference[at]] += self.boost
+            if at >= len(self.reference):
+                continue
+            right = self.reference[at]
+            if self.rng.random() < self.hit:
+                base[:, j, right] += self.boost
+            elif self.vocab is not None:
+                base[:, j, (right + 1 + self.rng.randrange(5)) % (self.vocab - 1)] += self.boost
         return DraftBlock(block.hidden, base)
 
 

@@ -149,10 +149,12 @@ def test_one_step_matches_target_distribution(temperature, top_k, top_p, ppl, bl
 
 
 # ------------------------------------------------------------------ the engine, end to end
-def test_engine_sampling_matches_target_distribution():
+@pytest.mark.parametrize("kv", ["dynamic", "static"])
+def test_engine_sampling_matches_target_distribution(kv):
     """The real engine (prefill, rollout, verify, caches), one decode per sample: the
     joint law of the first two generated tokens (t0 from the prefill, t1 from the first
-    verify step, where slot 1 is Domino-corrected with pure_prefix_len = 0)."""
+    verify step, where slot 1 is Domino-corrected with pure_prefix_len = 0); on the HF
+    DynamicCache and on the fast engine's static cache (Engine(kv="static"))."""
     vocab, n_samples = 8, 600
     warp_ = dict(temperature=0.1, top_k=5, top_p=0.95)  # p must be warped exactly as target-only sampling
     target, adapter, head = build(4, vocab=vocab, ppl=0, block_size=3)
@@ -169,12 +171,14 @@ def test_engine_sampling_matches_target_distribution():
     sampling = Sampling(seed=0, **warp_)
     pvalues = {}
     for name in ("right", "wrong"):
-        engine = Engine(target, adapter, head)
+        engine = Engine(target, adapter, head, kv=kv)
         if name == "wrong":
             engine.rollout = wrong_q
         counts = torch.zeros(vocab * vocab, dtype=torch.long)
         for i in range(n_samples):
-            t0, t1 = engine.speculative(prompt, max_new_tokens=2, sampling=sampling, seed_offset=i).tokens
+            res = engine.speculative(prompt, max_new_tokens=2, sampling=sampling, seed_offset=i)
+            assert res.kv_path == kv
+            t0, t1 = res.tokens
             counts[t0 * vocab + t1] += 1
         pvalues[name] = chi_square_pvalue(counts, joint)
     assert pvalues["right"][1] > ALPHA, pvalues

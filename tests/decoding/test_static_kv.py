@@ -1,8 +1,8 @@
 """The opt-in static-cache path of the decoding engine (`Engine(kv="static")`): the fast
 target engine (domino_graft/fast) with its static KV cache, in target-alone and chain
 decoding. Greedy: token for token the same as target-alone decoding on either cache, with
-rejections right after full acceptances; T > 0: the target's distribution (chi-square,
-with a wrong-q control); unsupported targets fall back to the dynamic path and say so.
+rejections right after full acceptances (the chi-square test at T > 0 runs on both caches in
+test_sampling.py); unsupported targets fall back to the dynamic path and say so.
 CPU, eager (the graph runner's CPU path)."""
 
 from __future__ import annotations
@@ -12,42 +12,16 @@ import random
 import pytest
 import torch
 
-from domino_graft.decoding import Engine, Sampling, rollout, warp
+from domino_graft.decoding import Engine, Sampling
 from domino_graft.graft import build_head
 from domino_graft.recipe import load_recipe
 from domino_graft.registry import get_family
 from domino_graft.target import load_target
 from tests.conftest import REPO, randomize_head
-from domino_graft.adapters.base import DraftBlock
-from tests.decoding.test_sampling import ALPHA, chi_square_pvalue
-from tests.decoding.test_sampling import build as sampling_build
+from tests.decoding.test_decoding import Oracle  # vocab=...: misses pushed to a wrong token
 
 FAMILIES = ["dflash", "medusa", "pard"]
 PROMPTS = [[3, 4, 5], [7, 11, 2, 9, 13, 17], [5], [20, 30, 40, 50, 60, 70, 80, 2, 3, 4, 5]]
-
-
-class Oracle:
-    """The real adapter, its base logits pushed on each slot either toward the target's known
-    continuation (probability `hit`) or toward a wrong token: full acceptances, partial ones,
-    and rejections right after full ones, whatever the random drafter would propose."""
-
-    def __init__(self, inner, reference: list[int], hit: float, seed: int, vocab: int, boost: float = 30.0):
-        self.inner, self.reference, self.hit, self.boost, self.vocab = inner, reference, hit, boost, vocab
-        self.rng = random.Random(seed)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, anchor, position):
-        block = self.inner.propose(anchor, position)
-        base = block.base_logits.clone()
-        for j in range(base.shape[1]):
-            at = position + 1 + j
-            if at < len(self.reference):
-                right = self.reference[at]
-                tok = right if self.rng.random() < self.hit else (right + 1 + self.rng.randrange(5)) % (self.vocab - 1)
-                base[:, j, tok] += self.boost
-        return DraftBlock(block.hidden, base)
 
 
 def graft(family: str, arch: str, *, vocab: int | None = None, seed: int = 0):
@@ -125,39 +99,6 @@ def test_features_match_target_capture(grafted):
             _, f = st.prefill(ids, capture=order, logits_to_keep=1)
             _, r = target(ids, capture=order)
         torch.testing.assert_close(f, r, atol=1e-4, rtol=0)
-
-
-def test_sampling_static_keeps_target_distribution():
-    """The joint law of the first two generated tokens on the static path (the prefill's
-    sample, then the first verify step's), against the exact target law; a wrong q fails."""
-    vocab, n_samples = 8, 600
-    warp_ = dict(temperature=0.1, top_k=5, top_p=0.95)
-    target, adapter, head = sampling_build(4, vocab=vocab, ppl=0, block_size=3)  # test_sampling's engine case
-    prompt = [2, 5, 3, 6]
-    with torch.inference_mode():
-        every = torch.cat([torch.tensor([prompt]).expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
-        logits, _ = target(every)
-    joint = warp(logits[0, -2], **warp_)[:, None] * warp(logits[:, -1], **warp_)
-
-    def wrong_q(head_, block, anchor, embed, **kw):
-        drafts, _ = rollout(head_, block, anchor, embed, **kw)
-        return drafts, warp(block.base_logits, kw["temperature"], kw["top_k"], kw["top_p"])
-
-    sampling = Sampling(seed=0, **warp_)
-    pvalues = {}
-    for name in ("right", "wrong"):
-        engine = Engine(target, adapter, head, kv="static")
-        if name == "wrong":
-            engine.rollout = wrong_q
-        counts = torch.zeros(vocab * vocab, dtype=torch.long)
-        for i in range(n_samples):
-            res = engine.speculative(prompt, max_new_tokens=2, sampling=sampling, seed_offset=i)
-            assert res.kv_path == "static"
-            t0, t1 = res.tokens
-            counts[t0 * vocab + t1] += 1
-        pvalues[name] = chi_square_pvalue(counts, joint)
-    assert pvalues["right"][1] > ALPHA, pvalues
-    assert pvalues["wrong"][1] < ALPHA, pvalues
 
 
 def test_sampling_target_alone_static_same_draws_as_dynamic():
