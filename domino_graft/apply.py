@@ -25,6 +25,8 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
     if dry_run:
         return plan, None
 
+    # the plan took a fraction of a second; importing torch and loading the models take seconds
+    echo("loading torch, the target and the drafter …")
     from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
     from .target import load_target

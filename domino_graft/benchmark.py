@@ -9,7 +9,8 @@ Metrics (docs/design.md §5): tau = tokens per target forward after the prefill 
 averaged over all verify steps of all prompts); per-slot acceptance = accepted / reached
 per slot; tokens/s = generated tokens / wall time (prefill included, every mode);
 speedup = tokens/s over the baseline's tokens/s. Greedy runs also check that every
-speculative output equals the baseline token for token.
+speculative output equals the baseline token for token. The report's `timing_note` says when
+tokens/s and speedup are not results (a toy target, or a CPU, where speculation cannot win).
 """
 
 from __future__ import annotations
@@ -123,6 +124,55 @@ class Tally:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
 
+def _decode_prompt(runs, i, ids, item, count, target, sampling, tallies, identical, kv_paths, divergences,
+                   bar) -> dict:
+    """Prompt i decoded in every mode (interleaved: drift in machine load hits all alike) -> its row."""
+    row = {"source": item.get("source"), "prompt_tokens": len(ids)}
+    results = {}
+    for mode in MODES:
+        bar.set_postfix_str(f"prompt {i + 1}/{count} {mode}")
+        results[mode] = runs[mode](ids, i)
+        kv_paths[mode].add(results[mode].kv_path)
+        tallies[mode].add(results[mode])
+        bar.update(1)
+    for mode in ("base", "domino"):
+        identical[mode] &= results[mode].tokens == results["target"].tokens
+    row["new_tokens"] = {m: len(results[m].tokens) for m in MODES}
+    row["tau"] = {m: results[m].tau for m in ("base", "domino")}
+    if sampling.greedy:
+        row["identical_to_target"] = {m: results[m].tokens == results["target"].tokens for m in ("base", "domino")}
+        for m in ("base", "domino"):
+            if not row["identical_to_target"][m]:  # numerics or a bug? measure the target's top-2 gap there
+                div = first_divergence(target, ids, results["target"].tokens, results[m].tokens)
+                row.setdefault("divergence", {})[m] = div
+                divergences.append((m, div))
+    return row
+
+
+# Below this many target parameters a forward takes well under a millisecond: tokens/s then
+# measure Python overhead and the machine's mood (a random tiny target read 33-328 tokens/s
+# alone across runs of one bench), not decoding. SmolLM2-135M, the smallest real target, is 135 M.
+TOY_TARGET_PARAMETERS = 10_000_000
+
+
+def timing_note(target, device: str) -> Optional[str]:
+    """Why this bench's tokens/s and speedups are not results (None when they are)."""
+    why = []
+    params = sum(p.numel() for p in target.parameters())
+    if (target.identity or {}).get("kind") == "random" or params < TOY_TARGET_PARAMETERS:
+        kind = "a random toy model" if (target.identity or {}).get("kind") == "random" else "a toy-sized model"
+        why.append(f"the target is {kind} ({params:,} parameters): its forwards take well under a millisecond, so "
+                   "tokens/s measure overhead and vary several-fold between runs")
+    if not device.startswith("cuda"):
+        where = "a CPU" if device == "cpu" else f"{device} (not a CUDA GPU)"
+        why.append(f"on {where} speculation cannot make decoding faster: a verify forward is compute-bound, "
+                   "its cost growing with the K+1 tokens it checks")
+    if not why:
+        return None
+    return ("tokens/s and speedup are NOT meaningful here: " + "; ".join(why)
+            + ". tau, acceptance and identical_to_target are; speed results measured on a GPU: docs/results.md")
+
+
 def run_bench(
     loaded,
     prompts: list[dict],
@@ -132,10 +182,9 @@ def run_bench(
     rollout: str | dict = "torch",
     progress: bool = True,
     warmup: bool = True,
-    kv: str = "dynamic",
+    kv: str = "auto",
 ) -> dict:
-    from tqdm import tqdm
-
+    from .progress import Progress
     from .provenance import hardware, versions
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
@@ -150,37 +199,19 @@ def run_bench(
         "domino": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                                     use_head=True, seed_offset=i),
     }
-    if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
-        for mode in MODES:
-            runs[mode](encoded[0], -1)
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
     kv_paths: dict[str, set] = {m: set() for m in MODES}  # the target cache each mode's decodes ran on
     divergences: list = []
-    bar = tqdm(total=len(encoded) * len(MODES), desc="bench", unit="decode", disable=not progress, leave=False)
-    for i, ids in enumerate(encoded):
-        row = {"source": prompts[i].get("source"), "prompt_tokens": len(ids)}
-        results = {}
-        for mode in MODES:
-            bar.set_postfix_str(f"prompt {i + 1}/{len(encoded)} {mode}")
-            results[mode] = runs[mode](ids, i)
-            kv_paths[mode].add(results[mode].kv_path)
-            tallies[mode].add(results[mode])
-            bar.update(1)
-        for mode in ("base", "domino"):
-            identical[mode] &= results[mode].tokens == results["target"].tokens
-        row["new_tokens"] = {m: len(results[m].tokens) for m in MODES}
-        row["tau"] = {m: results[m].tau for m in ("base", "domino")}
-        if sampling.greedy:
-            row["identical_to_target"] = {m: results[m].tokens == results["target"].tokens for m in ("base", "domino")}
-            for m in ("base", "domino"):
-                if not row["identical_to_target"][m]:  # numerics or a bug? measure the target's top-2 gap there
-                    div = first_divergence(target, ids, results["target"].tokens, results[m].tokens)
-                    row.setdefault("divergence", {})[m] = div
-                    divergences.append((m, div))
-        per_prompt.append(row)
-    bar.close()
+    with Progress(total=len(encoded) * len(MODES), desc="bench", unit="decode", enabled=progress, leave=False) as bar:
+        if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
+            for mode in MODES:
+                bar.set_postfix_str(f"warm-up {mode}")
+                runs[mode](encoded[0], -1)
+        for i, ids in enumerate(encoded):
+            per_prompt.append(_decode_prompt(runs, i, ids, prompts[i], len(encoded), target, sampling, tallies,
+                                             identical, kv_paths, divergences, bar))
 
     base_tps = tallies["target"].tokens_per_s()
     kv_path = {m: "+".join(sorted(kv_paths[m])) or None for m in MODES}
@@ -189,6 +220,8 @@ def run_bench(
         tps = tallies[mode].tokens_per_s()
         return tps / base_tps if tps and base_tps else None
 
+    device = str(target.device)
+    timing = timing_note(target, device)
     notes = []
     if not sampling.greedy:
         notes.append(
@@ -219,10 +252,17 @@ def run_bench(
     return {
         "tau": tallies["domino"].tau(),
         "per_slot_acceptance": tallies["domino"].per_slot(),
+        # slot j's acceptance = accepted[j] / reached[j]: a 1.00 from 1 of 1 is not a result
+        "slot_reached": tallies["domino"].reached,
+        "slot_accepted": tallies["domino"].accepted,
+        "base_slot_reached": tallies["base"].reached,  # "base" keeps its fixed key set, as with kv_path
+        "base_slot_accepted": tallies["base"].accepted,
         "tokens_per_s": tallies["domino"].tokens_per_s(),
         "target_tokens_per_s": base_tps,
         "speedup": speedup("domino"),
         "identical_to_target": identical["domino"] if sampling.greedy else None,
+        "timing_note": timing,  # None: the timings are meaningful (a real target on a GPU)
+        "device": device,
         "base": {
             "tau": tallies["base"].tau(),
             "per_slot_acceptance": tallies["base"].per_slot(),
@@ -291,23 +331,45 @@ def _f(x, fmt: str) -> str:
 
 def format_report(rep: dict) -> str:
     mode = "greedy" if rep["temperature"] == 0 else f"temperature {rep['temperature']:g}"
+    timing = rep.get("timing_note")
+    star = "*" if timing else ""  # marks the columns the timing note disowns
     lines = [
         f"bench {rep['recipe']['name'] or ''}  {rep['num_prompts']} prompts, max {rep['max_new_tokens']} new tokens, "
-        f"{mode}, {rep['hardware'].get('device')}",
-        f"  {'':<16}{'tau':>7}{'tokens/s':>11}{'speedup':>9}{'identical':>11}",
+        f"{mode}, {rep.get('device') or rep['hardware'].get('device')}",
+        f"  {'':<16}{'tau':>7}{'tokens/s' + star:>11}{'speedup' + star:>9}{'identical':>11}",
         f"  {MODE_LABELS['target']:<16}{1.0:>7.2f}{_f(rep['target_tokens_per_s'], '.1f'):>11}{'1.00x':>9}{'-':>11}",
     ]
     for label, d in ((MODE_LABELS["base"], rep["base"]), (MODE_LABELS["domino"], rep)):
         ident = {True: "yes", False: "NO", None: "n/a"}[d["identical_to_target"]]
         sp = _f(d["speedup"], ".2f") + "x" if d["speedup"] is not None else "-"
         lines.append(f"  {label:<16}{_f(d['tau'], '.2f'):>7}{_f(d['tokens_per_s'], '.1f'):>11}{sp:>9}{ident:>11}")
-    k = len(rep["per_slot_acceptance"])
-    lines.append("  acceptance by slot " + "".join(f"{j:>6}" for j in range(1, k + 1)))
-    for label, d in (("base", rep["base"]), ("domino", rep)):
-        lines.append(f"  {label:<19}" + "".join(f"{_f(a, '.2f'):>6}" for a in d["per_slot_acceptance"]))
+    if timing:
+        import textwrap
+
+        lines += textwrap.wrap(timing, width=112, initial_indent="  * ", subsequent_indent="    ")
+    lines += format_acceptance(rep)
     for note in rep.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def format_acceptance(rep: dict) -> list[str]:
+    """One line per slot, each rate with the counts behind it: `0.61 (311/510)`. Slot j is the
+    j-th proposal after the anchor (docs/design.md §2), numbered as in the plan and in train."""
+    k = len(rep["per_slot_acceptance"])
+    cols = [(MODE_LABELS["base"], rep["base"]["per_slot_acceptance"], rep.get("base_slot_accepted"),
+             rep.get("base_slot_reached")),
+            (MODE_LABELS["domino"], rep["per_slot_acceptance"], rep.get("slot_accepted"), rep.get("slot_reached"))]
+
+    def cell(rates, accepted, reached, j) -> str:
+        rate = _f(rates[j], ".2f")
+        return f"{rate:>4} ({accepted[j]}/{reached[j]})" if accepted and reached else rate
+
+    lines = [f"  acceptance by slot (slot j = proposal j of {k} after the anchor; accepted / blocks that reached it)",
+             f"    {'slot':>4}   " + "".join(f"{label:<22}" for label, *_ in cols).rstrip()]
+    for j in range(k):
+        lines.append(f"    {j + 1:>4}   " + "".join(f"{cell(r, a, n, j):<22}" for _, r, a, n in cols).rstrip())
+    return lines
 
 
 def check_plot_available() -> None:

@@ -49,7 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def line_buffered_stdout() -> None:
+    """Into a file or a pipe stdout is block-buffered: a command's lines (the plan, "training
+    ...") would appear only at exit, after minutes, and out of order with stderr's progress
+    lines. Line buffering costs nothing at the rate commands print."""
+    from .progress import is_terminal
+
+    if not is_terminal(sys.stdout):
+        try:
+            sys.stdout.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError, OSError):  # a replaced stdout without reconfigure, or closed
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    line_buffered_stdout()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

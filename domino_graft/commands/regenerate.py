@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ..progress import loading
+
+    loading("regenerate", "the target")
     from ..training.regenerate import regenerate
     from .train import split_run_and_overrides
 

@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ..progress import loading
+
+    loading("replay")
     from ..checkpoint import atomic_write_json
     from ..device import pick_device
     from ..replay import check_responses, read_responses, replay

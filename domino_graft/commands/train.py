@@ -45,6 +45,9 @@ def split_run_and_overrides(items: list[str], name: str) -> tuple[str | None, li
 
 
 def run(args) -> int:
+    from ..progress import loading
+
+    loading("train")
     from ..training.loop import train
 
     run_dir, overrides = split_run_and_overrides(args.items, "RUN")

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import atomic_write_json, save_tensors
+from ..progress import Progress
 
 SHARD_SIZE = 256  # sequences per file: few files, and one shard's build is cheap to redo
 
@@ -80,29 +81,11 @@ def build_offline_cache(root: Path, key: str, examples, target, capture: tuple[i
     n = len(examples)
     num_shards = (n + SHARD_SIZE - 1) // SHARD_SIZE
     mine = [s for s in range(num_shards) if s % world == rank and not (folder / f"shard-{s:05d}.safetensors").is_file()]
-    dim, dtype = None, None
-    bar = None
-    if progress and rank == 0 and mine:
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(min(SHARD_SIZE, n - s * SHARD_SIZE) for s in mine), desc="caching features",
-                   unit="seq", dynamic_ncols=True)
-    for s in mine:
-        tensors = {}
-        ids = list(range(s * SHARD_SIZE, min(n, (s + 1) * SHARD_SIZE)))
-        for c in range(0, len(ids), batch_size):
-            chunk = ids[c : c + batch_size]
-            length = max(len(examples[i].input_ids) for i in chunk)
-            x = torch.zeros(len(chunk), length, dtype=torch.long)
-            for r, i in enumerate(chunk):
-                x[r, : len(examples[i].input_ids)] = torch.tensor(examples[i].input_ids)
-            feats = target_features(target, x, capture).cpu()
-            for r, i in enumerate(chunk):
-                tensors[str(i - s * SHARD_SIZE)] = feats[r, : len(examples[i].input_ids)].clone()
-            if bar:
-                bar.update(len(chunk))
-        save_tensors(folder / f"shard-{s:05d}.safetensors", tensors, {"format": "domino-graft features"})
-    if bar:
+    bar = Progress(total=sum(min(SHARD_SIZE, n - s * SHARD_SIZE) for s in mine), desc="caching features",
+                   unit="seq", enabled=progress and rank == 0 and bool(mine), dynamic_ncols=True)
+    try:
+        _write_shards(folder, mine, examples, target, capture, n, batch_size, bar)
+    finally:
         bar.close()
     barrier()
     if rank == 0 and not (folder / "index.json").is_file():
@@ -117,3 +100,21 @@ def build_offline_cache(root: Path, key: str, examples, target, capture: tuple[i
         })
     barrier()
     return folder
+
+
+def _write_shards(folder: Path, mine: list[int], examples, target, capture, n: int, batch_size: int, bar) -> None:
+    """This rank's missing shards, each one atomic file (what makes the build resumable)."""
+    for s in mine:
+        tensors = {}
+        ids = list(range(s * SHARD_SIZE, min(n, (s + 1) * SHARD_SIZE)))
+        for c in range(0, len(ids), batch_size):
+            chunk = ids[c : c + batch_size]
+            length = max(len(examples[i].input_ids) for i in chunk)
+            x = torch.zeros(len(chunk), length, dtype=torch.long)
+            for r, i in enumerate(chunk):
+                x[r, : len(examples[i].input_ids)] = torch.tensor(examples[i].input_ids)
+            feats = target_features(target, x, capture).cpu()
+            for r, i in enumerate(chunk):
+                tensors[str(i - s * SHARD_SIZE)] = feats[r, : len(examples[i].input_ids)].clone()
+            bar.update(len(chunk))
+        save_tensors(folder / f"shard-{s:05d}.safetensors", tensors, {"format": "domino-graft features"})

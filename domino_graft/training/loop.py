@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import read_json
+from ..progress import Progress
 from ..recipe import Recipe, apply_overrides, parse_recipe, recipe_to_dict
 from .data import StreamSampler, collate, fingerprint, load_examples
 from .distributed import DistInfo, init_distributed, set_grad_sync, shard, teardown
@@ -301,11 +302,8 @@ class TrainingRun:
         """Steps start..max_steps: each trains, logs and (every save_every, and at the end) checkpoints."""
         target, info = self.target, self.info
         writer = _tensorboard(self.run_dir) if info.main else None
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=self.cfg.max_steps, initial=self.start, desc="train", unit="step", dynamic_ncols=True)
+        bar = Progress(total=self.cfg.max_steps, initial=self.start, desc="train", unit="step", enabled=self.progress,
+                       dynamic_ncols=True)
         self.autocast = (torch.autocast("cuda", dtype=target.dtype) if info.device.startswith("cuda")
                          and target.dtype in (torch.bfloat16, torch.float16) else contextlib.nullcontext())
         try:
@@ -314,8 +312,7 @@ class TrainingRun:
                 self.log(rec, writer, bar)
                 self.maybe_checkpoint(step + 1, rec["lambda"])
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             if writer is not None:
                 writer.close()
 
@@ -456,10 +453,9 @@ class TrainingRun:
             if writer is not None:
                 for key in TENSORBOARD_KEYS:
                     writer.add_scalar(f"train/{key}", rec[key], rec["step"])
-        if bar is not None:
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", lam=f"{rec['lambda']:.2f}", tau_b=f"{rec['tau_base']:.2f}",
-                            tau_f=f"{rec['tau_final']:.2f}")
-            bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", lam=f"{rec['lambda']:.2f}", tau_b=f"{rec['tau_base']:.2f}",
+                        tau_f=f"{rec['tau_final']:.2f}")
+        bar.update(1)
 
     def maybe_checkpoint(self, done: int, lam: float) -> None:
         """A checkpoint after `done` steps, every save_every and at max_steps (collective)."""
@@ -548,7 +544,9 @@ def summarize(metrics_path: Path, *, tau_slots: int, last: int = 10) -> dict:
         return {}
     tail = recs[-last:]
     k = len(tail[-1]["count"])
-    out = {"steps_pooled": len(tail), "last_step": recs[-1]["step"]}
+    # num_slots: the K proposals decoding makes; training may score more block positions
+    # (a block drafter with a label shift trains all B = K + 1), so acc_* can be longer than K
+    out = {"steps_pooled": len(tail), "last_step": recs[-1]["step"], "num_slots": tau_slots}
     for key in ("acc_base", "acc_final"):
         accs = []
         for j in range(k):
@@ -566,11 +564,23 @@ def summarize(metrics_path: Path, *, tau_slots: int, last: int = 10) -> dict:
 def format_summary(s: dict) -> str:
     if not s:
         return "no metrics"
-    lines = [f"per-slot accuracy over the last {s['steps_pooled']} step(s) (step {s['last_step']}):",
+    trained = len(s["acc_base"])
+    k = min(s.get("num_slots") or trained, trained)
+    # Slots as `apply`'s plan and `bench` number them: slot j = the j-th of the K proposals after
+    # the anchor. A block drafter with a label shift trains all B positions of its block but
+    # proposes K = B - 1: printing the extra one as "slot 8" made train show 8 slots where the
+    # plan said 7 and bench showed 7.
+    lines = [f"per-slot accuracy over the last {s['steps_pooled']} step(s) (step {s['last_step']}; slot j = proposal "
+             f"j of {k} after the anchor):",
              "  slot   base    final"]
-    for j, (b, f) in enumerate(zip(s["acc_base"], s["acc_final"]), start=1):
-        fmt = lambda v: "   -  " if v is None else f"{v:6.3f}"  # noqa: E731
+    fmt = lambda v: "   -  " if v is None else f"{v:6.3f}"  # noqa: E731
+    for j, (b, f) in enumerate(zip(s["acc_base"][:k], s["acc_final"][:k]), start=1):
         lines.append(f"  {j:>4} {fmt(b)}  {fmt(f)}")
+    if trained > k:
+        which = "last position" if trained == k + 1 else f"last {trained - k} positions"
+        extra = ", ".join(f"{fmt(b).strip()} / {fmt(f).strip()}" for b, f in zip(s["acc_base"][k:], s["acc_final"][k:]))
+        lines.append(f"  (training also scores the block's {which}, which decoding never proposes: base / final "
+                     f"{extra}; not in τ)")
     lines.append(f"  τ est {s['tau_base']:6.3f}  {s['tau_final']:6.3f}   (1 + Σ_k Π_i<=k acc_i)")
     # On a SmolLM2 run this estimate read 3.11 at the end of training where greedy decoding on GSM8K
     # measured 2.35 (docs/results.md, History: the acceptance probe explains the gap)

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import with_path
+from ..progress import Progress
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -210,11 +211,7 @@ def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens:
     encoded = [(r, _prompt_ids(r, target, recipe.target.chat, max_new_tokens)) for r in todo]
     # Longest first: similar lengths share a batch (less padding), and an OOM shows up at once.
     encoded.sort(key=lambda x: -len(x[1]))
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(encoded), desc="regenerate", unit="prompt", dynamic_ncols=True)
+    bar = Progress(total=len(encoded), desc="regenerate", unit="prompt", enabled=progress, dynamic_ncols=True)
     write_to = out_path
     try:
         if replace:  # --force: a temp sibling, renamed over OUT only once complete
@@ -227,12 +224,11 @@ def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens:
     except OSError as e:
         raise with_path(e, out_path) from None
     finally:
+        bar.close()
         if write_to != out_path:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(write_to)
     written = len(encoded)
-    if bar:
-        bar.close()
     echo(f"wrote {written} responses to {out_path}")
     return {"written": written, "skipped": len(records) - len(todo)}
 
@@ -247,8 +243,7 @@ def _write_answers(path: Path, encoded, target, tok, batch_size, max_new_tokens,
                 f.write(json.dumps(_output(rec, new, reason, tok)) + "\n")
             f.flush()
             os.fsync(f.fileno())
-            if bar:
-                bar.update(len(chunk))
+            bar.update(len(chunk))
 
 
 def _output(rec: dict, new: list[int], reason: str, tok) -> dict:
