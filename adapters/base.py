@@ -116,6 +116,14 @@ class DrafterAdapter(nn.Module):
     def context_length(self) -> int:
         raise NotImplementedError
 
+    def static_drafter(self, max_len: int):
+        """This drafter on the fast engine, for decodes of at most `max_len` positions: an object
+        with ``prefill(features, n)``, ``propose(anchor, pos) -> DraftBlock`` and
+        ``observe_block(features_of_all_K+1_verified_tokens, pos)`` (context in preallocated
+        tensors, the propose replayed as a CUDA graph). None (the default): decoders use
+        observe/propose, eagerly."""
+        return None
+
     # ---- training
     def training_blocks(self, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                         anchors: torch.Tensor) -> TrainingBlocks:

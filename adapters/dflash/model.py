@@ -391,6 +391,21 @@ class DFlashAdapter(DrafterAdapter):
             raise RuntimeError("DFlash propose() before any observe(): the drafter needs verified context")
         return self._cache
 
+    def static_drafter(self, max_len: int):
+        """The static-cache, graphed drafter (fast.py), kept between decodes while it has room
+        (its captured graphs are reused) and the weights' device and dtype are unchanged."""
+        from .fast import StaticDFlashDrafter
+
+        w = self.backbone.fc.weight
+        cur = getattr(self, "_static_drafter", None)
+        if cur is None or cur.max_len < max_len or (cur.device, cur.dtype) != (w.device, w.dtype):
+            size = 256
+            while size < max_len:
+                size *= 2
+            cur = StaticDFlashDrafter(self, size)
+            object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
+        return cur
+
     def block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
         b = anchor.shape[0]
         ids = torch.full((b, self.cfg.block_size), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)

@@ -10,9 +10,11 @@ target's cache; the drafter has observed every position < pos):
     roll the target cache back to pos + 1 + n_acc; observe feat of x_0, d_1..d_{n_acc}
     emit d_1..d_{n_acc}, next; x_0 <- next
 
-The target's cache is the HF DynamicCache (rollback = crop), or with `Engine(kv="static")`
-on a supported target the fast engine's static cache (rollback = set its length; the
-T = K + 1 verify replays a CUDA graph on a GPU).
+The target's cache is the HF DynamicCache (rollback = crop), or on the fast engine
+(`Engine(kv="static")`, the default on a GPU for a supported target) its static cache
+(rollback = set its length; the T = K + 1 verify replays a CUDA graph on a GPU). There a
+drafter whose family offers `adapter.static_drafter` keeps its context in static
+tensors too and proposes through one CUDA graph per block; the others observe/propose eagerly.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     n = ids.shape[1]
     # the static cache (Engine(kv="static") on a supported target) or the HF DynamicCache
     static_target = getattr(engine, "static_target", None)  # duck-typed engines: dynamic
-    static = static_target(n + max_new_tokens + k + 1) if static_target is not None else None
+    length = n + max_new_tokens + k + 1
+    static = static_target(length) if static_target is not None else None
+    # the drafter's own fast path (static context, graphed propose) where its family has one
+    drafter = adapter.static_drafter(length) if static is not None else None
     if static is not None:
         def forward(seq, at):
             return static.step(seq, at, capture=capture)
@@ -69,12 +74,15 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                                logits_to_keep=1)
     forwards = 1
     keep(n)
-    adapter.observe(feats, positions(0, n, dev), ids=ids)
+    if drafter is not None:
+        drafter.prefill(feats, n)
+    else:
+        adapter.observe(feats, positions(0, n, dev), ids=ids)
     anchor = pick(logits[:, -1], sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
     while not done:
-        block = adapter.propose(anchor, pos)
+        block = (drafter or adapter).propose(anchor, pos)
         drafts, q = engine.rollout(
             engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, generator=gen, use_head=use_head,
@@ -99,9 +107,11 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
             break
         # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
         keep(pos + 1 + a)
-        # feats is None for a drafter that reads tokens only (capture_layers() == ())
-        adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
-                        ids=seq[:, : a + 1])
+        if drafter is not None:  # all K+1: the next block reads only those before its anchor
+            drafter.observe_block(feats, pos)
+        else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
+            adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
+                            ids=seq[:, : a + 1])
         anchor = nxt
         pos += a + 1
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,

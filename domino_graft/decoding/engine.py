@@ -4,8 +4,9 @@ Every path shares the same TargetModel forward, DynamicCache, dtype, stop handli
 token accounting (decoding/common.py), so a measured speedup is a speedup over an equally
 optimised baseline (docs/design.md §5), not over `model.generate`.
 
-`Engine(kv="static")` opts into the fast engine's static KV cache (decoding/common.py
-`StaticTarget`) for target-alone and chain decoding when the target's architecture is
+`Engine(kv="static")` (the default on a CUDA device: kv="auto") runs target-alone and chain
+decoding on the fast engine's static KV cache (decoding/common.py `StaticTarget`: own forward,
+torch.compile'd and CUDA-graphed on a GPU, eager on a CPU) when the target's architecture is
 supported; otherwise (and for trees) the dynamic path runs. `DecodeResult.kv_path` says which.
 
 Speculative decoding is chosen by the drafter's topology (`adapter.topology`):
@@ -40,11 +41,14 @@ class Engine:
     not implemented."""
 
     def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = (),
-                 kv: str = "dynamic"):
+                 kv: str = "auto"):
         """rollout: a name, or a choice {"name", "pool_size", "pool_select"} (decoding.rollout_choice).
-        kv: "dynamic" (the HF forward and DynamicCache) or "static" (the fast engine where the
-        target supports it, else dynamic; `kv_note` says why not)."""
+        kv: "dynamic" (the HF forward and DynamicCache), "static" (the fast engine where the
+        target supports it, else dynamic; `kv_note` says why not) or "auto" (static on a CUDA
+        device, dynamic elsewhere)."""
         self.kv = check_kv(kv)
+        if self.kv == "auto":
+            self.kv = "static" if torch.device(target.device).type == "cuda" else "dynamic"
         self._static: Optional[StaticTarget] = None
         self.kv_note: Optional[str] = None
         if self.kv == "static":

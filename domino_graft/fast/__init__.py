@@ -5,9 +5,9 @@ Imports torch only (no pydantic, no other domino_graft module), so GPU scripts c
 images without the project's full dependencies.
 """
 
-from .graphs import GraphRunner
+from .graphs import CapturedCall, GraphRunner
 from .llama import SUPPORTED_MODEL_TYPES, FastConfig, FastLM, UnsupportedModel, check_supported
 from .static_cache import StaticKVCache
 
-__all__ = ["FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES", "UnsupportedModel",
+__all__ = ["CapturedCall", "FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES", "UnsupportedModel",
            "check_supported"]

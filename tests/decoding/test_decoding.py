@@ -65,7 +65,14 @@ class Oracle:
         return getattr(self.inner, name)
 
     def propose(self, anchor, position):
-        block = self.inner.propose(anchor, position)
+        return self.nudge(self.inner.propose(anchor, position), position)
+
+    def static_drafter(self, max_len):
+        """The inner adapter's fast path, nudged the same way (so both caches see the same drafts)."""
+        fast = self.inner.static_drafter(max_len)
+        return None if fast is None else _Nudged(fast, self)
+
+    def nudge(self, block, position):
         base = block.base_logits.clone()
         for j in range(base.shape[1]):
             at = position + 1 + j
@@ -77,6 +84,19 @@ class Oracle:
             elif self.vocab is not None:
                 base[:, j, (right + 1 + self.rng.randrange(5)) % (self.vocab - 1)] += self.boost
         return DraftBlock(block.hidden, base)
+
+
+class _Nudged:
+    """A static drafter whose proposals an Oracle nudges."""
+
+    def __init__(self, fast, oracle):
+        self.fast, self.oracle = fast, oracle
+
+    def __getattr__(self, name):
+        return getattr(self.fast, name)
+
+    def propose(self, anchor, position):
+        return self.oracle.nudge(self.fast.propose(anchor, position), position)
 
 
 def chunk_ends(result) -> list[int]:

@@ -24,8 +24,8 @@ FAMILIES = ["dflash", "medusa", "pard"]
 PROMPTS = [[3, 4, 5], [7, 11, 2, 9, 13, 17], [5], [20, 30, 40, 50, 60, 70, 80, 2, 3, 4, 5]]
 
 
-def graft(family: str, arch: str, *, vocab: int | None = None, seed: int = 0):
-    overrides = [f"target.random.architecture={arch}", f"target.random.seed={seed}"]
+def graft(family: str, arch: str, *, vocab: int | None = None, seed: int = 0, extra: tuple[str, ...] = ()):
+    overrides = [f"target.random.architecture={arch}", f"target.random.seed={seed}", *extra]
     if family == "medusa":
         overrides.append("drafter.tree=null")  # chain verification (trees stay on the dynamic path)
     recipe = load_recipe(REPO / "recipes" / f"tiny_{family}.yaml", overrides)
@@ -169,3 +169,34 @@ def test_bench_records_kv_path(tiny_run, tmp_path, kv, capsys):
     capsys.readouterr()
     assert run_command("generate", [str(tiny_run), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--kv", kv]) == 0
     assert f"kv {kv}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_static_dflash_drafter_blocks_equal_dynamic_adapter(arch):
+    """DFlash's static drafter (context in fixed slots, all K+1 verified features written, the
+    rejected ones masked by the next anchor) proposes the blocks the dynamic adapter does, whose
+    context holds only the accepted tokens; across accept counts 0..K and kv buckets."""
+    from domino_graft.adapters.dflash.fast import KV_BLOCK
+
+    target, adapter, _ = graft("dflash", arch, seed=3)
+    k, f = adapter.num_slots, adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
+    g = torch.Generator().manual_seed(0)
+    n = KV_BLOCK - 9  # the blocks cross into the second attention bucket
+    fast = adapter.static_drafter(n + 12 * (k + 1) + 1)
+    prompt_feats = torch.randn(1, n, f, generator=g)
+    with torch.inference_mode():
+        adapter.reset(1)
+        adapter.observe(prompt_feats, torch.arange(n))
+        fast.prefill(prompt_feats, n)
+        pos, rng = n, random.Random(0)
+        for step in range(12):
+            anchor = torch.tensor([rng.randrange(target.shape.vocab_size)])
+            want, got = adapter.propose(anchor, pos), fast.propose(anchor, pos)
+            torch.testing.assert_close(got.hidden, want.hidden, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(got.base_logits, want.base_logits, atol=2e-5, rtol=1e-4)
+            a = [0, k, 1, k, k - 1, 0][step % 6]  # a full acceptance then a rejection, etc.
+            verified = torch.randn(1, k + 1, f, generator=g)
+            adapter.observe(verified[:, : a + 1], torch.arange(pos, pos + a + 1))
+            fast.observe_block(verified, pos)
+            pos += a + 1
+    assert pos > KV_BLOCK

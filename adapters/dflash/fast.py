@@ -1,0 +1,112 @@
+"""DFlash on the fast engine: the drafter's context K/V in preallocated tensors, and one CUDA graph
+per block for "write the verified context, propose the next block".
+
+The dynamic adapter (model.py) keeps its context as growing tensors (a torch.cat per block) and
+runs its modules eagerly: ~100 kernel launches per block, more than the target's whole verify
+when that replays as a graph. Here, as in the target's static cache (domino_graft/fast), every
+context position has a fixed slot: after a verify the K+1 features of ``x_0, d_1..d_K`` are all
+written at ``pos..pos+K`` (a fixed shape), and the next block, anchored at ``pos + 1 + a``, reads
+only the keys before its anchor, so the rejected drafts' entries are masked until they are
+overwritten. Nothing is cropped or copied on a rejection.
+
+The math is the backbone's own (``DFlashBackbone.context_kv`` / ``forward`` with an explicit
+mask), so blocks equal the dynamic adapter's up to floating-point reassociation (a test checks).
+On a CPU the same calls run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from domino_graft.fast import CapturedCall
+
+from ..base import DraftBlock
+
+KV_BLOCK = 256  # attention reads the first kv_len context slots, kv_len rounded up to this
+
+
+class StaticDFlashDrafter:
+    """``prefill(features, n)`` once per decode, then per block ``propose(anchor, pos)`` and, after
+    the verify, ``observe_block(features, pos)`` with the verify's features of all K+1 tokens."""
+
+    def __init__(self, adapter, max_len: int):
+        cfg = adapter.cfg
+        self.adapter, self.backbone = adapter, adapter.backbone
+        self.max_len = int(max_len)
+        self.block = cfg.block_size
+        w = self.backbone.fc.weight
+        self.device, self.dtype = w.device, w.dtype
+        shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
+        n = cfg.num_hidden_layers
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)]
+        self._slots = torch.arange(self.max_len, device=self.device)
+        self._pending: Optional[tuple[torch.Tensor, int]] = None  # (features [1, K+1, F], their first position)
+        self._calls: dict[tuple, CapturedCall] = {}
+        self.use_graphs = self.device.type == "cuda"
+
+    # ------------------------------------------------------------------ context
+    def _write(self, feats: torch.Tensor, start: torch.Tensor) -> None:
+        """Context K/V of feats [1, T, F] at positions start..start+T-1 (start: a [1] tensor)."""
+        pos = start + self._slots[: feats.shape[1]]
+        for kc, vc, (k, v) in zip(self.k, self.v, self.backbone.context_kv(feats, pos)):
+            kc.index_copy_(2, pos, k)
+            vc.index_copy_(2, pos, v)
+
+    def prefill(self, feats: torch.Tensor, n: int) -> None:
+        """The prompt's features [1, n, F] at positions 0..n-1 (eager: one shape per prompt)."""
+        if n > self.max_len:
+            raise ValueError(f"prompt of {n} positions > the drafter cache's {self.max_len}")
+        self._write(feats[:, :n], torch.zeros(1, dtype=torch.long, device=self.device))
+        self._pending = None
+
+    def observe_block(self, feats: torch.Tensor, pos: int) -> None:
+        """The verify's features [1, K+1, F] of x_0, d_1..d_K at pos..pos+K, written with the next
+        propose (inside its graph); only those before the next anchor are ever read."""
+        self._pending = (feats, int(pos))
+
+    # ------------------------------------------------------------------ propose
+    def _propose(self, anchor: torch.Tensor, pos: torch.Tensor, kv_len: int):
+        a = self.adapter
+        ids = a.block_ids(anchor)
+        block_pos = pos[:, None] + self._slots[: self.block]  # [1, Q]
+        key_pos = self._slots[:kv_len]
+        ctx_ok = (key_pos[None, :] < pos[:, None])[:, None, :].expand(1, self.block, kv_len)
+        allowed = torch.cat([ctx_ok, torch.ones(1, self.block, self.block, dtype=torch.bool, device=self.device)], -1)
+        kv = [(k[:, :, :kv_len], v[:, :, :kv_len]) for k, v in zip(self.k, self.v)]
+        hidden = self.backbone(a.embed(ids), block_pos, kv, key_pos, allowed=allowed)
+        slots = a.slot_hidden(hidden)
+        return slots, a.base_logits(slots)
+
+    def _call(self, key: tuple, fn) -> CapturedCall:
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = CapturedCall(fn, use_graphs=self.use_graphs)
+        return call
+
+    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+        """anchor [1] = x_0 at `position`; the pending verified context is written first."""
+        end = int(position) + self.block
+        if end > self.max_len:
+            raise ValueError(f"block at {position}..{end - 1} outside the drafter cache ({self.max_len})")
+        kv_len = min(self.max_len, -(-max(int(position), 1) // KV_BLOCK) * KV_BLOCK)
+        pos = torch.full((1,), int(position), dtype=torch.long, device=self.device)
+        if self._pending is None:
+            call = self._call(("propose", kv_len), lambda anc, p: self._propose(anc, p, kv_len))
+            slots, logits = call(anchor, pos)
+        else:
+            feats, start = self._pending
+            if start + feats.shape[1] > self.max_len:
+                raise ValueError(f"context at {start}..{start + feats.shape[1] - 1} outside the drafter cache")
+            at = torch.full((1,), start, dtype=torch.long, device=self.device)
+
+            def write_then_propose(f, s, anc, p, kv_len=kv_len):
+                self._write(f, s)
+                return self._propose(anc, p, kv_len)
+
+            call = self._call(("observe+propose", feats.shape[1], kv_len), write_then_propose)
+            slots, logits = call(feats, at, anchor, pos)
+            self._pending = None
+        return DraftBlock(hidden=slots, base_logits=logits)
