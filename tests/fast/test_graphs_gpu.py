@@ -16,7 +16,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _graft(seed: int = 0):
     from tests.decoding.test_static_kv import graft
 
-    target, adapter, head = graft("dflash", "qwen3", seed=seed, extra=("device=cuda",))
+    target, adapter, head = graft("dflash", "qwen3", seed=seed)
+    for module in (target.model, adapter, head):  # the device properties follow the weights
+        module.to("cuda")
     assert target.device.type == "cuda"
     return target, adapter, head
 
@@ -25,11 +27,11 @@ def test_graph_runner_replay_with_rollback_equals_eager():
     from domino_graft.fast import FastLM, GraphRunner
 
     target, _, _ = _graft()
-    lm = FastLM.from_hf(target.model, max_len=512)
+    lm = FastLM.from_hf(target.model, max_len=1024)
     graphed, eager = GraphRunner(lm, capture=(0, -1)), GraphRunner(lm, capture=(0, -1), use_graphs=False)
-    ids = torch.randint(0, target.shape.vocab_size, (1, 300), device="cuda")
+    ids = torch.randint(0, target.shape.vocab_size, (1, 700), device="cuda")
     rng = random.Random(0)
-    pos, k = 20, 7
+    pos, k = 230, 7  # 40 blocks from here cross the 256 attention bucket
     lm.forward(ids[:, :pos], 0, use_compiled=False)
     accepts = [k, 0, k, k, 2, k, 0]  # rejections right after full acceptances
     for step in range(40):
