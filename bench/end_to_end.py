@@ -225,6 +225,8 @@ def main() -> int:
     p.add_argument("--merge-into", type=Path, default=None, help="add the result as `end_to_end` to this report")
     args = p.parse_args()
     if args.merge_into is not None:
+        if args.out is None:
+            p.error("--merge-into needs --out: the end-to-end result to merge")
         report = json.loads(args.merge_into.read_text())
         report["end_to_end"] = json.loads(args.out.read_text())
         args.merge_into.write_text(json.dumps(report, indent=2) + "\n")

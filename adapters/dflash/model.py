@@ -394,15 +394,14 @@ class DFlashAdapter(DrafterAdapter):
     def static_drafter(self, max_len: int):
         """The static-cache, graphed drafter (fast.py), kept between decodes while it has room
         (its captured graphs are reused) and the weights' device and dtype are unchanged."""
+        from domino_graft.fast import round_up_pow2
+
         from .fast import StaticDFlashDrafter
 
         w = self.backbone.fc.weight
         cur = getattr(self, "_static_drafter", None)
         if cur is None or cur.max_len < max_len or (cur.device, cur.dtype) != (w.device, w.dtype):
-            size = 256
-            while size < max_len:
-                size *= 2
-            cur = StaticDFlashDrafter(self, size)
+            cur = StaticDFlashDrafter(self, round_up_pow2(max_len))
             object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
         return cur
 

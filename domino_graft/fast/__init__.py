@@ -5,9 +5,9 @@ Imports torch only (no pydantic, no other domino_graft module), so GPU scripts c
 images without the project's full dependencies.
 """
 
-from .graphs import CapturedCall, GraphRunner
+from .graphs import CapturedCall, GraphRunner, capture_graph, round_up_pow2
 from .llama import SUPPORTED_MODEL_TYPES, FastConfig, FastLM, UnsupportedModel, check_supported
 from .static_cache import StaticKVCache
 
-__all__ = ["CapturedCall", "FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES", "UnsupportedModel",
-           "check_supported"]
+__all__ = ["CapturedCall", "FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES",
+           "UnsupportedModel", "capture_graph", "check_supported", "round_up_pow2"]

@@ -24,6 +24,30 @@ import torch
 from .llama import FastLM, Pos
 
 
+def round_up_pow2(length: int, start: int = 256) -> int:
+    """The static size for `length` positions: powers of two from `start`, so that a slightly
+    longer decode reuses the buffers (and the graphs captured over them)."""
+    size = start
+    while size < length:
+        size *= 2
+    return size
+
+
+def capture_graph(fn, warmup: int):
+    """(graph, outputs) of `fn()` captured as a CUDA graph, after `warmup` eager runs on a side
+    stream (cuBLAS workspaces, torch.compile); `fn` must read only static buffers."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
 class _Captured:
     def __init__(self, graph, ids, pos, logits, hidden):
         self.graph, self.ids, self.pos, self.logits, self.hidden = graph, ids, pos, logits, hidden
@@ -91,15 +115,8 @@ class GraphRunner:
         # Warm-up runs (cuBLAS workspaces, torch.compile) compute exactly the step about to be
         # replayed, from the same buffers: their K/V writes and length update are idempotent.
         host_mirror = None if lm.cache.host_lengths is None else list(lm.cache.host_lengths)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(max(1, self.warmup)):
-                lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits, hidden = lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep)
+        graph, (logits, hidden) = capture_graph(
+            lambda: lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep), self.warmup)
         lm.cache.host_lengths = host_mirror
         g.graph, g.logits, g.hidden = graph, logits, hidden
         self.captures += 1
@@ -129,15 +146,7 @@ class CapturedCall:
             return self.fn(*args)
         if self.graph is None:
             self.inputs = tuple(a.clone() for a in args)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(max(1, self.warmup)):
-                    self.fn(*self.inputs)
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.outputs = self.fn(*self.inputs)
+            self.graph, self.outputs = capture_graph(lambda: self.fn(*self.inputs), self.warmup)
         else:
             for buf, a in zip(self.inputs, args):
                 buf.copy_(a, non_blocking=True)
