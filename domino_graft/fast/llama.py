@@ -12,7 +12,13 @@ to HF's to ~1e-6. What differs is the machinery:
 * attention reads only the first ``kv_len`` cache positions (a static bucket chosen by the
   caller) under an explicit mask: query i of row b sees key positions ``<= pos[b] + i``;
 * GQA without materialising repeated K/V: the ``n_heads / n_kv_heads`` query heads of one KV
-  head are folded into the query-length axis of one ``scaled_dot_product_attention`` call.
+  head are folded into the query-length axis of one ``scaled_dot_product_attention`` call;
+* q/k/v and gate/up run as one matmul each over a fused weight. The HF modules' parameters
+  are rebound to views of the fused tensor (``fuse_linears``), so there is still one copy of
+  every weight: at batch 1 a step is a chain of small kernels, and two fewer per sub-block
+  is measured time (docs/design.md §5);
+* ``compile(scope="model")`` compiles the whole forward as one graph, so inductor fuses
+  across layer boundaries (the residual add into the next norm).
 
 Layer ids follow the project's convention: 0-based decoder-layer outputs, -1 = the final
 post-norm state.
@@ -62,8 +68,7 @@ class FastConfig:
 
 
 # weights of one decoder layer, in this order (None where the architecture has none)
-LAYER_FIELDS = ("in_norm", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "q_norm", "k_norm",
-                "post_norm", "wg", "bg", "wu", "bu", "wd", "bd")
+LAYER_FIELDS = ("in_norm", "wqkv", "bqkv", "wo", "bo", "q_norm", "k_norm", "post_norm", "wgu", "bgu", "wd", "bd")
 
 
 # --------------------------------------------------------------------------- the math
@@ -104,12 +109,14 @@ def prologue(q_pos, key_pos, inv_freq, scaling: float, dtype: torch.dtype, group
 def decoder_layer(x, cos, sin, mask, rows, idx, kc, vc, w, num_heads: int, num_kv_heads: int, head_dim: int,
                   eps: float, kv_len: int):
     """One pre-norm decoder layer; writes this step's K/V into kc/vc at idx ``[B, T]``."""
-    (in_norm, wq, bq, wk, bk, wv, bv, wo, bo, q_norm, k_norm, post_norm, wg, bg, wu, bu, wd, bd) = w
+    (in_norm, wqkv, bqkv, wo, bo, q_norm, k_norm, post_norm, wgu, bgu, wd, bd) = w
     b, t, _ = x.shape
     h = rms_norm(x, in_norm, eps)
-    q = F.linear(h, wq, bq).view(b, t, num_heads, head_dim)
-    k = F.linear(h, wk, bk).view(b, t, num_kv_heads, head_dim)
-    v = F.linear(h, wv, bv).view(b, t, num_kv_heads, head_dim)
+    nq, nkv = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = F.linear(h, wqkv, bqkv).split((nq, nkv, nkv), dim=-1)
+    q = q.reshape(b, t, num_heads, head_dim)
+    k = k.reshape(b, t, num_kv_heads, head_dim)
+    v = v.reshape(b, t, num_kv_heads, head_dim)
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
@@ -127,12 +134,71 @@ def decoder_layer(x, cos, sin, mask, rows, idx, kc, vc, w, num_heads: int, num_k
     o = o.reshape(b, num_heads, t, head_dim).transpose(1, 2).reshape(b, t, num_heads * head_dim)
     x = x + F.linear(o, wo, bo)
     h = rms_norm(x, post_norm, eps)
-    return x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+    gate, up = F.linear(h, wgu, bgu).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, wd, bd)
 
 
 def epilogue(x, norm_w, lm_w, eps: float, keep: int):
     h = rms_norm(x, norm_w, eps)
     return h, F.linear(h[:, -keep:] if keep else h, lm_w)
+
+
+def run_model(ids, q_pos, key_pos, rows, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
+              dtype: torch.dtype, capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+              kv_len: int, keep: int, pro: Callable = prologue, layer_fn: Callable = decoder_layer,
+              epi: Callable = epilogue):
+    """The whole forward: (logits, [hidden of each captured layer id, in ascending order, -1 last]).
+    ``compile(scope="model")`` compiles this function as one graph; scope "layer" passes
+    compiled pieces as pro / layer_fn / epi."""
+    cos, sin, mask = pro(q_pos, key_pos, inv_freq, scaling, dtype, num_heads // num_kv_heads)
+    x = F.embedding(ids, embed)
+    hidden = []
+    for i, w in enumerate(layers):
+        x = layer_fn(x, cos, sin, mask, rows, q_pos, kcs[i], vcs[i], w, num_heads, num_kv_heads, head_dim, eps,
+                     kv_len)
+        if i in capture:
+            hidden.append(x)
+    h, logits = epi(x, norm_w, lm_w, eps, keep)
+    if -1 in capture:
+        hidden.append(h)
+    return logits, hidden
+
+
+# --------------------------------------------------------------------------- fused weights
+def _adjacent(ts: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
+    """One tensor over `ts` when they already lie back to back in one storage (a fused
+    weight made earlier), else None."""
+    first = ts[0]
+    for a, b in zip(ts, ts[1:]):
+        if not (a.is_contiguous() and b.is_contiguous() and a.dtype == b.dtype and a.device == b.device
+                and a.shape[1:] == b.shape[1:]
+                and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()):
+            return None
+    rows = sum(t.shape[0] for t in ts)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+
+
+def fuse_linears(mods: Sequence[torch.nn.Module], attr: str) -> Optional[torch.Tensor]:
+    """The `attr` ("weight" / "bias") tensors of `mods` as one tensor concatenated along dim 0,
+    with each module's parameter rebound to its slice of it: one copy of the weights, which
+    the HF modules and the fast forward both read. None when no module has the attribute."""
+    ts = [getattr(m, attr, None) for m in mods]
+    if all(t is None for t in ts):
+        return None
+    if any(t is None for t in ts):
+        raise UnsupportedModel(f"fast engine: some projections of one block have a {attr} and some do not")
+    with torch.no_grad():
+        fused = _adjacent(ts)
+        if fused is not None:
+            return fused
+        fused = torch.cat([t.detach() for t in ts], dim=0)
+        start = 0
+        for m, t in zip(mods, ts):
+            n = t.shape[0]
+            setattr(m, attr, torch.nn.Parameter(fused[start:start + n], requires_grad=t.requires_grad))
+            start += n
+    return fused
 
 
 # ------------------------------------------------------------------------- config reading
@@ -196,10 +262,8 @@ class FastLM:
         self.max_len, self.max_batch = cache.max_len, cache.max_batch
         self._arange = torch.arange(self.max_len, device=self.device)
         self._rows = torch.arange(self.max_batch, device=self.device)[:, None]
-        self._layer_fn: Callable = decoder_layer
-        self._prologue_fn: Callable = prologue
-        self._epilogue_fn: Callable = epilogue
-        self.compiled = False
+        self._model_fn: Callable = run_model
+        self.compiled: Optional[str] = None  # the compile scope, once compiled
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -227,13 +291,12 @@ class FastLM:
             qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
             if (qn is None) != (fc.model_type != "qwen3"):
                 raise UnsupportedModel(f"fast engine: {fc.model_type} layer with unexpected q/k norms")
+            qkv, gate_up = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
             layers.append((
-                layer.input_layernorm.weight,
-                a.q_proj.weight, _bias(a.q_proj), a.k_proj.weight, _bias(a.k_proj),
-                a.v_proj.weight, _bias(a.v_proj), a.o_proj.weight, _bias(a.o_proj),
-                _weight(qn), _weight(kn), layer.post_attention_layernorm.weight,
-                m.gate_proj.weight, _bias(m.gate_proj), m.up_proj.weight, _bias(m.up_proj),
-                m.down_proj.weight, _bias(m.down_proj),
+                layer.input_layernorm.weight, fuse_linears(qkv, "weight"), fuse_linears(qkv, "bias"),
+                a.o_proj.weight, _bias(a.o_proj), _weight(qn), _weight(kn), layer.post_attention_layernorm.weight,
+                fuse_linears(gate_up, "weight"), fuse_linears(gate_up, "bias"), m.down_proj.weight,
+                _bias(m.down_proj),
             ))
         embed = inner.embed_tokens.weight
         cache = StaticKVCache(fc.num_layers, max_batch, kv_heads, max_len, head_dim, dtype=embed.dtype,
@@ -242,19 +305,26 @@ class FastLM:
                    lm_head=model.get_output_embeddings().weight, inv_freq=rotary.inv_freq,
                    rope_scaling=getattr(rotary, "attention_scaling", 1.0), cache=cache)
 
-    def compile(self, **kwargs) -> "FastLM":
-        """torch.compile the per-layer math (one compiled function serves every layer: the
-        weights are arguments) plus the prologue and epilogue. Positions are tensors, so
-        nothing recompiles per position; each (B, T, kv_len) shape compiles once."""
+    def compile(self, scope: str = "model", **kwargs) -> "FastLM":
+        """torch.compile the forward. scope "model": the whole forward as one graph (inductor
+        fuses across layers; the default); "layer": one compiled function serves every layer
+        (the weights are arguments) plus the prologue and epilogue, which compiles faster.
+        Positions are tensors, so nothing recompiles per position; each (B, T, kv_len, capture)
+        shape compiles once."""
         import torch._dynamo
 
+        if scope not in ("model", "layer"):
+            raise ValueError(f"compile scope {scope!r}; valid: model, layer")
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         opts = dict(fullgraph=True, dynamic=False)
         opts.update(kwargs)
-        self._layer_fn = torch.compile(decoder_layer, **opts)
-        self._prologue_fn = torch.compile(prologue, **opts)
-        self._epilogue_fn = torch.compile(epilogue, **opts)
-        self.compiled = True
+        if scope == "model":
+            self._model_fn = torch.compile(run_model, **opts)
+        else:
+            pieces = dict(pro=torch.compile(prologue, **opts), layer_fn=torch.compile(decoder_layer, **opts),
+                          epi=torch.compile(epilogue, **opts))
+            self._model_fn = lambda *args, **kw: run_model(*args, **kw, **pieces)
+        self.compiled = scope
         return self
 
     @property
@@ -324,26 +394,16 @@ class FastLM:
         kv_len = self.max_len if kv_len is None else min(int(kv_len), self.max_len)
         p = self.pos_tensor(pos, b)
         q_pos = p[:, None] + self._arange[:t]  # [B, T]
-        pro, layer_fn, epi = ((self._prologue_fn, self._layer_fn, self._epilogue_fn) if use_compiled
-                              else (prologue, decoder_layer, epilogue))
-        cos, sin, mask = pro(q_pos, self._arange[:kv_len], self.inv_freq, self.rope_scaling,
-                                           self.dtype, self.cfg.group)
-        rows = self._rows[:b]
-        full = b == self.max_batch
-        x = F.embedding(ids, self.embed)
-        hidden = {}
+        kcs, vcs = self.cache.k, self.cache.v
+        if b != self.max_batch:
+            kcs, vcs = [k[:b] for k in kcs], [v[:b] for v in vcs]
         c = self.cfg
-        for i, w in enumerate(self.layers):
-            kc, vc = self.cache.k[i], self.cache.v[i]
-            if not full:
-                kc, vc = kc[:b], vc[:b]
-            x = layer_fn(x, cos, sin, mask, rows, q_pos, kc, vc, w, c.num_heads, c.num_kv_heads,
-                               c.head_dim, c.rms_norm_eps, kv_len)
-            if i in capture:
-                hidden[i] = x
-        h, logits = epi(x, self.norm, self.lm_head, c.rms_norm_eps, int(logits_to_keep))
-        if -1 in capture:
-            hidden[-1] = h
+        fn = self._model_fn if use_compiled else run_model
+        logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,
+                        self.norm, self.lm_head, self.inv_freq, self.rope_scaling, self.dtype,
+                        capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep))
+        order = [i for i in range(c.num_layers) if i in capture] + ([-1] if -1 in capture else [])
+        hidden = dict(zip(order, hs))
         if update_lengths:
             self.cache.lengths[:b].copy_(p + t)
             if host is not None and self.cache.host_lengths is not None:

@@ -90,10 +90,26 @@ def test_logits_and_hidden_states_equal_hf(model):
 def test_weights_are_shared_not_copied(model):
     fl = FastLM.from_hf(model, 1, 16)
     layer = model.model.layers[0]
-    assert fl.layers[0][1].data_ptr() == layer.self_attn.q_proj.weight.data_ptr()
+    a, m = layer.self_attn, layer.mlp
+    # q/k/v and gate/up: the HF parameters became slices of the fast path's fused weights
+    wqkv, wgu = fl.layers[0][1], fl.layers[0][8]
+    for fused, parts in ((wqkv, (a.q_proj, a.k_proj, a.v_proj)), (wgu, (m.gate_proj, m.up_proj))):
+        start = fused.data_ptr()
+        for mod in parts:
+            assert mod.weight.data_ptr() == start and isinstance(mod.weight, torch.nn.Parameter)
+            start += mod.weight.numel() * mod.weight.element_size()
+        assert start == fused.data_ptr() + fused.numel() * fused.element_size()
     assert fl.embed.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert fl.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
     assert fl.cfg.tie_word_embeddings == (model.lm_head.weight is model.model.embed_tokens.weight)
+    # a second engine over the same model reuses the fused tensors (no new copy)
+    again = FastLM.from_hf(model, 1, 16)
+    assert again.layers[0][1].data_ptr() == wqkv.data_ptr() and again.layers[0][8].data_ptr() == wgu.data_ptr()
+    # an in-place change through the HF module is what the fast path reads
+    ids = ids_of(1, 5)
+    with torch.no_grad():
+        a.k_proj.weight.mul_(1.5)
+    close(fl(ids, 0)[0], hf_logits(model, ids))
 
 
 @pytest.mark.parametrize("through_runner", [False, True])
@@ -212,3 +228,22 @@ def test_positions_outside_the_cache_are_refused():
         fl(ids_of(1, 4), 14)
     with pytest.raises(ValueError, match="outside the cache"):
         GraphRunner(fl)(ids_of(1, 1), 16)
+
+
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_compiled_forward_equals_eager(scope):
+    """torch.compile of the whole forward (the CUDA default) and of its per-layer pieces gives
+    the eager math's logits, hidden states and cache writes (inductor on the CPU here)."""
+    model = build("qwen2_bias")
+    eager, comp = FastLM.from_hf(model, 1, 32), FastLM.from_hf(model, 1, 32).compile(scope)
+    assert comp.compiled == scope
+    ids = ids_of(1, 7)
+    for lm in (eager, comp):
+        lm.forward(ids[:, :5], 0, use_compiled=False)
+    a, ha = eager(ids[:, 5:], 5, capture=(1, -1))
+    b, hb = comp(ids[:, 5:], 5, capture=(1, -1))
+    close(a, b, 1e-5)
+    for lid in (1, -1):
+        close(ha[lid], hb[lid], 1e-5)
+    close(eager.cache.k[2][:, :, :7], comp.cache.k[2][:, :, :7], 1e-5)
+    assert comp.cache.host_lengths[0] == 7
