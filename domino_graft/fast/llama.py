@@ -17,8 +17,8 @@ to HF's to ~1e-6. What differs is the machinery:
   are rebound to views of the fused tensor (``fuse_linears``), so there is still one copy of
   every weight: at batch 1 a step is a chain of small kernels, and two fewer per sub-block
   is measured time (docs/design.md §5);
-* ``compile(scope="model")`` compiles the whole forward as one graph, so inductor fuses
-  across layer boundaries (the residual add into the next norm).
+* ``compile()`` compiles the per-layer math once for every layer (or, ``scope="model"``, the
+  whole forward as one graph).
 
 Layer ids follow the project's convention: 0-based decoder-layer outputs, -1 = the final
 post-norm state.
@@ -101,9 +101,15 @@ def attention_mask(q_pos: torch.Tensor, key_pos: torch.Tensor, group: int) -> to
     return allowed[:, None].expand(b, group, t, key_pos.shape[0]).reshape(b, 1, group * t, key_pos.shape[0])
 
 
-def prologue(q_pos, key_pos, inv_freq, scaling: float, dtype: torch.dtype, group: int):
+def prologue(q_pos, key_pos, inv_freq, scaling: float, dtype: torch.dtype, group: int, float_mask: bool = False):
+    """RoPE cos/sin and the attention mask, once per forward (every layer reads them). float_mask:
+    an additive 0 / -inf mask in the compute dtype instead of a boolean one (attention kernels
+    that take only a bias would otherwise convert it in every layer)."""
     cos, sin = rope_cos_sin(q_pos, inv_freq, scaling, dtype)
-    return cos, sin, attention_mask(q_pos, key_pos, group)
+    mask = attention_mask(q_pos, key_pos, group)
+    if float_mask:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    return cos, sin, mask
 
 
 def decoder_layer(x, cos, sin, mask, rows, idx, kc, vc, w, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -145,12 +151,12 @@ def epilogue(x, norm_w, lm_w, eps: float, keep: int):
 
 def run_model(ids, q_pos, key_pos, rows, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
               dtype: torch.dtype, capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
-              kv_len: int, keep: int, pro: Callable = prologue, layer_fn: Callable = decoder_layer,
-              epi: Callable = epilogue):
+              kv_len: int, keep: int, float_mask: bool = False, pro: Callable = prologue,
+              layer_fn: Callable = decoder_layer, epi: Callable = epilogue):
     """The whole forward: (logits, [hidden of each captured layer id, in ascending order, -1 last]).
     ``compile(scope="model")`` compiles this function as one graph; scope "layer" passes
     compiled pieces as pro / layer_fn / epi."""
-    cos, sin, mask = pro(q_pos, key_pos, inv_freq, scaling, dtype, num_heads // num_kv_heads)
+    cos, sin, mask = pro(q_pos, key_pos, inv_freq, scaling, dtype, num_heads // num_kv_heads, float_mask)
     x = F.embedding(ids, embed)
     hidden = []
     for i, w in enumerate(layers):
@@ -264,6 +270,7 @@ class FastLM:
         self._rows = torch.arange(self.max_batch, device=self.device)[:, None]
         self._model_fn: Callable = run_model
         self.compiled: Optional[str] = None  # the compile scope, once compiled
+        self.float_mask = False  # additive attention mask (prologue); set before the first forward
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -305,10 +312,12 @@ class FastLM:
                    lm_head=model.get_output_embeddings().weight, inv_freq=rotary.inv_freq,
                    rope_scaling=getattr(rotary, "attention_scaling", 1.0), cache=cache)
 
-    def compile(self, scope: str = "model", **kwargs) -> "FastLM":
-        """torch.compile the forward. scope "model": the whole forward as one graph (inductor
-        fuses across layers; the default); "layer": one compiled function serves every layer
-        (the weights are arguments) plus the prologue and epilogue, which compiles faster.
+    def compile(self, scope: str = "layer", **kwargs) -> "FastLM":
+        """torch.compile the forward. scope "layer" (the default): one compiled function serves
+        every layer (the weights are arguments) plus the prologue and epilogue; "model": the
+        whole forward as one graph, so inductor may fuse across layers. On an H200 at Qwen3-8B
+        shapes "model" took 10x the compile time for a 2% faster step and a 10% slower verify
+        (bench/results/engine_h200.json, own_compiled vs own_compiled_layer).
         Positions are tensors, so nothing recompiles per position; each (B, T, kv_len, capture)
         shape compiles once."""
         import torch._dynamo
@@ -401,7 +410,8 @@ class FastLM:
         fn = self._model_fn if use_compiled else run_model
         logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,
                         self.norm, self.lm_head, self.inv_freq, self.rope_scaling, self.dtype,
-                        capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep))
+                        capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep),
+                        self.float_mask)
         order = [i for i in range(c.num_layers) if i in capture] + ([-1] if -1 in capture else [])
         hidden = dict(zip(order, hs))
         if update_lengths:
