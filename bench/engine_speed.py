@@ -50,6 +50,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo
 import transformers
 
 from domino_graft.fast import FastLM, GraphRunner
@@ -60,15 +61,14 @@ ROWS = {
     "qwen3_8b": "recipes/configs/qwen3-8b.json",
 }
 # own-engine variants: eager math in a graph; the whole forward compiled as one graph (scope
-# "model"); per-layer compiled pieces (scope "layer", the CUDA default), also with an additive
-# float attention mask, and with that and cuDNN's SDPA switched off (PyTorch then picks its
-# memory-efficient attention kernel; a global switch, restored after the variant is timed)
+# "model"); per-layer compiled pieces (scope "layer"), with the boolean and with an additive
+# float attention mask (the engine's CUDA default: compiled_layer_fmask). Each compiled variant
+# starts from a reset dynamo cache, so none reuses another's compiled code.
 VARIANTS = {
     "graph": {},
     "compiled": {"scope": "model"},
     "compiled_layer": {"scope": "layer"},
     "compiled_layer_fmask": {"scope": "layer", "float_mask": True},
-    "compiled_layer_nocudnn": {"scope": "layer", "float_mask": True, "cudnn_sdp": False},
 }
 SECTIONS = ("own_graph", "own_nograph", "hf_eager", *(f"own_{v}" for v in list(VARIANTS)[1:]), "profile", "greedy",
             "hf_compiled", "greedy_fp32")
@@ -268,17 +268,10 @@ def run_row(name: str, args, deadline: float, save) -> dict:
 
     def own(variant: str):
         spec = VARIANTS[variant]
-        cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-        torch.backends.cuda.enable_cudnn_sdp(spec.get("cudnn_sdp", cudnn))
-        try:
-            own_timed(variant, spec)
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(cudnn)
-
-    def own_timed(variant: str, spec: dict):
         if not spec:
             lm = fast
         else:
+            torch._dynamo.reset()
             lm = FastLM.from_hf(model, 1, args.max_len)
             lm.float_mask = spec.get("float_mask", False)
             lm.compile(spec["scope"])

@@ -51,6 +51,9 @@ class StaticDFlashDrafter:
     def compile(self, **kwargs) -> "StaticDFlashDrafter":
         """torch.compile the context write and the propose math under the graphs (each block
         shape and kv bucket compiles once: the positions are tensors)."""
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one per bucket
         opts = dict(dynamic=False)
         opts.update(kwargs)
         self._write = torch.compile(self._write, **opts)
