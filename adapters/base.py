@@ -14,6 +14,11 @@ Decoding protocol (batch size B, one chain per row):
     adapter.observe(features_of_accepted, positions_of_accepted)
 
 Context only ever holds verified tokens, so nothing needs cropping on rejection.
+
+Ragged batches (`ragged_batch = True`; decoding/batched.py): rows at different positions.
+`observe` then gets positions [B, n] per row, where a negative position marks padding (no
+token: never attended to, never read), and `propose` gets the anchors' positions as a [B]
+tensor.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class DrafterAdapter(nn.Module):
     family: str = "?"
     topology: str = "chain"  # "chain" | "tree"
     one_pass: bool = True  # the whole block comes from one backbone forward
+    ragged_batch: bool = False  # observe/propose take per-row positions (module docstring)
 
     num_slots: int  # K proposals per block
     hidden_dim: int  # Dh, what the LM head reads

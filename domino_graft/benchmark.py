@@ -104,10 +104,14 @@ class Tally:
         self.step_tokens = 0
         self.reached = [0] * k
         self.accepted = [0] * k
+        self.request_rates: list[float] = []  # each request's tokens / its own latency
 
-    def add(self, r) -> None:
+    def add(self, r, *, seconds: Optional[float] = None) -> None:
+        """One request's result; `seconds` = the wall time it adds (a batch adds its wall time once)."""
         self.tokens += len(r.tokens)
-        self.seconds += r.seconds
+        self.seconds += r.seconds if seconds is None else seconds
+        if r.seconds > 0:
+            self.request_rates.append(len(r.tokens) / r.seconds)
         self.steps += r.decode_steps
         self.step_tokens += sum(a + 1 for a in r.accepted) if r.accepted else r.decode_steps
         for j, (n, a) in enumerate(zip(r.slot_reached, r.slot_accepted)):
@@ -123,11 +127,13 @@ class Tally:
     def tokens_per_s(self) -> Optional[float]:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
+    def per_request_tokens_per_s(self) -> Optional[float]:
+        return sum(self.request_rates) / len(self.request_rates) if self.request_rates else None
+
 
 def _decode_prompt(runs, i, ids, item, count, target, sampling, tallies, identical, kv_paths, divergences,
                    bar) -> dict:
     """Prompt i decoded in every mode (interleaved: drift in machine load hits all alike) -> its row."""
-    row = {"source": item.get("source"), "prompt_tokens": len(ids)}
     results = {}
     for mode in MODES:
         bar.set_postfix_str(f"prompt {i + 1}/{count} {mode}")
@@ -135,6 +141,30 @@ def _decode_prompt(runs, i, ids, item, count, target, sampling, tallies, identic
         kv_paths[mode].add(results[mode].kv_path)
         tallies[mode].add(results[mode])
         bar.update(1)
+    return _prompt_row(ids, item, results, target, sampling, identical, divergences)
+
+
+def _decode_batch(runs, start, chunk, items, count, target, sampling, tallies, identical, kv_paths, divergences,
+                  bar) -> list[dict]:
+    """Prompts start.. decoded together in every mode (batch by batch, interleaved) -> their rows."""
+    import time
+
+    results = {}
+    for mode in MODES:
+        bar.set_postfix_str(f"prompts {start + 1}-{start + len(chunk)}/{count} {mode}")
+        t0 = time.perf_counter()
+        results[mode] = runs[mode](chunk)
+        wall = time.perf_counter() - t0
+        for n, r in enumerate(results[mode]):
+            kv_paths[mode].add(r.kv_path)
+            tallies[mode].add(r, seconds=wall if n == 0 else 0.0)
+        bar.update(len(chunk))
+    return [_prompt_row(ids, items[n], {m: results[m][n] for m in MODES}, target, sampling, identical, divergences)
+            for n, ids in enumerate(chunk)]
+
+
+def _prompt_row(ids, item, results, target, sampling, identical, divergences) -> dict:
+    row = {"source": item.get("source"), "prompt_tokens": len(ids)}
     for mode in ("base", "domino"):
         identical[mode] &= results[mode].tokens == results["target"].tokens
     row["new_tokens"] = {m: len(results[m].tokens) for m in MODES}
@@ -183,7 +213,10 @@ def run_bench(
     progress: bool = True,
     warmup: bool = True,
     kv: str = "auto",
+    batch_size: int = 1,
 ) -> dict:
+    """batch_size > 1: the prompts decode `batch_size` at a time (Engine.*_batch: greedy chains,
+    dynamic cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
     from .progress import Progress
     from .provenance import hardware, versions
 
@@ -199,6 +232,18 @@ def run_bench(
         "domino": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                                     use_head=True, seed_offset=i),
     }
+    if batch_size < 1:
+        raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
+    if batch_size > 1:
+        if not sampling.greedy:
+            raise ValueError(f"--batch-size: {batch_size} with --temperature {sampling.temperature}; valid: "
+                             "--temperature 0 (batched decoding is greedy), or --batch-size 1")
+        kw = dict(max_new_tokens=max_new_tokens, sampling=sampling)
+        runs = {
+            "target": lambda chunk: engine.target_only_batch(chunk, **kw),
+            "base": lambda chunk: engine.speculative_batch(chunk, use_head=False, **kw),
+            "domino": lambda chunk: engine.speculative_batch(chunk, use_head=True, **kw),
+        }
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
@@ -208,10 +253,16 @@ def run_bench(
         if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
             for mode in MODES:
                 bar.set_postfix_str(f"warm-up {mode}")
-                runs[mode](encoded[0], -1)
-        for i, ids in enumerate(encoded):
-            per_prompt.append(_decode_prompt(runs, i, ids, prompts[i], len(encoded), target, sampling, tallies,
-                                             identical, kv_paths, divergences, bar))
+                runs[mode](encoded[:batch_size]) if batch_size > 1 else runs[mode](encoded[0], -1)
+        if batch_size > 1:
+            for start in range(0, len(encoded), batch_size):
+                per_prompt += _decode_batch(runs, start, encoded[start: start + batch_size], prompts[start:],
+                                            len(encoded), target, sampling, tallies, identical, kv_paths,
+                                            divergences, bar)
+        else:
+            for i, ids in enumerate(encoded):
+                per_prompt.append(_decode_prompt(runs, i, ids, prompts[i], len(encoded), target, sampling, tallies,
+                                                 identical, kv_paths, divergences, bar))
 
     base_tps = tallies["target"].tokens_per_s()
     kv_path = {m: "+".join(sorted(kv_paths[m])) or None for m in MODES}
@@ -228,6 +279,11 @@ def run_bench(
             "identical_to_target is null: at temperature > 0 speculative sampling matches the target's output "
             "distribution, not its token sequence (different random draws), so outputs are not compared token for token"
         )
+    if batch_size > 1:
+        notes.append(
+            f"batch_size {batch_size}: the prompts decoded {batch_size} at a time on the HF DynamicCache (eager: no "
+            "static cache or CUDA graphs for batches yet); tokens_per_s is the batches' total, "
+            "per_request_tokens_per_s each request's tokens over its own latency, averaged")
     if head is not None and head.is_identity():
         notes.append("the Domino head is the identity (W2 = 0, untrained): grafted and base drafters propose the same")
     if divergences:
@@ -259,6 +315,11 @@ def run_bench(
         "base_slot_accepted": tallies["base"].accepted,
         "tokens_per_s": tallies["domino"].tokens_per_s(),
         "target_tokens_per_s": base_tps,
+        "batch_size": batch_size,
+        # each request's tokens / its own latency, averaged ("base" keeps its fixed key set)
+        "per_request_tokens_per_s": tallies["domino"].per_request_tokens_per_s(),
+        "base_per_request_tokens_per_s": tallies["base"].per_request_tokens_per_s(),
+        "target_per_request_tokens_per_s": tallies["target"].per_request_tokens_per_s(),
         "speedup": speedup("domino"),
         "identical_to_target": identical["domino"] if sampling.greedy else None,
         "timing_note": timing,  # None: the timings are meaningful (a real target on a GPU)
@@ -335,7 +396,7 @@ def format_report(rep: dict) -> str:
     star = "*" if timing else ""  # marks the columns the timing note disowns
     lines = [
         f"bench {rep['recipe']['name'] or ''}  {rep['num_prompts']} prompts, max {rep['max_new_tokens']} new tokens, "
-        f"{mode}, {rep.get('device') or rep['hardware'].get('device')}",
+        f"{mode}, batch {rep.get('batch_size', 1)}, {rep.get('device') or rep['hardware'].get('device')}",
         f"  {'':<16}{'tau':>7}{'tokens/s' + star:>11}{'speedup' + star:>9}{'identical':>11}",
         f"  {MODE_LABELS['target']:<16}{1.0:>7.2f}{_f(rep['target_tokens_per_s'], '.1f'):>11}{'1.00x':>9}{'-':>11}",
     ]
@@ -343,6 +404,11 @@ def format_report(rep: dict) -> str:
         ident = {True: "yes", False: "NO", None: "n/a"}[d["identical_to_target"]]
         sp = _f(d["speedup"], ".2f") + "x" if d["speedup"] is not None else "-"
         lines.append(f"  {label:<16}{_f(d['tau'], '.2f'):>7}{_f(d['tokens_per_s'], '.1f'):>11}{sp:>9}{ident:>11}")
+    if rep.get("batch_size", 1) > 1:
+        lines.append(f"  batch size {rep['batch_size']}: tokens/s are the batch's total; per request: target "
+                     f"{_f(rep['target_per_request_tokens_per_s'], '.1f')}, base "
+                     f"{_f(rep['base_per_request_tokens_per_s'], '.1f')}, domino "
+                     f"{_f(rep['per_request_tokens_per_s'], '.1f')}")
     if timing:
         import textwrap
 

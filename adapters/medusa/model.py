@@ -148,6 +148,7 @@ class MedusaHeads(nn.ModuleList):
 class MedusaAdapter(DrafterAdapter):
     family = "medusa"
     one_pass = True  # all K heads read one hidden state: one (tiny) backbone forward
+    ragged_batch = True
 
     def __init__(self, cfg: MedusaConfig, target):
         super().__init__()
@@ -216,6 +217,17 @@ class MedusaAdapter(DrafterAdapter):
         if features is None or features.shape[1] == 0:
             return
         # Only the newest state is ever read: Medusa has no context beyond h_t.
+        if positions.ndim == 2:  # a ragged batch: each row's last real (non-negative) position
+            at = positions.argmax(-1)
+            rows = torch.arange(positions.shape[0], device=positions.device)
+            last, last_pos = features[rows, at], positions[rows, at]
+            if torch.is_tensor(self._last_pos):  # a row given padding only keeps its state
+                real = last_pos >= 0
+                last = torch.where(real[:, None], last, self._last)
+                last_pos = torch.where(real, last_pos, self._last_pos)
+            self._last, self._last_pos = last, last_pos
+            self._seen += int((positions >= 0).sum())
+            return
         self._last = features[:, -1]
         self._last_pos = int(positions[-1])
         self._seen += int(positions.numel())
@@ -226,7 +238,8 @@ class MedusaAdapter(DrafterAdapter):
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         if self._last is None:
             raise RuntimeError("Medusa propose() before any observe(): the heads need the target's hidden state")
-        if self._last_pos != position - 1:
+        off = self._last_pos != position - 1  # a [B] tensor in a ragged batch
+        if bool(off.any() if torch.is_tensor(off) else off):
             raise RuntimeError(
                 f"Medusa propose(anchor at position {position}): the heads read the hidden state at "
                 f"{position - 1}, but the last observed position is {self._last_pos}"

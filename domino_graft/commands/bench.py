@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     p.add_argument("--seed", type=int, help="default: recipe bench.seed")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="decode N prompts at a time (greedy chains; tokens/s are then the batch's total, with "
+                        "per-request tokens/s beside them); default 1")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically); never over another file, "
                    "nor over an earlier bench report without --force")
     p.add_argument("--force", action="store_true", help="--json may replace an existing bench report")
@@ -63,6 +66,8 @@ def run(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size: {args.batch_size!r} is invalid; valid: an integer >= 1")
     if args.json:
         check_json_destination(args.json, args.force)  # before minutes of decoding, not after
     if args.plot:
@@ -83,7 +88,7 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
     report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
-                       progress=not args.no_progress, kv=args.kv)
+                       progress=not args.no_progress, kv=args.kv, batch_size=args.batch_size)
     print(format_report(report))
     if args.json:
         check_json_destination(args.json, args.force)  # again: the decode took a while

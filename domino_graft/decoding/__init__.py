@@ -4,8 +4,9 @@
     rollout    the drafter's chain rollout over one block (reference; kernels plug in by name)
     verify     greedy and speculative-sampling verification (batched)
     chain      chain speculative decoding (adapter.topology "chain")
-    tree       static-tree speculative decoding, greedy (adapter.topology "tree")
-    engine     the target-only baseline, and the topology -> decoder map (batch size 1)
+    tree       static-tree speculative decoding, greedy or sampled (adapter.topology "tree")
+    batched    several prompts at once: greedy chains and the target alone on a ragged cache
+    engine     the target-only baseline, the topology -> decoder map, and the batched entry points
     chat       prompts -> ids (chat template / raw / token ids) and stop tokens
 
 Sampling settings and the shared logit warper live in `domino_graft.sampling` (kernels use

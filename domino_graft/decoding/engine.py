@@ -12,7 +12,7 @@ supported; otherwise (and for trees) the dynamic path runs. `DecodeResult.kv_pat
 Speculative decoding is chosen by the drafter's topology (`adapter.topology`):
 
     "chain"   one chain of K proposals per block, greedy or sampled     decoding/chain.py
-    "tree"    a static tree of proposals per block, greedy              decoding/tree.py
+    "tree"    a static tree of proposals per block, greedy or sampled   decoding/tree.py
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 import torch
 
 from ..sampling import Sampling, pick
+from .batched import batched_chain, batched_target_only
 from .chain import chain_speculative
 from .common import (DecodeResult, OnTokens, Output, StaticTarget, check_kv, check_prompt, new_cache, positions,
                      stop_set)
@@ -35,10 +36,9 @@ DECODERS = {"chain": chain_speculative, "tree": tree_speculative}
 
 
 class Engine:
-    """Decoding with one loaded target, drafter adapter and (optional) Domino head.
-
-    Batch size 1: a batched chain verifier needs per-row cache lengths (ragged crops);
-    not implemented."""
+    """Decoding with one loaded target, drafter adapter and (optional) Domino head: one prompt
+    at a time (`target_only`, `speculative`), or several at once, greedy chains on the dynamic
+    cache (`target_only_batch`, `speculative_batch`: decoding/batched.py)."""
 
     def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = (),
                  kv: str = "auto"):
@@ -131,3 +131,17 @@ class Engine:
                              f"{', '.join(map(repr, DECODERS))}")
         return decode(self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
                       use_head=use_head, on_tokens=on_tokens, seed_offset=seed_offset)
+
+    # ---------------------------------------------------------------- batched
+    def target_only_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                          stop_ids: Iterable[int] = ()) -> list[DecodeResult]:
+        """Every prompt at once, greedy (decoding/batched.py); row b == `target_only(prompts[b])`."""
+        return batched_target_only(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids)
+
+    def speculative_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                          stop_ids: Iterable[int] = (), use_head: bool = True) -> list[DecodeResult]:
+        """Every prompt at once, greedy chains (decoding/batched.py); row b == `speculative(prompts[b])`."""
+        if self.adapter is None:
+            raise ValueError("speculative decoding needs a drafter adapter")
+        return batched_chain(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+                             use_head=use_head)

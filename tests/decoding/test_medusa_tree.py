@@ -117,7 +117,18 @@ def test_tree_greedy_decoding_is_lossless(seed, pure_prefix_len):
     assert stopped.tokens == ref.tokens[:7]
 
 
-def test_tree_refuses_sampling_with_the_reason():
+def test_tree_sampling_is_reproducible_and_stops_like_the_target():
+    """T > 0 (its distribution is checked in test_tree_sampling.py): the same seed gives the same
+    tokens; max_new_tokens and a stop token end the decode where target-only decoding would."""
     _, target, adapter, head = _tiny()
-    with pytest.raises(ValueError, match="--temperature: 0.7 with a tree drafter; valid: 0"):
-        Engine(target, adapter, head).speculative([3, 4, 5], max_new_tokens=4, sampling=Sampling(temperature=0.7))
+    prompt = [3, 4, 5, 6]
+    for use_head in (True, False):
+        engine = Engine(target, adapter, head)
+        s = Sampling(temperature=0.7, top_k=20, seed=3)
+        a = engine.speculative(prompt, max_new_tokens=24, sampling=s, use_head=use_head)
+        assert a.tokens == engine.speculative(prompt, max_new_tokens=24, sampling=s, use_head=use_head).tokens
+        assert len(a.tokens) == 24 and a.stop_reason == "length" and a.tau >= 1 and max(a.accepted) >= 1
+        # the same draws up to the stop: a stop token only truncates
+        stop = a.tokens[7]
+        cut = engine.speculative(prompt, max_new_tokens=24, sampling=s, use_head=use_head, stop_ids=[stop])
+        assert cut.tokens == a.tokens[: a.tokens.index(stop) + 1] and cut.stop_reason == "stop"

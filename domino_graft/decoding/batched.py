@@ -1,0 +1,211 @@
+"""Batched decoding of B prompts of different lengths: one propose, one rollout and one target
+forward per step for the whole batch, with per-row acceptance, positions and stop rules.
+
+The target's cache is one HF DynamicCache shared by the rows, in which each row owns the
+entries a validity mask [B, L] marks (a 4D attention mask hides the others):
+
+    prefill   the prompts right-padded to the longest; padding is invalid
+    step      [x_0, d_1..d_K] of every row at its own positions pos_b..pos_b+K
+    keep      row b keeps its first 1 + a_b new entries (x_0 and the accepted drafts): the cache is
+              cropped to the longest kept run, and the rest of a shorter row's run becomes a hole
+
+Attention over valid entries only is the row's own decode, whatever the holes: each row's
+greedy output is its solo decode's, token for token, up to floating-point reassociation (the
+property tests compare them). A finished row stays in the batch, masked: its new entries are
+never valid, its tokens never emitted, and the others do not wait for it.
+
+The drafter sees the same ragged layout through the adapter contract's ragged batches
+(adapters/base.py: per-row positions [B, n], negative = padding; `propose` at [B] positions);
+families set `ragged_batch`. Greedy chains only (a tree's ragged verify, sampling and the
+static cache's per-row lengths are not wired here): trees and T > 0 decode one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Sequence
+
+import torch
+
+from .common import DecodeResult, Output, check_prompt, new_cache, rollback, stop_set
+from .verify import verify_greedy
+
+
+class RaggedTarget:
+    """The target over a ragged batch on one DynamicCache whose entries a validity mask assigns."""
+
+    def __init__(self, target):
+        self.target = target
+        self.cache = new_cache(target, rollback=True)
+        sliding = [type(layer).__name__ for layer in getattr(self.cache, "layers", ())
+                   if type(layer).__name__ != "DynamicLayer"]
+        if sliding:
+            raise ValueError(
+                f"batched decoding: cache layer {sliding[0]} cannot hold a ragged batch (sliding-window targets, "
+                "e.g. Gemma3); valid: full-attention targets, or --batch-size 1"
+            )
+        self.valid = None  # [B, L] bool: row b owns cache entry l
+        self.dtype = target.dtype
+
+    def _mask(self, causal: torch.Tensor) -> torch.Tensor:
+        """[B, 1, T, L + T] additive mask: the row's valid entries, then the new tokens by `causal` [T, T]."""
+        b, t = self.valid.shape[0], causal.shape[0]
+        allowed = torch.cat([self.valid[:, None, :].expand(b, t, -1), causal.expand(b, t, t)], dim=-1)
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(self.dtype).min)[:, None]
+
+    def prefill(self, prompts: list[torch.Tensor], capture):
+        """-> (each row's last logits [B, V], features [B, n_max, F] or None, ids [B, n_max],
+        positions [B, n_max] with -1 at padding)."""
+        dev = prompts[0].device
+        lens = torch.tensor([p.numel() for p in prompts], device=dev)
+        n = int(lens.max())
+        ids = torch.zeros(len(prompts), n, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, : p.numel()] = p
+        cols = torch.arange(n, device=dev)
+        real = cols[None] < lens[:, None]
+        self.valid = torch.zeros(len(prompts), 0, dtype=torch.bool, device=dev)
+        # padded queries still see the row's prompt: no fully masked row (NaN) in attention
+        causal = cols[None, :] <= cols[:, None]
+        mask = self._mask(causal).masked_fill(~real[:, None, None, :], torch.finfo(self.dtype).min)
+        logits, feats = self.target(ids, cache=self.cache, position_ids=cols[None].expand(len(prompts), -1),
+                                    attention_mask=mask, capture=capture)
+        self.valid = real
+        last = logits[torch.arange(len(prompts), device=dev), lens - 1]
+        return last, feats, ids, torch.where(real, cols[None], -1)
+
+    def step(self, seq: torch.Tensor, pos: torch.Tensor, capture):
+        """seq [B, T] at positions pos_b..pos_b+T-1 -> (logits [B, T, V], features)."""
+        t = seq.shape[1]
+        offs = torch.arange(t, device=seq.device)
+        mask = self._mask(offs[None, :] <= offs[:, None])
+        return self.target(seq, cache=self.cache, position_ids=pos[:, None] + offs, attention_mask=mask,
+                           capture=capture)
+
+    def keep(self, kept: torch.Tensor, longest: int) -> torch.Tensor:
+        """After a step: row b keeps its first kept[b] new entries; -> valid [B, longest] of the
+        new entries kept in the cache (the cache is cropped to the longest run)."""
+        new = torch.arange(longest, device=kept.device)[None] < kept[:, None]
+        rollback(self.cache, self.valid.shape[1] + longest)
+        self.valid = torch.cat([self.valid, new], dim=1)
+        return new
+
+
+def _check_batch(engine, prompts, max_new_tokens: int, sampling) -> list[torch.Tensor]:
+    if not len(prompts):
+        raise ValueError("batched decoding: no prompts")
+    if sampling is not None and not sampling.greedy:
+        raise ValueError(f"--temperature: {sampling.temperature} with --batch-size > 1; valid: 0 (batched decoding "
+                         "is greedy here), or --batch-size 1")
+    return [check_prompt(engine.target, p, max_new_tokens)[0] for p in prompts]
+
+
+@torch.inference_mode()
+def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling=None,
+                        stop_ids: Iterable[int] = ()) -> list[DecodeResult]:
+    """Greedy target-alone decoding of every prompt at once; row b's output is
+    `engine.target_only(prompts[b])`'s."""
+    ids = _check_batch(engine, prompts, max_new_tokens, sampling)
+    b, dev = len(ids), ids[0].device
+    stops = stop_set(engine.stop_ids, stop_ids)
+    outs = [Output(max_new_tokens, stops, None) for _ in ids]
+    t0 = time.perf_counter()
+    target = RaggedTarget(engine.target)
+    logits, _, _, _ = target.prefill(ids, ())
+    tok = logits.argmax(-1)
+    pos = torch.tensor([p.numel() for p in ids], device=dev)
+    seconds, forwards = [0.0] * b, [1] * b
+    live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
+    while any(live):
+        logits, _ = target.step(tok[:, None], pos, ())
+        live_t = torch.tensor(live, device=dev)
+        target.keep(live_t.long(), 1)
+        tok = torch.where(live_t, logits[:, -1].argmax(-1), tok)
+        pos = pos + live_t.long()
+        for r in range(b):
+            forwards[r] += live[r]
+        live = _push_each(outs, [[t] for t in tok.tolist()], live, seconds, t0)
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f) for o, p, s, f in zip(outs, ids, seconds, forwards)]
+
+
+def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[float], t0: float) -> list[bool]:
+    """Each live row's chunk into its Output; -> which rows go on (a row's seconds: when it ended)."""
+    now = None
+    still = []
+    for r, (out, chunk) in enumerate(zip(outs, chunks)):
+        if live is not None and not live[r]:
+            still.append(False)
+            continue
+        done = out.push(chunk)
+        if done:
+            now = now or time.perf_counter()
+            seconds[r] = now - t0
+        still.append(not done)
+    return still
+
+
+@torch.inference_mode()
+def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling=None,
+                  stop_ids: Iterable[int] = (), use_head: bool = True) -> list[DecodeResult]:
+    """Greedy chain speculative decoding of every prompt at once (module docstring); row b's
+    output is `engine.speculative(prompts[b])`'s, token for token."""
+    adapter = engine.adapter
+    if adapter.topology != "chain":
+        raise ValueError(f"batched decoding: drafter topology {adapter.topology!r}; valid: 'chain' (trees decode one "
+                         "prompt at a time: --batch-size 1)")
+    if not getattr(adapter, "ragged_batch", False):
+        raise ValueError(f"batched decoding: the {adapter.family} drafter does not take ragged batches "
+                         "(adapter.ragged_batch); valid: --batch-size 1")
+    if use_head and engine.head is None:
+        raise ValueError("use_head=True but no Domino head is loaded")
+    ids = _check_batch(engine, prompts, max_new_tokens, sampling)
+    b, dev, k = len(ids), ids[0].device, adapter.num_slots
+    capture = adapter.capture_layers()
+    stops = stop_set(engine.stop_ids, stop_ids)
+    outs = [Output(max_new_tokens, stops, None) for _ in ids]
+    accepted = [[] for _ in ids]
+    reached, accepted_slot = [[0] * k for _ in ids], [[0] * k for _ in ids]
+    seconds, forwards = [0.0] * b, [1] * b
+
+    t0 = time.perf_counter()
+    target = RaggedTarget(engine.target)
+    adapter.reset(b)
+    logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
+    adapter.observe(feats, prompt_pos, ids=prompt_ids)
+    anchor = logits.argmax(-1)  # [B]
+    pos = torch.tensor([p.numel() for p in ids], device=dev)
+    live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
+    offs = torch.arange(k + 1, device=dev)
+    while any(live):
+        block = adapter.propose(anchor, pos)
+        drafts, _ = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=0.0, top_k=0, top_p=1.0,
+                                   generator=None, use_head=use_head)
+        seq = torch.cat([anchor[:, None], drafts], dim=1)
+        logits, feats = target.step(seq, pos, capture)
+        n_acc, nxt = verify_greedy(logits, drafts)
+        host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
+        n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        chunks = []
+        for r in range(b):
+            a = n_acc_h[r]
+            chunks.append(drafts_h[r * k: r * k + a] + [nxt_h[r]])
+            if live[r]:
+                forwards[r] += 1
+                accepted[r].append(a)
+                for j in range(min(a + 1, k)):
+                    reached[r][j] += 1
+                    accepted_slot[r][j] += j < a
+        live = _push_each(outs, chunks, live, seconds, t0)
+        if not any(live):
+            break
+        # rows that just ended keep nothing more; the others x_0 and their accepted drafts
+        kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
+        longest = max(n + 1 for n, on in zip(n_acc_h, live) if on)
+        new = target.keep(kept, longest)
+        adapter.observe(None if feats is None else feats[:, :longest],
+                        torch.where(new, pos[:, None] + offs[:longest], -1), ids=seq[:, :longest])
+        anchor = torch.where(kept > 0, nxt, anchor)
+        pos = pos + kept
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot)
+            for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]

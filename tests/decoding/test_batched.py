@@ -1,0 +1,181 @@
+"""Batched greedy chain decoding (decoding/batched.py): every row of a ragged batch equals its
+own solo decode, token for token, including rows that stop early.
+
+`RowOracle` nudges the real drafter toward each row's known continuation, so rows accept
+different numbers of drafts at every step (the ragged cache and context paths). Whether slot j
+of row r is hit depends only on (seed, r, the slot's position): a solo decode of row r and the
+batch see the same drafts, so even the per-step acceptance counts must agree.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from domino_graft.adapters.base import DraftBlock
+from domino_graft.decoding import Engine, Sampling, stop_token_ids
+from tests.decoding.test_decoding import build
+
+
+class RowOracle:
+    def __init__(self, inner, references: list[list[int]], rows: list[int], hit: float, seed: int, vocab: int):
+        self.inner, self.references, self.rows = inner, references, rows
+        self.hit, self.seed, self.vocab = hit, seed, vocab
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, anchor, position):
+        block = self.inner.propose(anchor, position)
+        base = block.base_logits.clone()
+        starts = position.tolist() if torch.is_tensor(position) else [int(position)] * base.shape[0]
+        for b, (row, ref, start) in enumerate(zip(self.rows, self.references, starts)):
+            for j in range(base.shape[1]):
+                at = start + 1 + j
+                if at >= len(ref):
+                    continue
+                rng = random.Random(hash((self.seed, row, at)))
+                if rng.random() < self.hit:
+                    base[b, j, ref[at]] += 30.0
+                else:
+                    base[b, j, (ref[at] + 1 + rng.randrange(5)) % (self.vocab - 1)] += 30.0
+        return DraftBlock(block.hidden, base)
+
+
+def variant(seed: int) -> dict:
+    rng = random.Random(2000 + seed)
+    cfg = dict(arch=rng.choice(["qwen3", "llama"]), vocab=rng.choice([37, 61, 97]), tie=rng.random() < 0.25,
+                layers=rng.choice([2, 3]), block_size=rng.choice([2, 3, 4, 6, 8]), shift=rng.random() < 0.5,
+                draft_layers=rng.choice([1, 2]))
+    cfg["ppl"] = rng.choice([0, 1]) if cfg["block_size"] > 2 else 0  # K = 1 leaves no slot after a pure one
+    return cfg
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batched_greedy_equals_solo(seed):
+    cfg = variant(seed)
+    target, adapter, head = build(seed, **cfg)
+    rng = random.Random(seed)
+    b = rng.randint(2, 6)
+    prompts = [[rng.randrange(2, cfg["vocab"] - 1) for _ in range(rng.randint(1, 14))] for _ in range(b)]
+    budget = rng.choice([9, 16, 24])
+    stops = stop_token_ids(target)
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    refs = [engine.target_only(p, max_new_tokens=budget) for p in prompts]
+    # an extra stop token some row emits early: that row ends while the others go on
+    early = [t for r in refs for t in r.tokens[1: budget // 2]]
+    extra = [rng.choice(early)] if early and rng.random() < 0.7 else []
+    if extra:
+        refs = [engine.target_only(p, max_new_tokens=budget, stop_ids=extra) for p in prompts]
+    where = f"seed {seed} {cfg} K={adapter.num_slots} prompts {prompts} stop {extra}"
+
+    got = engine.target_only_batch(prompts, max_new_tokens=budget, stop_ids=extra)
+    assert [r.tokens for r in got] == [r.tokens for r in refs], where
+    assert [r.stop_reason for r in got] == [r.stop_reason for r in refs], where
+    assert [r.target_forwards for r in got] == [r.target_forwards for r in refs], where
+
+    for use_head in (True, False):
+        got = engine.speculative_batch(prompts, max_new_tokens=budget, stop_ids=extra, use_head=use_head)
+        assert [r.tokens for r in got] == [r.tokens for r in refs], f"{where} use_head={use_head}"
+        assert [r.stop_reason for r in got] == [r.stop_reason for r in refs], where
+
+    hit = rng.choice([0.5, 0.8, 1.0])
+    full = [p + r.tokens for p, r in zip(prompts, refs)]
+    batch = Engine(target, RowOracle(adapter, full, list(range(b)), hit, seed, cfg["vocab"]), head, stop_ids=stops)
+    got = batch.speculative_batch(prompts, max_new_tokens=budget, stop_ids=extra)
+    assert [r.tokens for r in got] == [r.tokens for r in refs], f"{where} oracle hit={hit}"
+    for r, p in enumerate(prompts):
+        solo = Engine(target, RowOracle(adapter, [full[r]], [r], hit, seed, cfg["vocab"]), head, stop_ids=stops)
+        want = solo.speculative(p, max_new_tokens=budget, stop_ids=extra)
+        assert got[r].accepted == want.accepted, f"{where} row {r}"
+        assert (got[r].slot_reached, got[r].slot_accepted) == (want.slot_reached, want.slot_accepted)
+        assert got[r].target_forwards == want.target_forwards and got[r].seconds > 0
+
+
+def test_batch_harness_reaches_ragged_acceptance_and_early_stops():
+    """The property test must exercise rows accepting different counts in one step and a row
+    ending while others go on; check that it does on one fixed variant."""
+    target, adapter, head = build(3, block_size=6)
+    prompts = [[5, 9, 13, 4], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9]]
+    engine = Engine(target, adapter, head)
+    refs = [engine.target_only(p, max_new_tokens=30).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    stop = next(t for t in refs[2][3:] if t not in refs[0])  # row 2 ends partway, row 0 runs to the end
+    got = Engine(target, RowOracle(adapter, full, [0, 1, 2], 0.6, 0, 61), head).speculative_batch(
+        prompts, max_new_tokens=30, stop_ids=[stop])
+    want = [engine.target_only(p, max_new_tokens=30, stop_ids=[stop]).tokens for p in prompts]
+    assert [r.tokens for r in got] == want
+    lens = sorted(len(r.tokens) for r in got)
+    assert lens[0] < lens[-1], "no row stopped before the others"
+    steps = min(len(r.accepted) for r in got)
+    assert any(len({r.accepted[s] for r in got}) > 1 for s in range(steps)), "acceptance never differed by row"
+
+
+def test_batched_medusa_chain_equals_solo():
+    from domino_graft.adapters.medusa import model as medusa
+    from domino_graft.graft import build_head
+    from domino_graft.recipe import load_recipe
+    from domino_graft.target import load_target
+    from tests.conftest import REPO, randomize_head
+
+    recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml", ["target.random.tie_word_embeddings=false"])
+    target = load_target(recipe.target)
+    adapter, _ = medusa.build(recipe.drafter, target)
+    head = build_head(recipe, adapter)
+    randomize_head(head, 0)
+    assert adapter.topology == "chain"
+    prompts = [[5, 9, 2, 14, 3], [8], [4, 4, 7, 90, 12, 11, 3, 6]]
+    engine = Engine(target, adapter, head, stop_ids=stop_token_ids(target))
+    refs = [engine.target_only(p, max_new_tokens=20).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    oracle = Engine(target, RowOracle(adapter, full, [0, 1, 2], 0.7, 0, 97), head, stop_ids=stop_token_ids(target))
+    for eng in (engine, oracle):
+        assert [r.tokens for r in eng.speculative_batch(prompts, max_new_tokens=20)] == refs
+
+
+def test_batched_refusals_name_the_way_out():
+    target, adapter, head = build(1)
+    engine = Engine(target, adapter, head)
+    with pytest.raises(ValueError, match=r"--temperature: 0.7 with --batch-size > 1; valid: 0"):
+        engine.speculative_batch([[3, 4]], max_new_tokens=4, sampling=Sampling(temperature=0.7))
+    with pytest.raises(ValueError, match=r"outside the target vocabulary"):
+        engine.speculative_batch([[3, 4], [99]], max_new_tokens=4)
+    from types import SimpleNamespace
+
+    pard_like = SimpleNamespace(topology="chain", family="pard", ragged_batch=False)
+    with pytest.raises(ValueError, match=r"the pard drafter does not take ragged batches.*valid: --batch-size 1"):
+        Engine(target, pard_like, head).speculative_batch([[3, 4]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"topology 'tree'; valid: 'chain'"):
+        Engine(target, SimpleNamespace(topology="tree"), head).speculative_batch([[3, 4]], max_new_tokens=4)
+    gemma, g_adapter, g_head = build(2, arch="gemma3")
+    with pytest.raises(ValueError, match=r"sliding-window targets.*valid: full-attention targets, or --batch-size 1"):
+        Engine(gemma, g_adapter, g_head).speculative_batch([[3, 4]], max_new_tokens=4)
+
+
+# ------------------------------------------------------------------------- CLI
+def test_bench_batch_size_reports_totals_and_identity(tiny_run, tmp_path, capsys):
+    import json
+
+    from tests.decoding.test_decoding import run_command
+
+    prompts = tmp_path / "p.jsonl"
+    rng = random.Random(0)
+    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(2, 95) for _ in range(n)]}) + "\n"
+                               for n in (3, 17, 1, 9, 25, 6, 12)))
+    out = tmp_path / "bench.json"
+    args = [str(tiny_run), "--prompts", str(prompts), "--batch-size", "3", "--temperature", "0",
+            "--max-new-tokens", "8", "--json", str(out)]
+    assert run_command("bench", args) == 0
+    rep = json.loads(out.read_text())
+    assert rep["batch_size"] == 3 and rep["num_prompts"] == 7 and len(rep["per_prompt"]) == 7
+    assert rep["identical_to_target"] is True and rep["base"]["identical_to_target"] is True
+    for key in ("tokens_per_s", "per_request_tokens_per_s", "target_tokens_per_s", "target_per_request_tokens_per_s",
+                "base_per_request_tokens_per_s"):
+        assert rep[key] > 0, key
+    # a batch's wall time is counted once: its total rate exceeds what one of its requests sees
+    assert rep["target_tokens_per_s"] > rep["target_per_request_tokens_per_s"]
+    assert "batch size 3" in capsys.readouterr().out
+    assert run_command("bench", args[:-2] + ["--temperature", "1"]) == 1
+    assert "--batch-size: 3 with --temperature 1.0; valid: --temperature 0" in capsys.readouterr().err
