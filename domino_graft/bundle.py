@@ -146,6 +146,12 @@ def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=No
     path = Path(path).resolve()
     manifest = verify_bundle(path)[0] if verify else read_manifest(path)
     source = f"{path}/manifest.json"
+    if manifest.get("head_in_bundle") is False:
+        raise CheckpointError(
+            f"{path}: a bundle without its Domino head (format {manifest.get('format')!r}, for an engine that cannot "
+            "run one); domino-graft loads bundles with their head: use the run's native bundle, or point a recipe's "
+            "drafter.path at this folder to graft a new head onto its drafter"
+        )
     family = bundle_family(manifest, source)
     if not isinstance(manifest.get("recipe"), dict):
         raise CheckpointError(f"{source}: field 'recipe' is missing or not an object; the manifest is damaged")

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regenerate": ("domino_graft.commands.regenerate", "write the target's own greedy responses to prompts (training data)"),
     "replay": ("domino_graft.commands.replay", "the greedy tau decoding would measure, from one forward per response"),
     "export": ("domino_graft.commands.export", "write a verified SGLang/vLLM (native) or transformers (hf) bundle"),
+    "inspect": ("domino_graft.commands.inspect", "a bundle or checkpoint: family, shapes, head, sha256, engine checklists"),
 }
 
 

@@ -53,11 +53,31 @@ def _check_choice(name: str, value: str, valid: tuple) -> None:
         raise ValueError(f"export.{name}: {value!r} is not valid; valid: {', '.join(valid)}")
 
 
-def _check_format(family, format: str, dtype: str) -> None:
+def _check_format(family, format: str, dtype: str, spec=None) -> None:
     _check_choice("dtype", dtype, DTYPES)
-    if format not in family.export_formats:
+    if format not in family.export_formats and (spec is None or format != spec.format):
         raise ValueError(f"export.format: {format!r} is not available for {family.name} drafters; valid: "
                          f"{', '.join(family.export_formats)}")
+
+
+def resolve_format(family, recipe, *, format: Optional[str], engine: Optional[str], dtype: Optional[str]):
+    """-> (format, dtype, EngineSpec or None). `--engine` picks the format that engine reads
+    (an explicit `--format` must agree with it); without one, `--format` or the recipe's."""
+    from .engines import ENGINE_NAMES, engine_spec
+
+    spec = None
+    if engine is not None:
+        spec = engine_spec(family, engine)
+        if spec.refused:
+            raise ValueError(f"export --engine {engine}: {ENGINE_NAMES[engine]} cannot serve {family.display_name} "
+                             f"drafters: {spec.refused}")
+        if format is not None and format != spec.format:
+            raise ValueError(f"export: --format {format} contradicts --engine {engine}, which writes the "
+                             f"{spec.format!r} format; give one of them")
+        format = spec.format
+    format, dtype = format or recipe.export.format, dtype or recipe.export.dtype
+    _check_format(family, format, dtype, spec)
+    return format, dtype, spec
 
 
 @dataclass
@@ -69,6 +89,17 @@ class BundlePlan:
     config: Optional[dict]
     tensors: dict[str, tuple[int, ...]]
     files: list[str] = field(default_factory=list)
+    target_vocab: Optional[int] = None
+    engine_report: Optional[object] = None  # engines.EngineReport of `--engine`, from the plan
+
+    def view(self):
+        """The planned bundle as an engine checklist reads it (None: no config.json planned)."""
+        from .engines import CheckpointView
+
+        if self.config is None:
+            return None
+        tensors = {n: (tuple(s), self.dtype) for n, s in self.tensors.items()}
+        return CheckpointView(None, self.config, tensors, frozenset(self.files), self.target_vocab)
 
     @property
     def num_parameters(self) -> int:
@@ -85,22 +116,33 @@ class BundlePlan:
             lines.append(f"  config: architectures {self.config.get('architectures')}")
         for name, shape in self.tensors.items():
             lines.append(f"    {name:<44} {list(shape)}")
+        r = self.engine_report
+        if r is not None:
+            lines.append(f"  engine checklist (from the plan): {r.summary()}")
+            lines += [f"    {p}" for p in r.problems()]
         return "\n".join(lines)
 
 
-def plan_bundle(recipe, *, format: Optional[str] = None, dtype: Optional[str] = None) -> BundlePlan:
-    """Bundle tensors and config from the recipe's configs (the path `export --dry-run` takes)."""
+def plan_bundle(recipe, *, format: Optional[str] = None, dtype: Optional[str] = None,
+                engine: Optional[str] = None) -> BundlePlan:
+    """Bundle tensors and config from the recipe's configs (the path `export --dry-run` takes);
+    with `engine`, also that engine's checklist run on the planned config and shapes."""
+    from .engines import check
     from .graft import head_spec_for
     from .target import TargetShape, target_config_dict
 
     family = get_family(recipe.drafter.family)
-    format, dtype = format or recipe.export.format, dtype or recipe.export.dtype
-    _check_format(family, format, dtype)
+    format, dtype, _ = resolve_format(family, recipe, format=format, engine=engine, dtype=dtype)
     tshape = TargetShape.from_config_dict(target_config_dict(recipe.target))
     fam_plan = family.plan(recipe.drafter, tshape)
     spec = head_spec_for(recipe, fam_plan, family.checkpoint_head_fields(recipe.drafter))
     config, tensors = family.plan_bundle(recipe.drafter, tshape, fam_plan, spec, format=format, dtype=dtype)
-    return BundlePlan(format, dtype, config, tensors, [*family.bundle_files(format), "manifest.json", "README.md"])
+    plan = BundlePlan(format, dtype, config, tensors, [*family.bundle_files(format), "manifest.json", "README.md"],
+                      target_vocab=tshape.vocab_size)
+    view = plan.view()
+    if engine is not None and view is not None:
+        plan.engine_report = check(family, engine, view)
+    return plan
 
 
 # --------------------------------------------------------------------------- self-check
@@ -190,16 +232,50 @@ def rounded_weights(adapter, head, dtype: str):
                 p.copy_(v)
 
 
+def _base_logits(adapter, ids, feats, anchors):
+    """Per anchor: (the drafter's own base logits [B, K, V], their argmax): what a bundle
+    without the Domino head drafts from."""
+    import torch
+
+    out = []
+    for a in anchors:
+        adapter.reset(ids.shape[0])
+        adapter.observe(None if feats is None else feats[:, :a], torch.arange(a, device=ids.device), ids=ids[:, :a])
+        logits = adapter.propose(ids[:, a], a).base_logits.float()
+        out.append((logits, logits.argmax(-1)))
+    return out
+
+
+def _reload_headless(bundle_dir: Path, *, recipe, family, target, device):
+    """A bundle written without the head, rebuilt the way any checkpoint of the family is read."""
+    from .bundle import verify_bundle
+    from .checkpoint import CheckpointError
+
+    verify_bundle(bundle_dir)
+    drafter = family.bundle_recipe(recipe, bundle_dir).drafter
+    adapter, head_tensors = family.build(drafter, target)
+    if head_tensors:
+        raise CheckpointError(f"{bundle_dir}: holds head tensors {sorted(head_tensors)} though its format drops the head")
+    return adapter.to(device)
+
+
 def self_check(bundle_dir: Path, *, target, adapter, head, dtype: str, format: str, family, seed: int = 0,
-               device="cpu") -> dict:
-    """Reload the bundle through the project's loader and compare draft logits; raise ExportError."""
+               device="cpu", recipe=None, head_in_bundle: bool = True) -> dict:
+    """Reload the bundle through the project's loader and compare draft logits; raise ExportError.
+    head_in_bundle=False: the format drops the head, so the drafter's base logits are compared."""
     import torch
 
     from .bundle import load_bundle
 
     with torch.no_grad():
         ids, feats, anchors = _probe_inputs(target, adapter, seed=seed)
-        mem = _draft_logits(adapter, head, ids, feats, anchors)
+
+        def draft(a, h, prev_tokens=None, greedy=True):
+            if not head_in_bundle:
+                return _base_logits(a, ids, feats, anchors)
+            return _draft_logits(a, h, ids, feats, anchors, prev_tokens, greedy)
+
+        mem = draft(adapter, head)
         if not all(bool(x.isfinite().all()) for x, _ in mem):
             raise ExportError("export self-check failed, no bundle written: the model's own draft logits are not "
                               "finite (NaN/Inf weights or activations); it is not exportable")
@@ -209,10 +285,14 @@ def self_check(bundle_dir: Path, *, target, adapter, head, dtype: str, format: s
             rounded = mem
         else:
             with rounded_weights(adapter, head, dtype):
-                rounded = _draft_logits(adapter, head, ids, feats, anchors, tokens, greedy=False)
-        loaded = load_bundle(bundle_dir, device=device, target=target)
-        # teacher-forced on the in-memory proposals (comparable logits), plus its own greedy ones
-        reloaded = _draft_logits(loaded.adapter, loaded.head, ids, feats, anchors, tokens)
+                rounded = draft(adapter, head, tokens, greedy=False)
+        if head_in_bundle:
+            loaded = load_bundle(bundle_dir, device=device, target=target)
+            # teacher-forced on the in-memory proposals (comparable logits), plus its own greedy ones
+            reloaded = draft(loaded.adapter, loaded.head, tokens)
+        else:
+            reloaded = draft(_reload_headless(bundle_dir, recipe=recipe, family=family, target=target,
+                                              device=device), None)
         compute = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[target.dtype]
         result = {
             "blocks": len(anchors) * ids.shape[0],
@@ -304,13 +384,26 @@ def _drafter_summary(family, adapter, config: dict) -> dict:
             **family.drafter_summary(adapter)}
 
 
+def _engine_checks(family, folder: Path, files: dict, configs: dict, target_vocab: int) -> dict:
+    """Every engine's checklist on the written bundle (config.json and weights headers)."""
+    from .engines import CheckpointView, check_all
+
+    view = CheckpointView.read(folder, weights=list(files), config=next(iter(configs)), target_vocab=target_vocab)
+    return check_all(family, view)
+
+
 def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: Optional[str] = None,
-               dtype: Optional[str] = None, device: Optional[str] = None, echo=print, force: bool = False) -> Path:
+               dtype: Optional[str] = None, device: Optional[str] = None, echo=print, force: bool = False,
+               engine: Optional[str] = None) -> Path:
     """Export RUN (default: the most recent) to a verified bundle; returns its path.
 
-    force: replace an existing bundle at the destination (never anything else)."""
+    engine: write the format that engine reads and refuse (nothing written) a bundle that
+    breaks one of its loader rules (domino_graft/engines.py). force: replace an existing
+    bundle at the destination (never anything else)."""
     from .checkpoint import check_destination
     from .device import pick_device
+    from .engines import ENGINE_NAMES, require
+    from .head import HEAD_TENSOR_NAMES
     from .provenance import git_sha, now, versions
     from .recipe import recipe_to_dict
     from .rundir import check_recipe_matches_manifest, load_run, read_run_manifest, resolve_run, run_recipe
@@ -321,23 +414,29 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
     check_recipe_matches_manifest(recipe_to_dict(recipe), read_run_manifest(run_dir),
                                   recipe_source=f"{run_dir}/recipe.resolved.json", manifest_source="manifest.json")
     family = get_family(recipe.drafter.family)
-    format, dtype = format or recipe.export.format, dtype or recipe.export.dtype
-    _check_format(family, format, dtype)
+    format, dtype, spec = resolve_format(family, recipe, format=format, engine=engine, dtype=dtype)
     out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)
     option = "-o" if out else "-o (default bundles/<run>-<format>-<dtype>)"
     replacing = check_destination(out_dir, kind="bundle", option=option, force=force)  # before loading
+    if engine is not None:  # the planned config and shapes first: a broken rule fails before any weights load
+        planned = plan_bundle(recipe, format=format, dtype=dtype, engine=engine).engine_report
+        if planned is not None:
+            require(planned, what=f"the planned bundle {out_dir}")
     device = device or pick_device(recipe)
     loaded = load_run(run_dir, device=device)
     adapter, head, target = loaded.adapter, loaded.head, loaded.target
 
     files, configs = family.bundle_contents(adapter, head, format=format, dtype=dtype)
     main_config = next(iter(configs.values()))
+    head_in_bundle = set(HEAD_TENSOR_NAMES) <= {n for tensors in files.values() for n in tensors}
     run_manifest = loaded.manifest
     manifest = {
         "kind": "domino-graft bundle",
         "format": format,
         "dtype": dtype,
         "layout": family.bundle_layout,
+        "engine": engine,  # the engine whose checklist this export was required to pass
+        "head_in_bundle": head_in_bundle,
         "created_at": now(),
         "versions": versions(),
         "git_sha": git_sha(),
@@ -367,11 +466,16 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
             atomic_write_json(tmp / f, cfg)
         for name, source in family.bundle_code_files(format).items():
             atomic_write_bytes(tmp / name, Path(source).read_bytes())
+        reports = _engine_checks(family, tmp, files, configs, target.shape.vocab_size)
+        if engine is not None:
+            require(reports[engine], what=f"bundle {out_dir}")
+        manifest["engines"] = {e: r.to_dict() for e, r in reports.items()}
         manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         atomic_write_json(tmp / "manifest.json", manifest)
         echo(f"self-check: reloading {n_tensors} tensors ({dtype}) and comparing draft logits ...")
         manifest["self_check"] = self_check(tmp, target=target, adapter=adapter, head=head, dtype=dtype,
-                                            format=format, family=family, seed=recipe.bench.seed, device=device)
+                                            format=format, family=family, seed=recipe.bench.seed, device=device,
+                                            recipe=recipe, head_in_bundle=head_in_bundle)
         atomic_write_json(tmp / "manifest.json", manifest)
         atomic_write_text(tmp / "README.md", model_card(manifest, main_config, bundle=str(out_dir)))
         if replacing:  # the same refusals as before loading, should anything have changed there since
@@ -382,12 +486,24 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         f"exact {sc['exact_max_rel_diff']:.2g} <= {sc['exact_tolerance']:g}, "
         f"fidelity {sc['fidelity_max_rel_diff']:.2g} <= {sc['fidelity_tolerance']:g}"
     )
+    echo("engine checklists: " + "; ".join(r.summary() for r in reports.values())
+         + f" (`domino-graft inspect {out_dir}` says why)")
+    if spec is not None and spec.serve is not None:
+        echo(f"\nServe it ({ENGINE_NAMES[engine]}):\n")
+        lines = spec.serve(manifest, str(out_dir), target_reference(manifest))
+        echo("\n".join(line for line in lines if not line.startswith("```")))  # markdown fences: the card's
     return out_dir
 
 
 # -------------------------------------------------------------------------- model card
 def _fmt_value(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def target_reference(manifest: dict) -> str:
+    """The target as a serving command names it (TARGET for a random test target)."""
+    t = manifest["target"]
+    return "TARGET" if t.get("kind") == "random" else (t.get("path") or t.get("name_or_path") or "TARGET")
 
 
 def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
@@ -399,7 +515,7 @@ def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
     name = family.display_name
     drafter_row, format_row = family.card_rows(manifest, config)
     random_target = t.get("kind") == "random"
-    target_ref = "TARGET" if random_target else (t.get("path") or t.get("name_or_path") or "TARGET")
+    target_ref = target_reference(manifest)
     target_desc = f"random {t.get('architecture')}, seed {t.get('seed')}" if random_target else f"`{target_ref}`"
     n_params = sum(math.prod(v["shape"]) for v in manifest["tensors"].values())
     head_params = sum(math.prod(v["shape"]) for k, v in manifest["tensors"].items()
@@ -418,7 +534,8 @@ def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
         f"config hash `{t.get('config_hash')}`) |",
         drafter_row,
         f"| head | GRU {h['gru_hidden_dim']}, rank {h['rank']}, pure prefix {h['pure_prefix_len']}: "
-        f"{head_params:,} parameters |",
+        + (f"{head_params:,} parameters |" if manifest.get("head_in_bundle", True) else
+           "**dropped** from this bundle (the engine has no Domino runtime); the native bundle carries it |"),
         f"| tensors | {len(manifest['tensors'])}, {n_params:,} parameters, {dtype} |",
         format_row,
         "",
@@ -444,6 +561,14 @@ def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
             f"{sc['fidelity_max_rel_diff']:.2g} (≤ {sc['fidelity_tolerance']:g}), relative to max |logit|."
             + (f" transformers remote code: {sc['hf_max_rel_diff']:.2g}." if "hf_max_rel_diff" in sc else ""),
         ]
+    engines = manifest.get("engines") or {}
+    if engines:
+        from .engines import ENGINE_NAMES
+
+        lines += ["", "## Engine checklists", ""]
+        lines += [f"- {ENGINE_NAMES[e]}: " + ("passes" if r["passed"] else f"refused: {r['refused']}" if r.get("refused")
+                  else f"fails {len(r['failed'])} of {r['rules']} rules") for e, r in engines.items()]
+        lines.append(f"\n`domino-graft inspect {bundle}` lists every rule and its source.")
     lines += ["", "## Serve", ""]
     if random_target:
         lines += ["The target is a random test model (rebuilt from its seed by `load_bundle`): the commands below "

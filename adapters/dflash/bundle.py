@@ -2,8 +2,10 @@
 use (docs/design.md §3), and its transformers remote-code variant.
 
     BUNDLE/model.safetensors     drafter backbone + Domino head, native names, export dtype
-    BUNDLE/config.json           native: SGLang DFLASH / vLLM layout
+                                 (vllm: the backbone alone; vLLM has no Domino runtime)
+    BUNDLE/config.json           native: SGLang's DFLASH layout with the Domino keys
                                  hf: DominoDraftModel + auto_map (transformers remote code)
+                                 vllm: the z-lab layout (no Domino keys) + vLLM's aux layer ids
     BUNDLE/configuration_domino.py, modeling_domino.py    (hf only)
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from .model import DFlashConfig, backbone_tensor_shapes, domino_head_fields, domino_native_config
 
@@ -22,6 +25,9 @@ HF_AUTO_MAP = {
     "AutoModel": "modeling_domino.DominoDraftModel",
 }
 WEIGHTS = "model.safetensors"
+HEADLESS = ("vllm",)  # formats written without the Domino head
+# vLLM's aux hidden-state ids count layer *inputs*: DFlash's output id i is its i + 1
+AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 def bundle_files(format: str) -> list[str]:
@@ -32,13 +38,22 @@ def code_files(format: str) -> dict[str, Path]:
     return {name: HF_CODE_DIR / name for name in HF_CODE_FILES} if format == "hf" else {}
 
 
-def planned_tensor_shapes(drafter_cfg, spec) -> dict[str, tuple[int, ...]]:
+def planned_tensor_shapes(drafter_cfg, spec, format: str = "native") -> dict[str, tuple[int, ...]]:
     """Every tensor a DFlash+Domino bundle holds, in file order: backbone, then the head."""
-    return {**backbone_tensor_shapes(drafter_cfg), **spec.tensor_shapes()}
+    return {**backbone_tensor_shapes(drafter_cfg), **({} if format in HEADLESS else spec.tensor_shapes())}
+
+
+def vllm_config(drafter_cfg) -> dict:
+    """The z-lab DFlash config.json (no Domino keys) vLLM's DFlash loader reads, with the aux
+    layer ids vLLM counts as layer inputs (output id i -> i + 1), which older vLLM needs.
+    dflash_config.shift_label stays: vLLM ignores it, and its checklist refuses `true`."""
+    cfg = drafter_cfg.to_native()
+    cfg[AUX_IDS_KEY] = [i + 1 for i in drafter_cfg.target_layer_ids]
+    return cfg
 
 
 def bundle_config(drafter_cfg, spec, *, format: str, dtype: str) -> dict:
-    cfg = domino_native_config(drafter_cfg, spec)
+    cfg = vllm_config(drafter_cfg) if format in HEADLESS else domino_native_config(drafter_cfg, spec)
     cfg["torch_dtype"] = TORCH_NAMES[dtype]
     if format == "hf":
         # Same tensors and Domino keys; only the class transformers instantiates differs.
@@ -50,7 +65,8 @@ def plan_bundle(drafter, tshape, spec, *, format: str, dtype: str):
     from .model import config_from_recipe
 
     drafter_cfg = config_from_recipe(drafter, tshape)
-    return (bundle_config(drafter_cfg, spec, format=format, dtype=dtype), planned_tensor_shapes(drafter_cfg, spec))
+    return (bundle_config(drafter_cfg, spec, format=format, dtype=dtype),
+            planned_tensor_shapes(drafter_cfg, spec, format))
 
 
 def bundle_tensors(backbone_state: dict, head_state: dict, expected: dict, *, dtype: str) -> dict:
@@ -65,18 +81,22 @@ def bundle_tensors(backbone_state: dict, head_state: dict, expected: dict, *, dt
 
 
 def bundle_contents(adapter, head, *, format: str, dtype: str):
-    expected = planned_tensor_shapes(adapter.cfg, head.spec)
-    tensors = bundle_tensors(adapter.backbone_state_dict(), head.state_dict(), expected, dtype=dtype)
+    expected = planned_tensor_shapes(adapter.cfg, head.spec, format)
+    head_state = {} if format in HEADLESS else head.state_dict()
+    tensors = bundle_tensors(adapter.backbone_state_dict(), head_state, expected, dtype=dtype)
     return {WEIGHTS: tensors}, {"config.json": bundle_config(adapter.cfg, head.spec, format=format, dtype=dtype)}
 
 
-def implied_tensor_shapes(config: dict, *, source: str) -> dict[str, tuple[int, ...]]:
-    """What a DFlash+Domino config.json implies the weights must be, name by name."""
+def implied_tensor_shapes(config: dict, *, source: str, headless: bool = False) -> dict[str, tuple[int, ...]]:
+    """What a DFlash+Domino config.json implies the weights must be, name by name (headless:
+    a bundle whose manifest says the head was dropped, and whose config declares none)."""
     from domino_graft.checkpoint import CheckpointError
     from domino_graft.head import HeadSpec
 
     cfg = DFlashConfig.from_native(config)
     fields = domino_head_fields(config, source)
+    if not fields and headless:
+        return backbone_tensor_shapes(cfg)
     if not fields:
         raise CheckpointError(
             f"{source}: declares no Domino head (dflash_config.projector_type is not 'domino'); "
@@ -87,13 +107,16 @@ def implied_tensor_shapes(config: dict, *, source: str) -> dict[str, tuple[int, 
     return {**backbone_tensor_shapes(cfg), **spec.tensor_shapes()}
 
 
-def implied_tensors(bundle_dir: Path) -> tuple[dict, dict]:
+def implied_tensors(bundle_dir: Path, manifest: Optional[dict] = None) -> tuple[dict, dict]:
     """(config.json, {weights file: what config.json implies it holds})."""
     from domino_graft.checkpoint import read_json
 
     f = bundle_dir / "config.json"
     config = read_json(f, missing="file not found; the bundle is incomplete")
-    return config, {WEIGHTS: implied_tensor_shapes(config, source=str(f))}
+    if manifest is None:
+        manifest = read_json(bundle_dir / "manifest.json", missing="file not found; the bundle is incomplete")
+    headless = manifest.get("head_in_bundle") is False
+    return config, {WEIGHTS: implied_tensor_shapes(config, source=str(f), headless=headless)}
 
 
 # ------------------------------------------------------------- transformers check
@@ -158,40 +181,22 @@ def card_rows(manifest: dict, config: dict) -> tuple[str, str]:
 
 
 def serve_lines(manifest: dict, *, bundle: str, target_ref: str) -> list[str]:
-    if manifest["format"] == "native":
-        return [
-            "SGLang (DFlash V2 with Domino, PR #36899 or later):",
-            "",
-            "```bash",
-            "python -m sglang.launch_server \\",
-            f"    --model-path {target_ref} \\",
-            "    --speculative-algorithm DFLASH \\",
-            f"    --speculative-draft-model-path {bundle} \\",
-            "    --speculative-domino-candidate-pool-size 2048   # 0 = full-vocabulary correction",
-            "```",
-            "",
-            "vLLM (the `dflash` method; the Domino head needs a vLLM build that reads "
-            "`dflash_config.projector_type: domino` — see vllm-project/vllm#46707):",
-            "",
-            "```bash",
-            f"vllm serve {target_ref} \\",
-            f"    --speculative-config '{{\"method\": \"dflash\", \"model\": \"{bundle}\", "
-            f"\"num_speculative_tokens\": {manifest['drafter']['num_slots']}}}'",
-            "```",
-            "",
-            f"domino-graft: `domino-graft generate {bundle} ...` / `domino-graft bench {bundle}` "
-            "(the target is rebuilt from the recipe in manifest.json).",
-        ]
+    from . import serving
+
+    fmt = manifest["format"]
+    if fmt == "hf":
+        return serving.hf_lines(manifest, bundle, target_ref)
+    if fmt in HEADLESS:
+        return serving.vllm_lines(manifest, bundle, target_ref)
+    k = manifest["drafter"]["num_slots"]
     return [
-        "transformers (remote code shipped in this folder; the drafter reuses the target's "
-        "embeddings and LM head):",
+        *serving.sglang_lines(manifest, bundle, target_ref),
         "",
-        "```python",
-        "from transformers import AutoModel",
-        f"drafter = AutoModel.from_pretrained({bundle!r}, trust_remote_code=True)",
-        "hidden = drafter.proposal_hidden(drafter(noise_embedding, target_hidden, position_ids))",
-        "tokens = drafter.draft_greedy(hidden, target_lm_head(hidden), anchor_ids, target_embed_tokens)",
-        "```",
+        "vLLM cannot load this bundle: it has no Domino runtime (vllm-project/vllm#46707) and its DFlash loader "
+        "refuses the head's tensors. `domino-graft export RUN --engine vllm` writes the base drafter without the head, "
+        f"served with `vllm serve {target_ref} --speculative-config '{{\"method\": \"dflash\", \"model\": "
+        f"\"BUNDLE-vllm\", \"num_speculative_tokens\": {k}}}'` (vLLM reads only shift_label: false drafters).",
         "",
-        "For SGLang / vLLM export the `native` format (`domino-graft export --format native`).",
+        f"domino-graft: `domino-graft generate {bundle} ...` / `domino-graft bench {bundle}` "
+        "(the target is rebuilt from the recipe in manifest.json).",
     ]

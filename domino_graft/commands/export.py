@@ -1,4 +1,5 @@
-"""`domino-graft export [RUN] [-o BUNDLE] [--format native|hf] [--dtype bf16|fp16|fp32] [--dry-run]`."""
+"""`domino-graft export [RUN] [-o BUNDLE] [--engine sglang|vllm|hf | --format native|hf] [--dtype bf16|fp16|fp32]
+[--dry-run]`."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ from __future__ import annotations
 def add_arguments(p) -> None:
     p.add_argument("run", nargs="?", metavar="RUN", help="run directory (default: the most recent one)")
     p.add_argument("-o", "--out", metavar="BUNDLE", help="bundle folder (default: bundles/<run>-<format>-<dtype>)")
-    p.add_argument("--format", choices=("native", "hf"), help="native: the family's serving-engine layout "
-                   "(or drafter/ + head.safetensors where no engine reads the head); hf: transformers remote code, "
-                   "for families that have it (`domino-graft families`); default: the recipe's export.format")
+    p.add_argument("--engine", choices=("sglang", "vllm", "hf"), help="the engine that will serve the bundle: picks "
+                   "its format (sglang: native, hf: hf, vllm: the base drafter without the Domino head, which vLLM "
+                   "cannot run) and refuses, writing nothing, a bundle that breaks one of that engine's loader rules "
+                   "(one line per rule); then prints the serving command. Every export records all engines' "
+                   "checklists in manifest.json")
+    p.add_argument("--format", choices=("native", "hf"), help="the layout alone, with no engine required to pass: "
+                   "native: the family's serving-engine layout (or drafter/ + head.safetensors where no engine reads "
+                   "the head); hf: transformers remote code, for families that have it (`domino-graft families`); "
+                   "default: --engine's format, else the recipe's export.format")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="weights dtype (default: the recipe's export.dtype)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="where to run the self-check (default: the recipe's)")
     p.add_argument("--dry-run", action="store_true", help="print the bundle's tensors and config from configs alone")
@@ -21,12 +28,14 @@ def run(args) -> int:
         from ..export import plan_bundle
         from ..rundir import resolve_run, run_recipe
 
-        print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype).format_text())
+        print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype,
+                          engine=args.engine).format_text())
         return 0
     from ..progress import loading
 
     loading("export")
     from ..export import export_run
 
-    export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device, force=args.force)
+    export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device, force=args.force,
+               engine=args.engine)
     return 0
