@@ -153,7 +153,7 @@ def _decode_batch(runs, start, chunk, items, count, target, sampling, tallies, i
     for mode in MODES:
         bar.set_postfix_str(f"prompts {start + 1}-{start + len(chunk)}/{count} {mode}")
         t0 = time.perf_counter()
-        results[mode] = runs[mode](chunk)
+        results[mode] = runs[mode](chunk, start)
         wall = time.perf_counter() - t0
         for n, r in enumerate(results[mode]):
             kv_paths[mode].add(r.kv_path)
@@ -215,8 +215,8 @@ def run_bench(
     kv: str = "auto",
     batch_size: int = 1,
 ) -> dict:
-    """batch_size > 1: the prompts decode `batch_size` at a time (Engine.*_batch: greedy chains,
-    dynamic cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
+    """batch_size > 1: the prompts decode `batch_size` at a time (Engine.*_batch: chains, dynamic
+    cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
     from .progress import Progress
     from .provenance import hardware, versions
 
@@ -235,14 +235,11 @@ def run_bench(
     if batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     if batch_size > 1:
-        if not sampling.greedy:
-            raise ValueError(f"--batch-size: {batch_size} with --temperature {sampling.temperature}; valid: "
-                             "--temperature 0 (batched decoding is greedy), or --batch-size 1")
-        kw = dict(max_new_tokens=max_new_tokens, sampling=sampling)
+        kw = dict(max_new_tokens=max_new_tokens, sampling=sampling)  # at T > 0: seed + the batch's first index
         runs = {
-            "target": lambda chunk: engine.target_only_batch(chunk, **kw),
-            "base": lambda chunk: engine.speculative_batch(chunk, use_head=False, **kw),
-            "domino": lambda chunk: engine.speculative_batch(chunk, use_head=True, **kw),
+            "target": lambda chunk, i: engine.target_only_batch(chunk, seed_offset=i, **kw),
+            "base": lambda chunk, i: engine.speculative_batch(chunk, use_head=False, seed_offset=i, **kw),
+            "domino": lambda chunk, i: engine.speculative_batch(chunk, use_head=True, seed_offset=i, **kw),
         }
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
@@ -253,7 +250,7 @@ def run_bench(
         if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
             for mode in MODES:
                 bar.set_postfix_str(f"warm-up {mode}")
-                runs[mode](encoded[:batch_size]) if batch_size > 1 else runs[mode](encoded[0], -1)
+                runs[mode](encoded[:batch_size], -1) if batch_size > 1 else runs[mode](encoded[0], -1)
         if batch_size > 1:
             for start in range(0, len(encoded), batch_size):
                 per_prompt += _decode_batch(runs, start, encoded[start: start + batch_size], prompts[start:],

@@ -1,4 +1,12 @@
-"""`domino-graft generate [RUN_OR_BUNDLE] --prompt TEXT`: stream speculative decoding to stdout."""
+"""`domino-graft generate [RUN_OR_BUNDLE] --prompt TEXT`: stream speculative decoding to stdout.
+
+Several prompts (`--prompt A --prompt B`, `--prompt-ids` repeated, or `--prompts FILE.jsonl`)
+print one labelled answer each ("[1] ...", or "[ID] ..." for a file line with an "id"). With
+`--batch-size N` they decode N at a time as one batch (Engine.*_batch, decoding/batched.py),
+each answer printed when its batch ends; with N = 1 (the default) each is streamed in turn. One
+prompt streams exactly as before, unlabelled. Sampling seeds: the decode of prompts i.. (0-based,
+its first prompt) uses seed + i, so a rerun with the same batch size reproduces every answer.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +16,15 @@ import sys
 def add_arguments(p) -> None:
     p.add_argument("run", nargs="?", metavar="RUN_OR_BUNDLE", help="run dir or bundle (default: the latest run)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", metavar="TEXT", help="user message (chat template applied unless --raw)")
-    src.add_argument("--prompt-ids", metavar="IDS", help="token ids, comma or space separated (tokenizer-less targets)")
+    src.add_argument("--prompt", metavar="TEXT", action="append",
+                     help="user message (chat template applied unless --raw); repeat for several prompts")
+    src.add_argument("--prompt-ids", metavar="IDS", action="append",
+                     help="token ids, comma or space separated (tokenizer-less targets); repeatable")
+    src.add_argument("--prompts", metavar="FILE.jsonl",
+                     help="one prompt per line: {\"prompt\": ...} | {\"messages\": [...]} | {\"prompt_ids\": [...]}")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="decode N prompts at a time as one batch (chain drafters that take ragged batches; default 1: "
+                        "one after another)")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -29,15 +44,15 @@ def add_arguments(p) -> None:
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
 
 
-def _parse_ids(text: str) -> list[int]:
+def _parse_ids(text: str, where: str = "--prompt-ids") -> list[int]:
     from ..inputs import short
 
     parts = text.replace(",", " ").split()
     if not parts:
-        raise ValueError(f"--prompt-ids: {short(text)} holds no ids; valid: integers separated by commas or spaces")
+        raise ValueError(f"{where}: {short(text)} holds no ids; valid: integers separated by commas or spaces")
     for n, x in enumerate(parts):
         if not (x.isascii() and x.isdigit()):
-            raise ValueError(f"--prompt-ids: id {n + 1}, {short(x)}, is not a token id; valid: integers >= 0 "
+            raise ValueError(f"{where}: id {n + 1}, {short(x)}, is not a token id; valid: integers >= 0 "
                              "separated by commas or spaces, e.g. \"5 9 12 7\"")
     return [int(x) for x in parts]
 
@@ -74,6 +89,33 @@ class _Streamer:
         self.out.flush()
 
 
+def _sources(args) -> list[dict]:
+    """The prompts as records {"prompt" | "messages" | "prompt_ids", "raw", "where", "label"}."""
+    if args.prompts is not None:
+        from ..benchmark import read_prompts
+
+        return [{**{k: rec[k] for k in ("prompt", "messages", "prompt_ids") if k in rec},
+                 "raw": bool(rec.get("raw", args.raw)), "where": f"--prompts {rec['source']}",
+                 "label": str(rec.get("id", n + 1))} for n, rec in enumerate(read_prompts(args.prompts))]
+    flag, key, values = (("--prompt", "prompt", args.prompt) if args.prompt is not None
+                         else ("--prompt-ids", "prompt_ids", args.prompt_ids))
+    out = []
+    for n, v in enumerate(values):
+        where = flag if len(values) == 1 else f"{flag} #{n + 1}"
+        out.append({key: _parse_ids(v, where) if key == "prompt_ids" else v, "raw": args.raw, "where": where,
+                    "label": str(n + 1)})
+    return out
+
+
+def _report(res, mode: str, label: str = "", seconds=None) -> None:
+    """One decode's summary line on stderr; `seconds`: a batch's wall time (the rate is then its total)."""
+    secs = res.seconds if seconds is None else seconds
+    tps = len(res.tokens) / secs if secs > 0 else float("nan")
+    tau = "-" if res.tau is None else f"{res.tau:.2f}"
+    print(f"{label}tau {tau} ({mode}): {len(res.tokens)} tokens, {res.target_forwards} target forwards, "
+          f"{tps:.1f} tokens/s, stopped by {res.stop_reason}, kv {res.kv_path}", file=sys.stderr)
+
+
 def run(args) -> int:
     from ..progress import loading
 
@@ -85,38 +127,74 @@ def run(args) -> int:
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_new_tokens < 1:  # before minutes of loading
         raise ValueError(f"--max-new-tokens: {args.max_new_tokens!r} is invalid; valid: an integer >= 1")
-    prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size: {args.batch_size!r} is invalid; valid: an integer >= 1")
+    sources = _sources(args)  # bad ids or a bad prompt file fail before the models load
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
     target = loaded.target
     reserved = stop_token_ids(target)
-    prompt_ids = encode_prompt(
+    encoded = [encode_prompt(
         target,
-        prompt=args.prompt,
-        prompt_ids=prompt_ids,
-        raw=args.raw,
+        prompt=src.get("prompt"),
+        messages=src.get("messages"),
+        prompt_ids=src.get("prompt_ids"),
+        raw=src["raw"],
         chat=loaded.recipe.target.chat,
         reserved=reserved | loaded.adapter.reserved_token_ids(),
         placeholders=loaded.adapter.reserved_token_ids(),
         max_new_tokens=args.max_new_tokens,
-        where="--prompt" if args.prompt is not None else "--prompt-ids",
-    )
-    if target.tokenizer is None and args.prompt is not None:
-        print(f"note: this target has no tokenizer; the prompt was mapped to ids by byte fallback: {prompt_ids}",
-              file=sys.stderr)
+        where=src["where"],
+    ) for src in sources]
+    if target.tokenizer is None:
+        for src, ids in zip(sources, encoded):
+            if src.get("prompt_ids") is None:
+                what = "the prompt" if len(sources) == 1 else src["where"]
+                print(f"note: this target has no tokenizer; {what} was mapped to ids by byte fallback: {ids}",
+                      file=sys.stderr)
     engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, args.rollout),
                     stop_ids=stop_token_ids(target, args.stop_id), kv=args.kv)
-    stream = _Streamer(target)
-    kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, on_tokens=stream)
-    if args.target_only:
-        res = engine.target_only(prompt_ids, **kw)
-    else:
-        res = engine.speculative(prompt_ids, use_head=not args.no_head, **kw)
-    stream.close()
-    tps = len(res.tokens) / res.seconds if res.seconds > 0 else float("nan")
-    tau = "-" if res.tau is None else f"{res.tau:.2f}"
     mode = "target alone" if args.target_only else ("base drafter" if args.no_head else "domino drafter")
-    print(f"tau {tau} ({mode}): {len(res.tokens)} tokens, {res.target_forwards} target forwards, "
-          f"{tps:.1f} tokens/s, stopped by {res.stop_reason}, kv {res.kv_path}", file=sys.stderr)
+    kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    if len(encoded) == 1:  # one prompt: streamed, unlabelled
+        stream = _Streamer(target)
+        if args.target_only:
+            res = engine.target_only(encoded[0], on_tokens=stream, **kw)
+        else:
+            res = engine.speculative(encoded[0], use_head=not args.no_head, on_tokens=stream, **kw)
+        stream.close()
+        _report(res, mode)
+        return 0
+    labels = [f"[{src['label']}] " for src in sources]
+    if args.batch_size == 1:
+        for i, (ids, label) in enumerate(zip(encoded, labels)):
+            stream = _Streamer(target)
+            stream.out.write(label)
+            if args.target_only:
+                res = engine.target_only(ids, on_tokens=stream, seed_offset=i, **kw)
+            else:
+                res = engine.speculative(ids, use_head=not args.no_head, on_tokens=stream, seed_offset=i, **kw)
+            stream.close()
+            _report(res, mode, label)
+        return 0
+    import time
+
+    for start in range(0, len(encoded), args.batch_size):
+        chunk = encoded[start: start + args.batch_size]
+        t0 = time.perf_counter()
+        if args.target_only:
+            results = engine.target_only_batch(chunk, seed_offset=start, **kw)
+        else:
+            results = engine.speculative_batch(chunk, use_head=not args.no_head, seed_offset=start, **kw)
+        wall = time.perf_counter() - t0
+        for res, label in zip(results, labels[start:]):
+            stream = _Streamer(target)
+            stream.out.write(label)
+            stream(res.tokens)
+            stream.close()
+            _report(res, mode, label)
+        total = sum(len(r.tokens) for r in results)
+        print(f"batch of {len(chunk)} (prompts {start + 1}..{start + len(chunk)}): {total} tokens in {wall:.2f} s, "
+              f"{total / wall if wall > 0 else float('nan'):.1f} tokens/s in total", file=sys.stderr)
     return 0

@@ -16,8 +16,18 @@ never valid, its tokens never emitted, and the others do not wait for it.
 
 The drafter sees the same ragged layout through the adapter contract's ragged batches
 (adapters/base.py: per-row positions [B, n], negative = padding; `propose` at [B] positions);
-families set `ragged_batch`. Greedy chains only (a tree's ragged verify, sampling and the
-static cache's per-row lengths are not wired here): trees and T > 0 decode one prompt at a time.
+families set `ragged_batch`. Chains only (a tree's ragged verify and the static cache's per-row
+lengths are not wired here): trees decode one prompt at a time.
+
+At T > 0 each row is verified by standard speculative sampling (`verify.verify_chain`, the
+solo chain path's rule and `warp()`), so each row's output is distributed exactly as its own
+target-alone sampling. Randomness: one generator per batch decode, `sampling.generator(device,
+seed_offset)`, consumed in a fixed order at every step: the anchors' draw at the prefill, [B]
+rows at once; then per step the rollout's draws ([B] rows per slot, slot by slot), the
+verifier's uniforms [B, K], then the [B] corrections / bonuses. Finished rows still draw (their
+results are dropped), so a batch with the same prompts, order and seed reproduces its samples;
+a row's samples depend on the batch it sits in, not only on its prompt (rows are not
+bit-reproducible against their solo decode at T > 0, only equal in distribution).
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..sampling import Sampling, pick
 from .common import DecodeResult, Output, check_prompt, new_cache, rollback, stop_set
-from .verify import verify_greedy
+from .verify import verify_chain
 
 
 class RaggedTarget:
@@ -92,28 +103,28 @@ class RaggedTarget:
         return new
 
 
-def _check_batch(engine, prompts, max_new_tokens: int, sampling) -> list[torch.Tensor]:
+def _check_batch(engine, prompts, max_new_tokens: int) -> list[torch.Tensor]:
     if not len(prompts):
         raise ValueError("batched decoding: no prompts")
-    if sampling is not None and not sampling.greedy:
-        raise ValueError(f"--temperature: {sampling.temperature} with --batch-size > 1; valid: 0 (batched decoding "
-                         "is greedy here), or --batch-size 1")
     return [check_prompt(engine.target, p, max_new_tokens)[0] for p in prompts]
 
 
 @torch.inference_mode()
-def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling=None,
-                        stop_ids: Iterable[int] = ()) -> list[DecodeResult]:
-    """Greedy target-alone decoding of every prompt at once; row b's output is
-    `engine.target_only(prompts[b])`'s."""
-    ids = _check_batch(engine, prompts, max_new_tokens, sampling)
+def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                        sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
+                        seed_offset: int = 0) -> list[DecodeResult]:
+    """Target-alone decoding of every prompt at once; row b's output is
+    `engine.target_only(prompts[b])`'s (greedy: token for token; T > 0: in distribution)."""
+    sampling = sampling or Sampling()
+    ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev = len(ids), ids[0].device
+    gen = sampling.generator(dev, seed_offset)
     stops = stop_set(engine.stop_ids, stop_ids)
     outs = [Output(max_new_tokens, stops, None) for _ in ids]
     t0 = time.perf_counter()
     target = RaggedTarget(engine.target)
     logits, _, _, _ = target.prefill(ids, ())
-    tok = logits.argmax(-1)
+    tok = pick(logits, sampling, gen)
     pos = torch.tensor([p.numel() for p in ids], device=dev)
     seconds, forwards = [0.0] * b, [1] * b
     live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
@@ -121,7 +132,7 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
         logits, _ = target.step(tok[:, None], pos, ())
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)
-        tok = torch.where(live_t, logits[:, -1].argmax(-1), tok)
+        tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
         pos = pos + live_t.long()
         for r in range(b):
             forwards[r] += live[r]
@@ -146,10 +157,11 @@ def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[
 
 
 @torch.inference_mode()
-def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling=None,
-                  stop_ids: Iterable[int] = (), use_head: bool = True) -> list[DecodeResult]:
-    """Greedy chain speculative decoding of every prompt at once (module docstring); row b's
-    output is `engine.speculative(prompts[b])`'s, token for token."""
+def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                  stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0) -> list[DecodeResult]:
+    """Chain speculative decoding of every prompt at once (module docstring); row b's output is
+    `engine.speculative(prompts[b])`'s: token for token (greedy), in distribution (T > 0)."""
+    sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
         raise ValueError(f"batched decoding: drafter topology {adapter.topology!r}; valid: 'chain' (trees decode one "
@@ -159,8 +171,9 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                          "(adapter.ragged_batch); valid: --batch-size 1")
     if use_head and engine.head is None:
         raise ValueError("use_head=True but no Domino head is loaded")
-    ids = _check_batch(engine, prompts, max_new_tokens, sampling)
+    ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
+    gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
     stops = stop_set(engine.stop_ids, stop_ids)
     outs = [Output(max_new_tokens, stops, None) for _ in ids]
@@ -173,17 +186,17 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     adapter.reset(b)
     logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
     adapter.observe(feats, prompt_pos, ids=prompt_ids)
-    anchor = logits.argmax(-1)  # [B]
+    anchor = pick(logits, sampling, gen)  # [B]
     pos = torch.tensor([p.numel() for p in ids], device=dev)
     live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
     offs = torch.arange(k + 1, device=dev)
     while any(live):
         block = adapter.propose(anchor, pos)
-        drafts, _ = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=0.0, top_k=0, top_p=1.0,
-                                   generator=None, use_head=use_head)
+        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
+                                   top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = target.step(seq, pos, capture)
-        n_acc, nxt = verify_greedy(logits, drafts)
+        n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         chunks = []

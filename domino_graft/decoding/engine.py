@@ -37,8 +37,8 @@ DECODERS = {"chain": chain_speculative, "tree": tree_speculative}
 
 class Engine:
     """Decoding with one loaded target, drafter adapter and (optional) Domino head: one prompt
-    at a time (`target_only`, `speculative`), or several at once, greedy chains on the dynamic
-    cache (`target_only_batch`, `speculative_batch`: decoding/batched.py)."""
+    at a time (`target_only`, `speculative`), or several at once, chains (greedy or sampled) on the
+    dynamic cache (`target_only_batch`, `speculative_batch`: decoding/batched.py)."""
 
     def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = (),
                  kv: str = "auto"):
@@ -134,14 +134,18 @@ class Engine:
 
     # ---------------------------------------------------------------- batched
     def target_only_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                          stop_ids: Iterable[int] = ()) -> list[DecodeResult]:
-        """Every prompt at once, greedy (decoding/batched.py); row b == `target_only(prompts[b])`."""
-        return batched_target_only(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids)
+                          stop_ids: Iterable[int] = (), seed_offset: int = 0) -> list[DecodeResult]:
+        """Every prompt at once (decoding/batched.py); row b == `target_only(prompts[b])` (greedy:
+        token for token; T > 0: in distribution)."""
+        return batched_target_only(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+                                   seed_offset=seed_offset)
 
     def speculative_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                          stop_ids: Iterable[int] = (), use_head: bool = True) -> list[DecodeResult]:
-        """Every prompt at once, greedy chains (decoding/batched.py); row b == `speculative(prompts[b])`."""
+                          stop_ids: Iterable[int] = (), use_head: bool = True,
+                          seed_offset: int = 0) -> list[DecodeResult]:
+        """Every prompt at once, chains (decoding/batched.py); row b == `speculative(prompts[b])`
+        (greedy: token for token; T > 0: in distribution, by per-row speculative sampling)."""
         if self.adapter is None:
             raise ValueError("speculative decoding needs a drafter adapter")
         return batched_chain(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                             use_head=use_head)
+                             use_head=use_head, seed_offset=seed_offset)

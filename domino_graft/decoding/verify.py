@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..sampling import sample
+from ..sampling import sample, warp
 
 
 def verify_greedy(target_logits: torch.Tensor, drafts: torch.Tensor):
@@ -53,3 +53,14 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gene
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_rej)
     dist = torch.where((n_acc == k)[:, None], p[:, k], residual)
     return n_acc, sample(dist, generator)
+
+
+def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[torch.Tensor], sampling,
+                 generator: Optional[torch.Generator]):
+    """Either rule by `sampling` (a sampling.Sampling): greedy, or speculative sampling with the
+    target's logits [B, K+1, V] warped exactly as target-only sampling warps them (the one
+    `warp()`); q [B, K, V] is the rollout's (None when greedy). -> (n_acc [B], next [B])."""
+    if sampling.greedy:
+        return verify_greedy(target_logits, drafts)
+    p = warp(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return verify_sampling(p, q, drafts, generator)
