@@ -6,7 +6,10 @@ use (docs/design.md §3), and its transformers remote-code variant.
     BUNDLE/config.json           native: SGLang's DFLASH layout with the Domino keys
                                  hf: DominoDraftModel + auto_map (transformers remote code)
                                  vllm: the z-lab layout (no Domino keys) + vLLM's aux layer ids
-    BUNDLE/configuration_domino.py, modeling_domino.py    (hf only)
+    BUNDLE/configuration_domino.py, modeling_domino.py, rollout_domino.py    (hf only: torch +
+                                 transformers; rollout_domino.py holds spec_generate)
+    BUNDLE/triton_rollout_domino.py    (hf only: domino-graft's kernels/triton_rollout.py verbatim,
+                                 the fused rollout's Triton kernels, imported only when triton is)
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from typing import Optional
 from .model import DFlashConfig, backbone_tensor_shapes, domino_head_fields, domino_native_config
 
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-HF_CODE_FILES = ("configuration_domino.py", "modeling_domino.py")
+HF_CODE_FILES = ("configuration_domino.py", "modeling_domino.py", "rollout_domino.py")  # torch + transformers only
 HF_CODE_DIR = Path(__file__).resolve().parent / "hf_modeling"
+# Shipped beside the remote code, imported (inside a try) by rollout_domino.py: needs triton
+HF_KERNEL_FILES = {"triton_rollout_domino.py": "triton_rollout.py"}  # bundle name -> file in kernels/
 HF_AUTO_MAP = {
     "AutoConfig": "configuration_domino.DominoDFlashConfig",
     "AutoModel": "modeling_domino.DominoDraftModel",
@@ -30,12 +35,27 @@ HEADLESS = ("vllm",)  # formats written without the Domino head
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
+def hf_shipped_files() -> tuple[str, ...]:
+    """Every code file an hf bundle carries: the remote code, then the Triton kernels."""
+    return (*HF_CODE_FILES, *HF_KERNEL_FILES)
+
+
 def bundle_files(format: str) -> list[str]:
-    return [WEIGHTS, "config.json", *(HF_CODE_FILES if format == "hf" else ())]
+    return [WEIGHTS, "config.json", *(hf_shipped_files() if format == "hf" else ())]
+
+
+def _kernels_dir() -> Path:
+    import domino_graft.kernels as kernels  # torch only; triton is not imported
+
+    return Path(kernels.__file__).resolve().parent
 
 
 def code_files(format: str) -> dict[str, Path]:
-    return {name: HF_CODE_DIR / name for name in HF_CODE_FILES} if format == "hf" else {}
+    if format != "hf":
+        return {}
+    kernels = _kernels_dir()
+    return {**{name: HF_CODE_DIR / name for name in HF_CODE_FILES},
+            **{name: kernels / source for name, source in HF_KERNEL_FILES.items()}}
 
 
 def planned_tensor_shapes(drafter_cfg, spec, format: str = "native") -> dict[str, tuple[int, ...]]:

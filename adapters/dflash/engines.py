@@ -20,7 +20,7 @@ from typing import Optional
 from domino_graft.engines import CheckpointView, Description, EngineSpec, Rule, Unknown
 from domino_graft.head import HEAD_TENSOR_NAMES
 
-from .bundle import AUX_IDS_KEY, HF_AUTO_MAP, HF_CODE_FILES
+from .bundle import AUX_IDS_KEY, HF_AUTO_MAP, hf_shipped_files
 
 SGL_PARSE = "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config"
 SGL_RUNTIME = "sglang srt/speculative/domino_utils.py validate_domino_runtime"
@@ -290,7 +290,8 @@ def hf_rules() -> list[Rule]:
         Rule("architectures", "['DominoDraftModel']", HF_CODE, _architecture("DominoDraftModel")),
         Rule("model_type", "'domino_dflash'", HF_CODE, _equals("model_type", "domino_dflash", where="top")),
         Rule("auto_map", json.dumps(HF_AUTO_MAP), HF_CODE, auto_map),
-        Rule("remote code", f"{list(HF_CODE_FILES)} in the folder", HF_CODE, _files(*HF_CODE_FILES)),
+        Rule("remote code", f"{list(hf_shipped_files())} in the folder (the model, spec_generate and its Triton "
+             "kernels)", HF_CODE, _files(*hf_shipped_files())),
         *_domino(HF_CODE),
         Rule("dflash_config.pure_draft_prefix_len", "an integer >= 0", HF_CODE, _int_at_least("pure_draft_prefix_len", 0)),
         *_shared(HF_CODE, HF_CODE, HF_CODE, HF_CODE),

@@ -1,6 +1,7 @@
 """DFlash drafter + Domino head as a transformers model (remote code shipped in the bundle).
 
     model = AutoModel.from_pretrained(BUNDLE, trust_remote_code=True)
+    out = model.spec_generate(target, input_ids, 256)   # lossless speculative decoding (rollout_domino.py)
 
 Self-contained: torch + transformers only. The drafter owns no embedding and no LM head;
 the caller passes the target's (DFlash reuses them), exactly as serving engines do.
@@ -27,6 +28,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .configuration_domino import DominoDFlashConfig
+from .rollout_domino import reference_rollout
+from .rollout_domino import spec_generate as _spec_generate
 
 
 def _setting(config, name, default=None):
@@ -87,13 +90,14 @@ class DFlashAttention(nn.Module):
 
     def _kv(self, x, cos, sin):
         b, t, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, t, -1, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        # explicit head counts: an empty context (a one-token prompt) has t = 0
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
     def forward(self, x, ctx, cos_ctx, sin_ctx, cos_blk, sin_blk, mask):
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, -1, self.head_dim)).transpose(1, 2)
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos_blk, sin_blk)
         # Context keys/values come from the projected target features, not from the layer
         # input: the context is never transformed layer to layer.
@@ -247,16 +251,17 @@ class DominoDraftModel(PreTrainedModel):
     @torch.no_grad()
     def draft_greedy(self, proposal_hidden: torch.Tensor, base_logits: torch.Tensor,
                      anchor_ids: torch.Tensor, embed_tokens: nn.Module) -> torch.Tensor:
-        """Greedy proposals d_1..d_K [B, K]: the GRU reads E(x_0), then each realised proposal."""
-        w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
-        state = torch.zeros(anchor_ids.shape[0], w_hh.shape[1], device=w_hh.device, dtype=w_hh.dtype)
-        prev, out = anchor_ids, []
-        for j in range(1, proposal_hidden.shape[1] + 1):
-            state = torch.gru_cell(embed_tokens(prev).to(state.dtype), state, w_ih, w_hh, None, None)
-            logits = base_logits[:, j - 1]
-            if j > self.pure_draft_prefix_len:
-                x = torch.cat([proposal_hidden[:, j - 1].to(state.dtype), state], dim=-1)
-                logits = logits + self.embed_proj(x).to(logits.dtype)
-            prev = logits.argmax(-1)
-            out.append(prev)
-        return torch.stack(out, dim=1)
+        """Greedy proposals d_1..d_K [B, K]: the GRU reads E(x_0), then each realised proposal
+        (the PyTorch reference rollout of rollout_domino.py)."""
+        return reference_rollout(self, proposal_hidden, base_logits, anchor_ids, embed_tokens)[0]
+
+    # ------------------------------------------------------------------ speculative decoding
+    def spec_generate(self, target, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, **kwargs) -> torch.Tensor:
+        """Speculative decoding of `target` (a transformers causal LM) drafted by this bundle, batch 1:
+        greedy output identical to `target.generate(input_ids, do_sample=False)`, temperature > 0 by
+        speculative sampling with the exact draft distribution q (lossless). The greedy rollout runs
+        the shipped Triton kernels on CUDA when triton imports, the PyTorch reference elsewhere.
+        Keywords: generator (torch.Generator), rollout ("auto" | "torch" | "triton"), return_stats.
+        See rollout_domino.spec_generate."""
+        return _spec_generate(self, target, input_ids, max_new_tokens, temperature, top_p, **kwargs)
