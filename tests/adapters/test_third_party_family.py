@@ -41,7 +41,7 @@ def test_without_the_package_the_family_is_unknown(tmp_path):
     r = subprocess.run([sys.executable, "-m", "domino_graft", "validate", str(recipe)], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 1
-    assert "drafter.family: 'toyheads' is not a drafter family; valid: dflash, medusa, pard" in r.stderr
+    assert "drafter.family: 'toyheads' is not a drafter family; valid: dflash, dspark, medusa, pard" in r.stderr
 
 
 def test_installed_family_runs_the_whole_pipeline(installed, tmp_path):
