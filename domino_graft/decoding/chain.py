@@ -24,9 +24,9 @@ from typing import Iterable
 
 import torch
 
-from ..sampling import Sampling, pick, warp
+from ..sampling import Sampling, pick
 from .common import DecodeResult, OnTokens, Output, check_prompt, new_cache, positions, rollback, stop_set
-from .verify import verify_greedy, verify_sampling
+from .verify import verify_chain
 
 
 @torch.inference_mode()
@@ -90,11 +90,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = forward(seq, pos)
         forwards += 1
-        if sampling.greedy:
-            n_acc, nxt = verify_greedy(logits, drafts)
-        else:
-            p = warp(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-            n_acc, nxt = verify_sampling(p, q, drafts, gen)
+        n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         # one device->host sync per step
         host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
