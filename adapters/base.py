@@ -30,6 +30,16 @@ import torch
 from torch import nn
 
 
+def checkpoint_conflicts(d, checkpoint: dict) -> list[str]:
+    """One line per recipe field the user set (`d.model_fields_set`, not None = "the default")
+    whose value contradicts the checkpoint's: `checkpoint` maps field name -> the checkpoint's
+    value. A checkpoint's values are never silently overridden."""
+    return [f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {theirs!r} "
+            "(remove it from the recipe to use the checkpoint's)"
+            for name, theirs in checkpoint.items()
+            if name in d.model_fields_set and getattr(d, name) is not None and getattr(d, name) != theirs]
+
+
 def read_config_json(path: str, field: str, hint: str = "") -> dict:
     """config.json of a checkpoint folder (or the file itself), with errors naming the recipe field."""
     import json

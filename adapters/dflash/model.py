@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json
 
 ARCHITECTURE = "DFlashDraftModel"
 BACKBONE_PREFIXES = ("layers.", "norm.", "fc.", "hidden_norm.")
@@ -519,14 +519,9 @@ def config_from_recipe(d, tshape) -> DFlashConfig:
     if source is not None:
         field_name = "drafter.path" if d.path else "drafter.config"
         cfg = DFlashConfig.from_native(read_config_json(source, field_name))
-        for name in ("block_size", "target_layer_ids", "mask_token_id", "shift_label"):
-            # None = "the default", never a contradiction (a run's resolved recipe lists every field)
-            if name in d.model_fields_set and getattr(d, name) is not None and getattr(d, name) != getattr(cfg, name):
-                problems.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's "
-                                f"{getattr(cfg, name)!r} (remove it from the recipe to use the checkpoint's)")
-        if "num_layers" in d.model_fields_set and d.num_layers != cfg.num_hidden_layers:
-            problems.append(f"drafter.num_layers: {d.num_layers} conflicts with the checkpoint's {cfg.num_hidden_layers} "
-                            "(remove it from the recipe to use the checkpoint's)")
+        # None = "the default", never a contradiction (a run's resolved recipe lists every field)
+        problems += checkpoint_conflicts(d, {**{name: getattr(cfg, name) for name in (
+            "block_size", "target_layer_ids", "mask_token_id", "shift_label")}, "num_layers": cfg.num_hidden_layers})
         if cfg.num_target_layers in (0, None):
             cfg.num_target_layers = tshape.num_layers
         for name, ours, theirs in (("hidden_size", cfg.hidden_size, tshape.hidden_size),

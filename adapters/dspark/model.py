@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import DraftBlock, TrainingBlocks, read_config_json
+from ..base import DraftBlock, TrainingBlocks, checkpoint_conflicts, read_config_json
 from ..dflash import model as dflash
 from ..dflash.model import DFlashAdapter, DFlashConfig
 from .schema import CHECKPOINT_FIELDS
@@ -394,10 +394,7 @@ def config_from_recipe(d, tshape) -> tuple[DFlashConfig, DSparkConfig]:
     cfg.num_target_layers = tshape.num_layers
     ours = _values(cfg, mcfg)
     problems = []
-    for name in CHECKPOINT_FIELDS:
-        if name in d.model_fields_set and getattr(d, name) is not None and getattr(d, name) != ours[name]:
-            problems.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {ours[name]!r} "
-                            "(remove it from the recipe to use the checkpoint's)")
+    problems += checkpoint_conflicts(d, {name: ours[name] for name in CHECKPOINT_FIELDS})
     for name, mine, theirs in (("hidden_size", cfg.hidden_size, tshape.hidden_size),
                                ("vocab_size", cfg.vocab_size, tshape.vocab_size)):
         if mine != theirs:

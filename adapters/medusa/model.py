@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
 MEDUSA2_PREFIX = "medusa_head."
@@ -293,10 +293,7 @@ def config_from_recipe(d, tshape) -> MedusaConfig:
     if source is not None:
         field_name = "drafter.path" if d.path else "drafter.config"
         cfg = MedusaConfig.from_native(read_config_json(source, field_name), tshape, field_name)
-        for name, theirs in (("num_heads", cfg.num_heads), ("num_layers", cfg.num_layers)):
-            if name in d.model_fields_set and getattr(d, name) != theirs:
-                problems.append(f"drafter.{name}: {getattr(d, name)!r} conflicts with the checkpoint's {theirs!r} "
-                                "(remove it from the recipe to use the checkpoint's)")
+        problems += checkpoint_conflicts(d, {"num_heads": cfg.num_heads, "num_layers": cfg.num_layers})
         for name, ours, target in (("hidden_size", cfg.hidden_size, tshape.hidden_size),
                                    ("vocab_size", cfg.vocab_size, tshape.vocab_size)):
             if ours != target:
