@@ -247,3 +247,16 @@ def test_compiled_forward_equals_eager(scope):
         close(ha[lid], hb[lid], 1e-5)
     close(eager.cache.k[2][:, :, :7], comp.cache.k[2][:, :, :7], 1e-5)
     assert comp.cache.host_lengths[0] == 7
+
+
+def test_additive_mask_equals_boolean_mask(model):
+    """The CUDA default's additive 0 / -inf attention mask (float_mask) gives the boolean mask's
+    logits, over a prefill and a verify-sized step at an offset."""
+    ids = ids_of(1, 12)
+    outs = []
+    for float_mask in (False, True):
+        fl = FastLM.from_hf(model, 1, 32)
+        fl.float_mask = float_mask
+        fl(ids[:, :7], 0)
+        outs.append(fl(ids[:, 7:], 7, kv_len=16)[0])
+    close(outs[0], outs[1], 1e-5)
