@@ -10,8 +10,9 @@ logits of the K slots through the target's LM head), replayed as one CUDA graph.
   smollm2_135m  the shipped drafter's shape (models/smollm2-135m-dflash/config.json: 4 layers,
                 block 16) over recipes/configs/smollm2-135m-instruct.json
 
-Keys: drafter_propose_ms (the faster variant; drafter_propose_ms_graph = eager math in the graph,
-drafter_propose_ms_compiled = torch.compile'd math in the graph), drafter_params,
+Keys: drafter_propose_ms (the fastest variant of VARIANTS, named in drafter_propose_mode;
+drafter_propose_ms_<variant> each, *_at_<position> the same further into the context,
+drafter_max_abs_logit_diff / argmax_agree_<variant>_vs_graph: its block against the eager one), drafter_params,
 drafter_floor_ms (drafter + LM-head bytes / the row's read bandwidth), head_rollout_ms (the fused
 exact rollout at the same shape, from bench/results/head_latency_h200.json, named in
 head_rollout_source), and draft_over_verify = (drafter_propose_ms + head_rollout_ms) /
@@ -32,6 +33,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -48,6 +50,9 @@ DRAFTERS = {
                      rope_theta=1_000_000.0),
     "smollm2_135m": "models/smollm2-135m-dflash/config.json",
 }
+# eager math in the graph; torch.compile'd math; the block through the Triton attention kernels
+# (kernels/decode_attention.py) with eager or compiled pieces around them
+VARIANTS = ("graph", "compiled", "triton", "triton_compiled")
 # the fused exact rollout (make_rollout("triton"), CUDA graph) at each row's head shape
 HEAD_KEYS = {"qwen3_8b": ("qwen3_8b", "1"), "smollm2_135m": ("smollm2_k15", "1")}
 
@@ -98,11 +103,15 @@ def run_row(name: str, args) -> dict:
     anchor = torch.randint(0, dcfg.vocab_size, (1,), device=dev, generator=gen)
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
 
-    for variant in ("graph", "compiled"):
+    blocks = {}
+    for variant in VARIANTS:
         try:
             t0 = time.perf_counter()
+            torch._dynamo.reset()  # no variant reuses another's compiled code
             drafter = StaticDFlashDrafter(adapter, 1024)
-            if variant == "compiled":
+            if "triton" in variant:
+                drafter.use_kernels("triton")
+            if "compiled" in variant:
                 drafter.compile()
             with torch.inference_mode():
                 drafter.prefill(feats, args.context)
@@ -112,6 +121,17 @@ def run_row(name: str, args) -> dict:
                     return drafter.propose(anchor, args.context + 1).base_logits.argmax(-1)
 
                 r = engine_speed.time_steps(block, args.iters, args.warmup)
+                blocks[variant] = drafter.propose(anchor, args.context + 1).base_logits.float().clone()
+                far = args.context + 700  # ~850 context keys: the attention reads more
+                drafter.observe_block(verified, far - k1)
+                r_far = engine_speed.time_steps(lambda: drafter.propose(anchor, far).base_logits.argmax(-1),
+                                                args.iters, args.warmup)
+            row[f"drafter_propose_ms_{variant}_at_{far}"] = r_far["ms"]
+            if variant != "graph" and "graph" in blocks:
+                ref = blocks["graph"]
+                row[f"drafter_max_abs_logit_diff_{variant}_vs_graph"] = float((blocks[variant] - ref).abs().max())
+                row[f"drafter_argmax_agree_{variant}_vs_graph"] = float(
+                    (blocks[variant].argmax(-1) == ref.argmax(-1)).float().mean())
             row[f"drafter_propose_ms_{variant}"] = r["ms"]
             row[f"drafter_propose_wall_ms_{variant}"] = r["wall_ms"]
             row[f"drafter_{variant}_s"] = round(time.perf_counter() - t0, 1)
@@ -119,7 +139,7 @@ def run_row(name: str, args) -> dict:
             row[f"drafter_propose_ms_{variant}"] = engine_speed.short_error(e)
             traceback.print_exc()
         print(f"[{name}] drafter {variant}: {row[f'drafter_propose_ms_{variant}']}", flush=True)
-    cands = {v: row[f"drafter_propose_ms_{v}"] for v in ("graph", "compiled")
+    cands = {v: row[f"drafter_propose_ms_{v}"] for v in VARIANTS
              if isinstance(row.get(f"drafter_propose_ms_{v}"), float)}
     if cands:
         best = min(cands, key=cands.get)

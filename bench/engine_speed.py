@@ -62,16 +62,19 @@ ROWS = {
 }
 # own-engine variants: eager math in a graph; the whole forward compiled as one graph (scope
 # "model"); per-layer compiled pieces (scope "layer"), with the boolean and with an additive
-# float attention mask (the engine's CUDA default: compiled_layer_fmask). Each compiled variant
-# starts from a reset dynamo cache, so none reuses another's compiled code.
+# float attention mask; the forward split around the Triton attention kernels
+# (kernels/decode_attention.py), eager pieces or compiled ones. Each compiled variant starts
+# from a reset dynamo cache, so none reuses another's compiled code.
 VARIANTS = {
     "graph": {},
     "compiled": {"scope": "model"},
     "compiled_layer": {"scope": "layer"},
     "compiled_layer_fmask": {"scope": "layer", "float_mask": True},
+    "triton_graph": {"kernels": "triton"},
+    "compiled_layer_triton": {"scope": "layer", "kernels": "triton"},
 }
 SECTIONS = ("own_graph", "own_nograph", "hf_eager", *(f"own_{v}" for v in list(VARIANTS)[1:]), "profile", "greedy",
-            "hf_compiled", "greedy_fp32")
+            "long_context", "hf_compiled", "greedy_fp32")
 HEADER_KEYS = ("config", "dtype", "batch", "seed", "context", "verify_tokens", "iters", "warmup", "build_s", "params",
                "weight_bytes", "read_bandwidth_gbs", "floor_ms", "own_max_len", "own_kv_block", "num_layers_override")
 DROP_KEYS = ("_model_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
@@ -274,7 +277,10 @@ def run_row(name: str, args, deadline: float, save) -> dict:
             torch._dynamo.reset()
             lm = FastLM.from_hf(model, 1, args.max_len)
             lm.float_mask = spec.get("float_mask", False)
-            lm.compile(spec["scope"])
+            if "kernels" in spec:
+                lm.use_kernels(spec["kernels"])
+            if "scope" in spec:
+                lm.compile(spec["scope"])
         lm.forward(prompt, 0, logits_to_keep=1, use_compiled=False)  # prefill, eager math
         run = GraphRunner(lm, kv_block=args.kv_block)
         runners[variant] = (lm, run)
@@ -389,6 +395,19 @@ def run_row(name: str, args, deadline: float, save) -> dict:
         row["teacher_forced_logit_scale"] = float(ref.abs().max())
         row["teacher_forced_argmax_agree"] = float((ref.argmax(-1) == mine.argmax(-1)).float().mean())
 
+    def long_context():
+        """The step and verify of each measured variant at --long-context positions (the cache's
+        contents do not matter for timing): does the attention keep up when it reads ~1k keys."""
+        at = args.long_context
+        if at + kv > args.max_len:
+            raise ValueError(f"--long-context {at} + {kv} > --max-len {args.max_len}")
+        row["long_context"] = at
+        for variant, (_, run) in runners.items():
+            st = time_steps(lambda: run(step_ids, at)[0][:, -1].argmax(-1), args.iters, args.warmup)
+            vf = time_steps(lambda: run(verify_ids, at)[0].argmax(-1), args.iters, args.warmup)
+            row[f"target_step_ms_{variant}_at_{at}"] = st["ms"]
+            row[f"target_verify_ms_{variant}_at_{at}"] = vf["ms"]
+
     def greedy_fp32():
         """The same random weights in fp32 (HF model cast in place; the fast path re-wrapped):
         bf16 greedy runs meet one-rounding-step ties on random weights, fp32 ones rarely."""
@@ -442,6 +461,7 @@ def run_row(name: str, args, deadline: float, save) -> dict:
         section(f"own_{variant}", lambda v=variant: own(v))
     section("profile", profile)
     section("greedy", greedy)
+    section("long_context", long_context)
     section("hf_compiled", hf_compiled)
     section("greedy_fp32", greedy_fp32)  # last: casts the model to fp32
 
@@ -486,6 +506,7 @@ def main(argv=None) -> int:
     ap.add_argument("--greedy-tokens", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=512, help="the own engine's static cache length")
     ap.add_argument("--kv-block", type=int, default=256, help="attention bucket of the own engine")
+    ap.add_argument("--long-context", type=int, default=1024, help="position of the long_context section's steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the code paths (no real figures)")
     ap.add_argument("--num-layers", type=int, default=0, help="smoke runs: fewer decoder layers")

