@@ -51,8 +51,9 @@ DRAFTERS = {
     "smollm2_135m": "models/smollm2-135m-dflash/config.json",
 }
 # eager math in the graph; torch.compile'd math; the block through the Triton attention kernels
-# (kernels/decode_attention.py) with eager or compiled pieces around them
-VARIANTS = ("graph", "compiled", "triton", "triton_compiled")
+# (kernels/decode_attention.py) with eager or compiled pieces around them (cdt: with inductor's
+# coordinate-descent tuning)
+VARIANTS = ("graph", "compiled", "triton", "triton_compiled", "triton_compiled_cdt")  # cdt: coordinate descent
 # the fused exact rollout (make_rollout("triton"), CUDA graph) at each row's head shape
 HEAD_KEYS = {"qwen3_8b": ("qwen3_8b", "1"), "smollm2_135m": ("smollm2_k15", "1")}
 
@@ -104,7 +105,7 @@ def run_row(name: str, args) -> dict:
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
 
     blocks = {}
-    for variant in VARIANTS:
+    for variant in args.variants.split(","):
         try:
             t0 = time.perf_counter()
             torch._dynamo.reset()  # no variant reuses another's compiled code
@@ -112,7 +113,7 @@ def run_row(name: str, args) -> dict:
             if "triton" in variant:
                 drafter.use_kernels("triton")
             if "compiled" in variant:
-                drafter.compile()
+                drafter.compile(**({"options": {"coordinate_descent_tuning": True}} if "cdt" in variant else {}))
             with torch.inference_mode():
                 drafter.prefill(feats, args.context)
 
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engine_h200.json"))
     ap.add_argument("--git-sha", default=None)
     ap.add_argument("--rows", default=",".join(DRAFTERS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="a subset of VARIANTS (graph first: the reference)")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)

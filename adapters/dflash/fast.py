@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from domino_graft.fast import CapturedCall
-from domino_graft.fast.llama import attention_kernels, fuse_linears, layer_out, rms_norm
+from domino_graft.fast.llama import (UnsupportedModel, attention_kernels, fuse_linears, layer_out, rms_norm,
+                                     triton_kernels_unsupported)
 
 from ..base import DraftBlock
 
@@ -69,7 +70,10 @@ class StaticDFlashDrafter:
             raise ValueError("use_kernels() after compile(): choose the kernels first")
         bb, cfg = self.backbone, self.adapter.cfg
         if any(layer.sliding for layer in bb.layers) and cfg.sliding_window:
-            raise ValueError(f"drafter kernels {name!r}: sliding-window layers are not supported; valid: torch")
+            raise UnsupportedModel(f"drafter kernels {name!r}: sliding-window layers are not supported; valid: torch")
+        why = triton_kernels_unsupported(cfg.head_dim) if name == "triton" else None
+        if why:
+            raise UnsupportedModel(why)
         layers = []
         for layer in bb.layers:
             at, m = layer.self_attn, layer.mlp
@@ -149,7 +153,7 @@ class StaticDFlashDrafter:
         """use_kernels' block: the pending context (feats at start.., or None) written, then the
         block proposed; -> (slot hidden, base logits)."""
         a, cfg, sp = self.adapter, self.adapter.cfg, self._split
-        rope, attn = attention_kernels(self.kernels)
+        rope, rope_attention = attention_kernels(self.kernels)
         pc = sp["pieces"]
         bb = self.backbone
         eps, inv = cfg.rms_norm_eps, sp["inv_freq"]
@@ -161,8 +165,7 @@ class StaticDFlashDrafter:
             x, qkv = pc["block_in"](x, delta, ctx, in_norm, wqkv, eps)
             if nctx:
                 rope(qkv[:, :nctx], kc, vc, start, inv, 1.0, qn, kn, eps, h, hkv, hd, kv_only=True)
-            q = rope(qkv[:, nctx:], kc, vc, pos, inv, 1.0, qn, kn, eps, h, hkv, hd)
-            o = attn(q, kc, vc, pos, h, hkv, hd, kv_len, causal=False)
+            o = rope_attention(qkv[:, nctx:], kc, vc, pos, inv, 1.0, qn, kn, eps, h, hkv, hd, kv_len, causal=False)
             x, delta = pc["l_out"](x, o, wo, post, wgu, wd, eps)
         slots = a.slot_hidden(pc["final"](x, delta, bb.norm.weight, eps))
         return slots, a.base_logits(slots)

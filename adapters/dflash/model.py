@@ -403,11 +403,18 @@ class DFlashAdapter(DrafterAdapter):
         cur = getattr(self, "_static_drafter", None)
         if cur is None or cur.max_len < max_len or (cur.device, cur.dtype) != (w.device, w.dtype):
             cur = StaticDFlashDrafter(self, round_up_pow2(max_len))
-            # Eager math under the graphs. cur.compile() makes a block 2.6x faster in isolation
-            # (0.36 vs 0.93 ms at the shipped SmolLM2 drafter's shape, 1.46 vs 2.34 ms at Qwen3-8B's;
-            # bench/results/engine_h200.json), but it compiles once per attention bucket, and the
-            # end-to-end run with it on did not finish in its time limit (docs/results.md §6):
-            # not the default until an end-to-end run shows it pays.
+            if cur.device.type == "cuda":
+                # the Triton attention kernels + compiled pieces under the graphs: 0.25 vs 0.92 ms a
+                # block (eager math) at the shipped SmolLM2 drafter's shape, 1.10 vs 2.34 ms at
+                # Qwen3-8B's (bench/results/engine_h200.json). The compiled eager-kernel variant
+                # compiled once per attention bucket and did not pay end to end (docs/results.md §6);
+                # this one compiles once per block shape.
+                from domino_graft.fast import UnsupportedModel
+
+                try:
+                    cur.use_kernels("triton").compile()
+                except UnsupportedModel:  # head size / sliding windows: eager math in the graphs
+                    pass
             object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
         return cur
 

@@ -190,10 +190,16 @@ class StaticTarget:
         size = max(length, min(round_up_pow2(length), self.target.shape.max_position_embeddings + 64))
         self.lm = self._lm_cls.from_hf(self.target.model, max_batch=1, max_len=size)
         if self.lm.device.type == "cuda":
-            # compiled per-layer math under the graphs, with an additive attention mask: 1.20 vs
-            # 2.80 ms (eager math) per SmolLM2 step, 5.18 vs 8.37 ms per Qwen3-8B step on an H200
-            # (bench/results/engine_h200.json, compiled_layer_fmask); each (T, kv bucket) compiles once
-            self.lm.float_mask = True
+            # compiled pieces around the Triton attention kernels under the graphs: 0.98 vs 1.17 ms
+            # (compiled per-layer math, additive mask) per SmolLM2 step, 4.83 vs 5.30 ms per Qwen3-8B
+            # step on an H200 (bench/results/engine_h200.json: compiled_layer_triton vs
+            # compiled_layer_fmask); no kv bucket reaches the compiled code, so each T compiles once
+            from ..fast import UnsupportedModel
+
+            try:
+                self.lm.use_kernels("triton")
+            except UnsupportedModel:  # a head size the kernels do not take: the per-layer math
+                self.lm.float_mask = True
             self.lm.compile()
         self.runners = {}  # graphs captured over the old cache's tensors
 

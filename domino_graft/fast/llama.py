@@ -173,8 +173,8 @@ def run_model(ids, q_pos, key_pos, rows, kcs, vcs, embed, layers, norm_w, lm_w, 
 # ------------------------------------------------- the layer split around attention kernels
 # With kernels "triton" (or their torch twins, "reference") a layer runs as
 #   layer_in    residual add of the previous layer's MLP output + RMSNorm + the q/k/v matmul
-#   rope        q/k norms + RoPE; k and v written into the cache    (kernels/decode_attention.py)
-#   attention   over the cache's first pos + T keys                  (kernels/decode_attention.py)
+#   rope + attention   q/k norms + RoPE, k and v written into the cache, attention over the
+#               cache's first pos + T keys: one Triton launch at decode shapes (kernels/decode_attention.py)
 #   layer_out   o matmul + residual add + RMSNorm + gate/up + SiLU·mul + down
 # Deferring each layer's last residual add into the next layer's norm saves a kernel a layer;
 # reading the positions on the device means no mask tensor and no kv bucket in the attention.
@@ -239,30 +239,45 @@ def epilogue_add(x, delta, norm_w, lm_w, eps: float, keep: int):
     return epilogue(x + delta, norm_w, lm_w, eps, keep)
 
 
+def triton_kernels_unsupported(head_dim: int) -> Optional[str]:
+    """Why the Triton attention kernels cannot serve this head size, or None: a tile holds one
+    head (a power of two) and tl.dot needs at least 16 along it."""
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"Triton attention kernels: head_dim {head_dim}; valid: a power of two >= 16"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton attention kernels: triton is not installed"
+    return None
+
+
 def attention_kernels(name: str) -> tuple[Callable, Callable]:
-    """(rope, attention) callables of the "triton" kernels or their "reference" torch math; the
-    attention takes (q, kc, vc, pos, H, Hkv, D, kv_len, causal=True); kv_len: a static bound on the
-    keys read (the Triton kernel reads exactly pos + T of them and uses the bound to split)."""
+    """(rope, rope_attention) of the "triton" kernels or their "reference" torch math.
+    rope(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, H, Hkv, D, kv_only=False)
+    writes k / v into the cache and returns q; rope_attention(same ..., kv_len, causal=True)
+    also attends and returns the attention output. kv_len: a static bound on the keys read (the
+    Triton kernels read exactly pos + T of them and use the bound to choose key splits)."""
     if name == "reference":
-        def attn(q, kc, vc, pos, h, hkv, d, kv_len, causal=True):
+        def rope_attention(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d, kv_len, causal=True):
+            q = rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d)
             return attention_reference(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, kv_len=kv_len,
                                        causal=causal)
 
-        return rope_qkv_reference, attn
+        return rope_qkv_reference, rope_attention
     if name == "triton":
-        from domino_graft.kernels.decode_attention import attention_splits, decode_attention, norm_rope_cache
+        from domino_graft.kernels import decode_attention as kern
 
-        def attn(q, kc, vc, pos, h, hkv, d, kv_len, causal=True):
-            return decode_attention(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal,
-                                    splits=attention_splits(kv_len))
+        def rope_attention(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d, kv_len, causal=True):
+            return kern.rope_attention(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d,
+                                       causal=causal, splits=kern.attention_splits(kv_len))
 
-        return norm_rope_cache, attn
+        return kern.norm_rope_cache, rope_attention
     raise ValueError(f"attention kernels {name!r}; valid: torch, triton, reference")
 
 
 def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
                     capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, kv_len: int,
-                    keep: int, rope: Callable, attn: Callable, l_in: Callable = layer_in,
+                    keep: int, rope_attention: Callable, l_in: Callable = layer_in,
                     l_out: Callable = layer_out, epi: Callable = epilogue_add):
     """The forward as layer_in / rope / attention / layer_out (comment above); same outputs as
     run_model. pos: the ``[B]`` positions of the first new token (contiguous)."""
@@ -272,8 +287,8 @@ def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, s
     for i, w in enumerate(layers):
         (in_norm, wqkv, bqkv, wo, bo, q_norm, k_norm, post_norm, wgu, bgu, wd, bd) = w
         x, qkv = l_in(x, delta, in_norm, wqkv, bqkv, eps)
-        q = rope(qkv, kcs[i], vcs[i], pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads, num_kv_heads, head_dim)
-        o = attn(q, kcs[i], vcs[i], pos, num_heads, num_kv_heads, head_dim, kv_len)
+        o = rope_attention(qkv, kcs[i], vcs[i], pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads,
+                           num_kv_heads, head_dim, kv_len)
         x, delta = l_out(x, o, wo, bo, post_norm, wgu, bgu, wd, bd, eps)
         if i in capture:
             hidden.append(x + delta)
@@ -469,6 +484,9 @@ class FastLM:
         of the split). Call before compile()."""
         if name != "torch":
             attention_kernels(name)  # fails here on an unknown name or a missing Triton
+            why = triton_kernels_unsupported(self.cfg.head_dim) if name == "triton" else None
+            if why:
+                raise UnsupportedModel(why)
         if self.compiled:
             raise ValueError("use_kernels() after compile(): choose the kernels first")
         self.kernels = name
@@ -546,12 +564,12 @@ class FastLM:
             kcs, vcs = [k[:b] for k in kcs], [v[:b] for v in vcs]
         c = self.cfg
         if self.kernels != "torch":
-            rope, attn = attention_kernels(self.kernels)
+            _, rope_attention = attention_kernels(self.kernels)
             pieces = self._split_pieces if use_compiled else {}
             logits, hs = run_model_split(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm,
                                          self.lm_head, self.inv_freq, self.rope_scaling, capture, c.num_heads,
                                          c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep),
-                                         rope, attn, **pieces)
+                                         rope_attention, **pieces)
         else:
             fn = self._model_fn if use_compiled else run_model
             logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,

@@ -10,6 +10,7 @@ head layout, and greedy decoding through CUDA graphs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -95,6 +96,36 @@ def test_decode_attention_equals_reference(b, t, h, hkv, d, positions, causal, s
     _close(out, ref, what=f"attention (causal={causal}, splits={splits})")
 
 
+# (B, T, H, Hkv, D, positions, q/k norms, causal): T <= 16 takes the fused launch, T = 20 the two kernels
+FUSED_CASES = [
+    (1, 1, 4, 2, 16, [0], True, True),
+    (2, 16, 6, 2, 32, [5, 90], True, True),
+    (2, 4, 3, 3, 16, [70, 1], False, True),
+    (1, 8, 4, 1, 16, [33], True, False),
+    (2, 20, 4, 2, 16, [0, 40], True, True),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,t,h,hkv,d,positions,norm,causal", FUSED_CASES)
+def test_rope_attention_equals_reference(b, t, h, hkv, d, positions, norm, causal):
+    k = _kernels()
+    g = torch.Generator().manual_seed(sum(positions) * 7 + t)
+    qkv = torch.randn((b, t, (h + 2 * hkv) * d), generator=g)
+    pos = torch.tensor(positions)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2).float() / d))
+    qn = 1.0 + 0.1 * torch.randn(d, generator=g) if norm else None
+    kn = 1.0 + 0.1 * torch.randn(d, generator=g) if norm else None
+    kc1, vc1 = _cache(b, hkv, 160, d, seed=11)
+    kc2, vc2 = kc1.clone(), vc1.clone()
+    out = k.rope_attention(qkv, kc1, vc1, pos, inv_freq, 1.0, qn, kn, 1e-6, h, hkv, d, causal=causal)
+    q = rope_qkv_reference(qkv, kc2, vc2, pos, inv_freq, 1.0, qn, kn, 1e-6, h, hkv, d)
+    ref = attention_reference(q, kc2, vc2, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal)
+    _close(out, ref, what=f"rope + attention (T={t}, causal={causal})")
+    _close(kc1, kc2, what="k cache")
+    _close(vc1, vc2, what="v cache")
+
+
 @needs_interpreter
 def test_keys_past_the_position_are_never_read():
     """The kernel's bound is pos + T read on the device: garbage (NaN) after it changes nothing."""
@@ -128,11 +159,16 @@ def test_fastlm_triton_kernels_equal_default_math(kind):
                 _close(hb[lid], ha[lid], atol=1e-5, what=f"{kind} {name} hidden {lid}")
 
 
-def test_unknown_kernels_are_refused():
-    model = build("llama_tied")
+def test_unknown_kernels_and_unsupported_heads_are_refused():
+    from domino_graft.fast import UnsupportedModel
+
+    model = build("llama_tied")  # head_dim 16
     lm = FastLM.from_hf(model, max_len=32)
     with pytest.raises(ValueError, match="attention kernels 'cuda'; valid: torch, triton, reference"):
         lm.use_kernels("cuda")
+    lm.cfg = dataclasses.replace(lm.cfg, head_dim=24)
+    with pytest.raises(UnsupportedModel, match="head_dim 24; valid: a power of two >= 16"):
+        lm.use_kernels("triton")
 
 
 @pytest.mark.gpu
@@ -176,7 +212,7 @@ def test_static_dflash_drafter_with_kernels_equals_default(kernels):
 
     from ..decoding.test_static_kv import graft
 
-    target, adapter, _ = graft("dflash", "qwen3", seed=3)
+    target, adapter, _ = graft("dflash", "qwen3", seed=3, extra=("target.random.head_dim=16",))
     k, f = adapter.num_slots, adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
     g = torch.Generator().manual_seed(0)
     n = 40
@@ -206,9 +242,12 @@ def test_gpu_dflash_drafter_kernels_graphed_equal_default():
     blocks across accepts and a kv bucket."""
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
 
-    from ..fast.test_graphs_gpu import _graft
+    from ..decoding.test_static_kv import graft
 
-    target, adapter, _ = _graft(1)
+    # the tiny recipe's head_dim 8 is below tl.dot's 16
+    target, adapter, _ = graft("dflash", "qwen3", seed=1, extra=("target.random.head_dim=16",))
+    for module in (target.model, adapter):
+        module.to("cuda")
     f = adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
     k = adapter.num_slots
     with torch.inference_mode():
