@@ -14,7 +14,7 @@ kernels do the same work here:
   (GQA without repeating K/V), online softmax over the cache's first ``pos + T`` keys, where
   ``pos`` is read on the device: a graph captured once serves every position, nothing waits
   on a kv bucket. ``causal=True``: query i sees keys ``<= pos + i`` (the target); ``False``:
-  every key ``< pos + T`` (a DFlash block sees all of its own block and the context before
+  every key ``< pos + T`` (a drafter block that sees all of its own block and the context before
   it). Long contexts split the keys over ``splits`` programs and merge them (flash-decoding).
 
 The reference is ``domino_graft.fast.llama``'s torch math (``rope_qkv_reference`` /
