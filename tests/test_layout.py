@@ -51,7 +51,7 @@ def test_registry_finds_the_built_in_families_without_torch():
             "print(sorted(families())); print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["['dflash', 'dspark', 'medusa', 'pard']", "False"]
+    assert r.stdout.split("\n")[:2] == ["['dflash', 'dspark', 'medusa', 'pard', 'peagle']", "False"]
 
 
 def test_shipped_recipe_by_name_from_any_folder_and_copied_out(tmp_path):

@@ -33,7 +33,7 @@ from domino_graft.target import load_target
 from tests.conftest import randomize_head
 
 REPO = Path(__file__).resolve().parents[2]
-FAMILIES = ["dflash", "medusa", "pard", "dspark"]
+FAMILIES = ["dflash", "medusa", "pard", "dspark", "peagle"]
 
 pytestmark = pytest.mark.parametrize("family", FAMILIES)
 
@@ -152,7 +152,9 @@ def test_greedy_speculative_decoding_is_lossless(family):
 SMALL_VOCAB = {"dflash": ["target.random.vocab_size=11", "drafter.mask_token_id=10"],
                "medusa": ["target.random.vocab_size=11"],
                "pard": ["target.random.vocab_size=11", "drafter.random.vocab_size=11", "drafter.pard_token_id=10"],
-               "dspark": ["target.random.vocab_size=11", "drafter.mask_token_id=10"]}
+               "dspark": ["target.random.vocab_size=11", "drafter.mask_token_id=10"],
+               "peagle": ["target.random.vocab_size=11", "drafter.mask_token_id=10", "drafter.draft_vocab_size=10",
+                          "drafter.seed=1"]}
 
 
 def test_replayed_training_blocks_accept_what_decoding_accepts(family):
