@@ -3,8 +3,9 @@ verify, a drafter's block of Q queries), reading and writing the static KV cache
 
 At batch 1 a decode step is a chain of small kernels; on an H200 at Qwen3-8B shapes the
 attention part of each layer was five of them (q norm + RoPE, k norm + RoPE + cache write, a
-mask, a memset, cuDNN's flash kernel: ~14 us a layer, docs/design.md §5 "Fast engine"). Two
-kernels do the same work here:
+mask, a memset, cuDNN's flash kernel: ~14 us a layer; bench/results/engine_h200.json, docs/design.md
+§5 "the attention kernels"). Two launches do it here (``rope_attention`` = the two below; 2.0 +
+4.7 us a layer measured):
 
 * ``norm_rope_cache``: one launch over the fused q/k/v projection output ``[B, T, (H + 2 Hkv) D]``:
   Qwen3's per-head RMSNorm on q and k (optional), RoPE on q and k with cos/sin computed from
@@ -173,127 +174,17 @@ def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr
     tl.store(O + b * s_o_b + i * s_o_t + head * D + d, o.to(O.dtype.element_ty))
 
 
-@triton.jit
-def _rope_rows(x, xp, w, wp, f, scaling, eps, D: tl.constexpr, HAS_NORM: tl.constexpr, DT: tl.constexpr):
-    """Rows [R, D] (xp: each element's rotate-half partner) -> norm (optional) + RoPE at angles f
-    [R, D], rounded like the two-kernel path."""
-    if HAS_NORM:
-        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-        x = (w[None, :] * (x * r[:, None]).to(DT).to(tl.float32)).to(DT).to(tl.float32)
-        xp = (wp[None, :] * (xp * r[:, None]).to(DT).to(tl.float32)).to(DT).to(tl.float32)
-    cos = (tl.cos(f) * scaling).to(DT).to(tl.float32)
-    sin = (tl.sin(f) * scaling).to(DT).to(tl.float32)
-    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)
-    return x * cos + sign[None, :] * xp * sin
-
-
-@triton.jit
-def _fused_kernel(QKV, KC, VC, O, POS, INV_FREQ, QW, KW, scale, eps, scaling,
-                  s_x_b, s_x_t, s_o_b, s_o_t, s_c_b, s_c_h, s_c_s,
-                  T,
-                  H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, T_PAD: tl.constexpr, CAUSAL: tl.constexpr, HAS_NORM: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """norm_rope_cache and the attention in one launch (SPLITS = 1, T <= T_PAD <= 16): each
-    program first writes its KV head's new k / v (every program of that head writes the same
-    values), then, after a barrier, reads them back with the older keys."""
-    DT: tl.constexpr = QKV.dtype.element_ty
-    pid = tl.program_id(0)
-    pm = tl.program_id(1)
-    b = pid // HKV
-    kvh = pid % HKV
-    half: tl.constexpr = D // 2
-    d = tl.arange(0, D)
-    dp = (d + half) % D
-    fr = tl.load(INV_FREQ + (d % half)).to(tl.float32)
-    p0 = tl.load(POS + b)
-    xb = QKV + b * s_x_b
-    # this step's keys and values of KV head kvh, into the cache
-    t = tl.arange(0, T_PAD)
-    tok = t < T
-    kp = xb + t[:, None] * s_x_t + (H + kvh) * D
-    if HAS_NORM:
-        kw, kwp = tl.load(KW + d).to(tl.float32), tl.load(KW + dp).to(tl.float32)
-    else:
-        kw, kwp = fr, fr
-    k = _rope_rows(tl.load(kp + d[None, :], mask=tok[:, None], other=0.0).to(tl.float32),
-                   tl.load(kp + dp[None, :], mask=tok[:, None], other=0.0).to(tl.float32), kw, kwp,
-                   (p0 + t).to(tl.float32)[:, None] * fr[None, :], scaling, eps, D, HAS_NORM, DT)
-    kbase = KC + b * s_c_b + kvh * s_c_h
-    vbase = VC + b * s_c_b + kvh * s_c_h
-    tl.store(kbase + (p0 + t)[:, None] * s_c_s + d[None, :], k.to(KC.dtype.element_ty), mask=tok[:, None])
-    v = tl.load(xb + t[:, None] * s_x_t + (H + HKV + kvh) * D + d[None, :], mask=tok[:, None], other=0.0)
-    tl.store(vbase + (p0 + t)[:, None] * s_c_s + d[None, :], v.to(VC.dtype.element_ty), mask=tok[:, None])
-    tl.debug_barrier()  # the block's own cache writes are visible to all of its threads
-    # this program's query rows: folded row = g * T + i
-    r = pm * BLOCK_M + tl.arange(0, BLOCK_M)
-    g = r // T
-    i = r % T
-    rok = r < GROUP * T
-    head = kvh * GROUP + g
-    qp = xb + i[:, None] * s_x_t + head[:, None] * D
-    if HAS_NORM:
-        qw, qwp = tl.load(QW + d).to(tl.float32), tl.load(QW + dp).to(tl.float32)
-    else:
-        qw, qwp = fr, fr
-    q = _rope_rows(tl.load(qp + d[None, :], mask=rok[:, None], other=0.0).to(tl.float32),
-                   tl.load(qp + dp[None, :], mask=rok[:, None], other=0.0).to(tl.float32), qw, qwp,
-                   (p0 + i).to(tl.float32)[:, None] * fr[None, :], scaling, eps, D, HAS_NORM, DT).to(DT)
-    end = p0 + T
-    qpos = p0 + i
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start in range(0, end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        nok = n < end
-        kt = tl.load(kbase + n[:, None] * s_c_s + d[None, :], mask=nok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale
-        if CAUSAL:
-            ok = (n[None, :] <= qpos[:, None]) & nok[None, :]
-        else:
-            ok = nok[None, :] & (qpos[:, None] >= 0)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        vt = tl.load(vbase + n[:, None] * s_c_s + d[None, :], mask=nok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        m = m_new
-    o = acc / l[:, None]
-    tl.store(O + b * s_o_b + i[:, None] * s_o_t + head[:, None] * D + d[None, :], o.to(O.dtype.element_ty),
-             mask=rok[:, None])
-
-
-FUSED_MAX_T = 16  # the fused kernel holds the step's new keys of one head in one tile
-
-
 def rope_attention(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                    inv_freq: torch.Tensor, scaling: float, q_norm, k_norm, eps: float, num_heads: int,
                    num_kv_heads: int, head_dim: int, *, causal: bool = True, splits: int = 1) -> torch.Tensor:
-    """norm_rope_cache then decode_attention: one fused launch for decode shapes (T <= 16, one
-    key split), the two kernels otherwise (a prefill, a long context). -> ``[B, T, H·D]``."""
-    b, t, _ = qkv.shape
-    if t > FUSED_MAX_T or splits > 1:
-        q = norm_rope_cache(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads, num_kv_heads,
-                            head_dim)
-        return decode_attention(q, kc, vc, pos, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                causal=causal, splits=splits)
-    group = num_heads // num_kv_heads
-    rows = group * t
-    block_m = max(16, triton.next_power_of_2(min(rows, 64)))
-    o = torch.empty((b, t, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
-    has_norm = q_norm is not None
-    _fused_kernel[(b * num_kv_heads, triton.cdiv(rows, block_m))](
-        qkv, kc, vc, o, pos, inv_freq, q_norm if has_norm else inv_freq, k_norm if has_norm else inv_freq,
-        float(head_dim ** -0.5), float(eps), float(scaling),
-        qkv.stride(0), qkv.stride(1), o.stride(0), o.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        t, H=num_heads, HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m,
-        BLOCK_N=64 if head_dim <= 128 else 32, T_PAD=max(16, triton.next_power_of_2(t)), CAUSAL=bool(causal),
-        HAS_NORM=has_norm, PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
-    )
-    return o
+    """norm_rope_cache then decode_attention -> ``[B, T, H·D]``. Two launches on purpose: one
+    fused launch (each KV head's program writing its new k / v, a barrier, then attending) had
+    fewer kernels but, with one program per KV head doing the RoPE of all of its query rows, took
+    77 us a layer at a 16-token verify against 2.0 + 4.7 us for the pair at Qwen3-8B shapes on an
+    H200 (docs/results.md §6)."""
+    q = norm_rope_cache(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads, num_kv_heads, head_dim)
+    return decode_attention(q, kc, vc, pos, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                            causal=causal, splits=splits)
 
 
 def attention_splits(kv_len: int) -> int:

@@ -96,7 +96,7 @@ def test_decode_attention_equals_reference(b, t, h, hkv, d, positions, causal, s
     _close(out, ref, what=f"attention (causal={causal}, splits={splits})")
 
 
-# (B, T, H, Hkv, D, positions, q/k norms, causal): T <= 16 takes the fused launch, T = 20 the two kernels
+# (B, T, H, Hkv, D, positions, q/k norms, causal): the composition the engine calls
 FUSED_CASES = [
     (1, 1, 4, 2, 16, [0], True, True),
     (2, 16, 6, 2, 32, [5, 90], True, True),
