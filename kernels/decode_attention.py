@@ -16,7 +16,8 @@ mask, a memset, cuDNN's flash kernel: ~14 us a layer; bench/results/engine_h200.
   ``pos`` is read on the device: a graph captured once serves every position, nothing waits
   on a kv bucket. ``causal=True``: query i sees keys ``<= pos + i`` (the target); ``False``:
   every key ``< pos + T`` (a drafter block that sees all of its own block and the context before
-  it). Long contexts split the keys over ``splits`` programs and merge them (flash-decoding).
+  it). Long contexts split the keys over ``splits`` programs, 512 positions each, and merge them
+  (flash-decoding). A query row's output bits do not depend on T (``attention_splits``).
 
 The reference is ``domino_graft.fast.llama``'s torch math (``rope_qkv_reference`` /
 ``attention_reference``): tests/kernels/test_decode_attention.py checks these kernels against
@@ -99,7 +100,8 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
                       s_q_b, s_q_t, s_o_b, s_o_t, s_c_b, s_c_h, s_c_s,
                       T,
                       HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+                      KEYS_PER_SPLIT: tl.constexpr):
     pid = tl.program_id(0)
     pm = tl.program_id(1)
     split = tl.program_id(2)
@@ -115,11 +117,10 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
     p0 = tl.load(POS + b)
     end = p0 + T
     qpos = p0 + i
-    # this split's share of the keys, whole BLOCK_N tiles
-    tiles = tl.cdiv(end, BLOCK_N)
-    per = tl.cdiv(tiles, SPLITS)
-    lo = split * per * BLOCK_N
-    hi = tl.minimum(end, (split + 1) * per * BLOCK_N)
+    # this split's keys: a fixed range of absolute positions, so that a row's partials (and
+    # with them its output, bit for bit) depend on its position only, not on T or the split count
+    lo = split * KEYS_PER_SPLIT
+    hi = tl.minimum(end, lo + KEYS_PER_SPLIT)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -157,19 +158,21 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
 
 
 @triton.jit
-def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                  SPLITS_P2: tl.constexpr):
     row = tl.program_id(0)  # (b * T + i) * H + head
     bt = row // H
     head = row % H
     b = bt // T
     i = bt % T
-    s = tl.arange(0, SPLITS)
+    s = tl.arange(0, SPLITS_P2)
+    sok = s < SPLITS
     d = tl.arange(0, D)
-    m = tl.load(ML + (row * SPLITS + s) * 2)
-    l = tl.load(ML + (row * SPLITS + s) * 2 + 1)
+    m = tl.load(ML + (row * SPLITS + s) * 2, mask=sok, other=float("-inf"))
+    l = tl.load(ML + (row * SPLITS + s) * 2 + 1, mask=sok, other=0.0)
     mx = tl.max(m, axis=0)
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))
-    acc = tl.load(PART + (row * SPLITS + s)[:, None] * D + d[None, :])
+    acc = tl.load(PART + (row * SPLITS + s)[:, None] * D + d[None, :], mask=sok[:, None], other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(O + b * s_o_b + i * s_o_t + head * D + d, o.to(O.dtype.element_ty))
 
@@ -187,13 +190,17 @@ def rope_attention(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
                             causal=causal, splits=splits)
 
 
+KEYS_PER_SPLIT = 512  # one program reads up to this many keys of one KV head
+QUERY_ROWS = 16  # query rows per program: the same tile for a 1-token step and a 16-token verify
+
+
 def attention_splits(kv_len: int) -> int:
-    """Key splits for a static bound of kv_len keys: one program per KV head reads up to 512
-    keys; longer contexts spread over up to 8 (a power of two: the merge's tile)."""
-    splits = 1
-    while splits < 8 and kv_len > 512 * splits:
-        splits *= 2
-    return splits
+    """Key splits for a static bound of kv_len keys: one per KEYS_PER_SPLIT keys (flash-decoding),
+    each over a fixed range of positions. A row's output is then the same bits whatever its
+    step's length T or the split count (an empty split merges with weight 0, a single non-empty
+    one with weight exactly 1): the 1-token target step and the 16-token verify agree on every
+    position they share, which greedy speculative decoding relies on in bf16."""
+    return max(1, -(-int(kv_len) // KEYS_PER_SPLIT))
 
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, *,
@@ -204,7 +211,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     b, t, _ = q.shape
     group = num_heads // num_kv_heads
     rows = group * t
-    block_m = max(16, triton.next_power_of_2(min(rows, 64)))
+    block_m = QUERY_ROWS  # fixed, not grown with T: the same MMA tile, so the same bits per row
     block_n = 64 if head_dim <= 128 else 32
     o = torch.empty_like(q)
     scale = head_dim ** -0.5 if scale is None else scale
@@ -219,8 +226,9 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         t, HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
         SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
+        KEYS_PER_SPLIT=KEYS_PER_SPLIT,
     )
     if splits > 1:
         _merge_kernel[(b * t * num_heads,)](part, ml, o, o.stride(0), o.stride(1), t, H=num_heads, D=head_dim,
-                                            SPLITS=splits)
+                                            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits))
     return o

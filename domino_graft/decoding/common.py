@@ -190,17 +190,9 @@ class StaticTarget:
         size = max(length, min(round_up_pow2(length), self.target.shape.max_position_embeddings + 64))
         self.lm = self._lm_cls.from_hf(self.target.model, max_batch=1, max_len=size)
         if self.lm.device.type == "cuda":
-            # compiled pieces around the Triton attention kernels under the graphs: 0.98 vs 1.17 ms
-            # (compiled per-layer math, additive mask) per SmolLM2 step, 4.83 vs 5.30 ms per Qwen3-8B
-            # step on an H200 (bench/results/engine_h200.json: compiled_layer_triton vs
-            # compiled_layer_fmask); no kv bucket reaches the compiled code, so each T compiles once
-            from ..fast import UnsupportedModel
+            from ..fast import prepare_for_cuda_decoding
 
-            try:
-                self.lm.use_kernels("triton")
-            except UnsupportedModel:  # a head size the kernels do not take: the per-layer math
-                self.lm.float_mask = True
-            self.lm.compile()
+            prepare_for_cuda_decoding(self.lm)
         self.runners = {}  # graphs captured over the old cache's tensors
 
     def reset(self, length: int) -> None:

@@ -6,8 +6,9 @@ images without the project's full dependencies.
 """
 
 from .graphs import CapturedCall, GraphRunner, capture_graph, round_up_pow2
-from .llama import SUPPORTED_MODEL_TYPES, FastConfig, FastLM, UnsupportedModel, check_supported
+from .llama import (SUPPORTED_MODEL_TYPES, FastConfig, FastLM, UnsupportedModel, check_supported,
+                    prepare_for_cuda_decoding)
 from .static_cache import StaticKVCache
 
 __all__ = ["CapturedCall", "FastConfig", "FastLM", "GraphRunner", "StaticKVCache", "SUPPORTED_MODEL_TYPES",
-           "UnsupportedModel", "capture_graph", "check_supported", "round_up_pow2"]
+           "UnsupportedModel", "capture_graph", "check_supported", "prepare_for_cuda_decoding", "round_up_pow2"]

@@ -78,6 +78,7 @@ ATTN_CASES = [
     (2, 5, 6, 2, 16, [3, 140], True, 1),
     (2, 5, 6, 2, 16, [3, 140], True, 2),
     (1, 16, 8, 2, 32, [70], True, 4),
+    (1, 2, 4, 2, 16, [600], True, 2),  # keys in two 512-position splits
     (2, 8, 6, 2, 16, [0, 77], False, 1),
     (2, 8, 6, 2, 16, [9, 150], False, 2),
 ]
@@ -89,7 +90,7 @@ def test_decode_attention_equals_reference(b, t, h, hkv, d, positions, causal, s
     k = _kernels()
     g = torch.Generator().manual_seed(sum(positions) + t)
     q = torch.randn((b, t, h * d), generator=g)
-    kc, vc = _cache(b, hkv, 256, d, seed=5)
+    kc, vc = _cache(b, hkv, 640 if max(positions) > 200 else 256, d, seed=5)
     pos = torch.tensor(positions)
     out = k.decode_attention(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal, splits=splits)
     ref = attention_reference(q, kc, vc, pos, num_heads=h, num_kv_heads=hkv, head_dim=d, causal=causal)
@@ -124,6 +125,28 @@ def test_rope_attention_equals_reference(b, t, h, hkv, d, positions, norm, causa
     _close(out, ref, what=f"rope + attention (T={t}, causal={causal})")
     _close(kc1, kc2, what="k cache")
     _close(vc1, vc2, what="v cache")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("h,hkv,d", [(32, 8, 128), (9, 3, 64)])  # Qwen3-8B's and SmolLM2's heads
+def test_gpu_a_rows_bits_do_not_depend_on_t_or_the_split_count(h, hkv, d):
+    """bf16: the 1-token step at position p + j gives the bits of row j of the 16-token verify at
+    p, with one key split or three (greedy speculative decoding relies on it). GPU only: the
+    CPU interpreter's numpy matmul rounds a row differently by its place in the tile."""
+    k = _kernels()
+    dev = torch.device("cuda")
+    kw = dict(num_heads=h, num_kv_heads=hkv, head_dim=d)
+    for p0 in (100, 590, 1100):
+        q = torch.randn((1, 16, h * d), device=dev, dtype=torch.bfloat16)
+        kc, vc = _cache(1, hkv, 1536, d, seed=p0, dtype=torch.bfloat16, device=dev)
+        base = k.attention_splits(p0 + 16)
+        full = k.decode_attention(q, kc, vc, torch.tensor([p0], device=dev), splits=base, **kw)
+        for j in (0, 5, 15):
+            for splits in {k.attention_splits(p0 + j + 1), base + 1}:
+                one = k.decode_attention(q[:, j:j + 1], kc, vc, torch.tensor([p0 + j], device=dev), splits=splits,
+                                         **kw)
+                assert torch.equal(one[0, 0], full[0, j]), f"p {p0}, row {j}, {splits} splits: not the verify's bits"
 
 
 @needs_interpreter
