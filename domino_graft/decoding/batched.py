@@ -1,23 +1,38 @@
 """Batched decoding of B prompts of different lengths: one propose, one rollout and one target
 forward per step for the whole batch, with per-row acceptance, positions and stop rules.
 
-The target's cache is one HF DynamicCache shared by the rows, in which each row owns the
-entries a validity mask [B, L] marks (a 4D attention mask hides the others):
+The target's cache is, wherever the target's architecture runs on the fast engine (the check
+`StaticTarget.create` makes; on any device), the fast engine's static cache: row b is cache row
+b at its own position, a step is [B, K+1] at per-row positions (CUDA graphs per batch size and
+attention bucket on a GPU, eager on a CPU), and a rejection is just the row's next position
+(decoding/ragged_static.py). Elsewhere (e.g. Gemma-3's sliding windows), or with
+kv="dynamic", it is one HF DynamicCache shared by the rows (`RaggedTarget`), in which each row
+owns the entries a validity mask [B, L] marks (a 4D attention mask hides the others):
 
     prefill   the prompts right-padded to the longest; padding is invalid
     step      [x_0, d_1..d_K] of every row at its own positions pos_b..pos_b+K
     keep      row b keeps its first 1 + a_b new entries (x_0 and the accepted drafts): the cache is
               cropped to the longest kept run, and the rest of a shorter row's run becomes a hole
 
-Attention over valid entries only is the row's own decode, whatever the holes: each row's
-greedy output is its solo decode's, token for token, up to floating-point reassociation (the
-property tests compare them). A finished row stays in the batch, masked: its new entries are
-never valid, its tokens never emitted, and the others do not wait for it.
+Either way attention over a row's own entries only is the row's own decode: each row's greedy
+output is its solo decode's, token for token, up to floating-point reassociation (the property
+tests compare them, on both caches). A finished row stays in the batch, masked: its new entries
+are never kept, its tokens never emitted, and the others do not wait for it (the static
+target and drafter step it at its last position, its outputs dropped).
+`DecodeResult.kv_path` says which cache ran.
 
-The drafter sees the same ragged layout through the adapter contract's ragged batches
+The drafter sees the same ragged layout. Beside the static target, a family that offers
+``static_batch_drafter(max_len, batch)`` (a family's static drafter, adapters/base.py) keeps its context in
+static per-row slots too: the prefill writes the right-padded prompts' features, a step is
+``propose(anchor [B], positions)`` with the positions as host ints (no sync), then
+``observe_block(features of all K+1 [B, K+1, F], positions)``; row b's next block reads only
+its slots before its own anchor, so a rejection costs nothing, and on CUDA "write, then
+propose" replays one graph per batch size and block shape. Otherwise (other families, or
+the DynamicCache) the drafter runs eagerly through the adapter contract's ragged batches
 (adapters/base.py: per-row positions [B, n], negative = padding; `propose` at [B] positions);
-families set `ragged_batch`. Chains only (a tree's ragged verify and the static cache's per-row
-lengths are not wired here): trees decode one prompt at a time.
+families set `ragged_batch`. Either way a step makes one device->host sync (the verify's
+accept counts, bonus tokens and drafts together). Chains only (a tree's ragged verify is not
+wired here): trees decode one prompt at a time.
 
 At T > 0 each row is verified by standard speculative sampling (`verify.verify_chain`, the
 solo chain path's rule and `warp()`), so each row's output is distributed exactly as its own
@@ -38,12 +53,15 @@ from typing import Iterable, Sequence
 import torch
 
 from ..sampling import Sampling, pick
-from .common import DecodeResult, Output, check_prompt, new_cache, rollback, stop_set
+from .common import DecodeResult, Output, check_kv, check_prompt, new_cache, rollback, stop_set
+from .ragged_static import StaticRaggedTarget
 from .verify import verify_chain
 
 
 class RaggedTarget:
     """The target over a ragged batch on one DynamicCache whose entries a validity mask assigns."""
+
+    kv_path = "dynamic"
 
     def __init__(self, target):
         self.target = target
@@ -86,7 +104,7 @@ class RaggedTarget:
         last = logits[torch.arange(len(prompts), device=dev), lens - 1]
         return last, feats, ids, torch.where(real, cols[None], -1)
 
-    def step(self, seq: torch.Tensor, pos: torch.Tensor, capture):
+    def step(self, seq: torch.Tensor, pos: torch.Tensor, capture, host_pos=None):
         """seq [B, T] at positions pos_b..pos_b+T-1 -> (logits [B, T, V], features)."""
         t = seq.shape[1]
         offs = torch.arange(t, device=seq.device)
@@ -103,18 +121,47 @@ class RaggedTarget:
         return new
 
 
+def static_batch_drafter(adapter, target, length: int, batch: int):
+    """The drafter's static, graphed path for `batch` rows, or None (the eager ragged contract):
+    only beside the static ragged target, and only where the adapter's class offers
+    ``static_batch_drafter(max_len, batch)`` (a family may answer None, e.g. for a subclass whose
+    propose differs). Looked up on the class, as is the drafter's ``propose``: a wrapper that
+    forwards attributes to an adapter it nudges (the tests' oracles) is not bypassed by a fast
+    path it never declared."""
+    if target.kv_path != "static" or not adapter.capture_layers():
+        return None
+    if getattr(type(adapter), "static_batch_drafter", None) is None:
+        return None
+    return adapter.static_batch_drafter(length, batch)
+
+
 def _check_batch(engine, prompts, max_new_tokens: int) -> list[torch.Tensor]:
     if not len(prompts):
         raise ValueError("batched decoding: no prompts")
     return [check_prompt(engine.target, p, max_new_tokens)[0] for p in prompts]
 
 
+def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto"):
+    """The batch's target: the fast engine's static cache (`StaticRaggedTarget`, kept on the engine
+    between decodes) where the target's architecture supports it and kv is not "dynamic"; else
+    the DynamicCache `RaggedTarget`. `length`: the positions the longest row may reach."""
+    if check_kv(kv) != "dynamic":
+        static, why = StaticRaggedTarget.create(engine.target, len(ids), length,
+                                                getattr(engine, "_ragged_static", None))
+        if static is not None:
+            engine._ragged_static = static
+            return static
+        engine.batch_kv_note = why
+    return RaggedTarget(engine.target)
+
+
 @torch.inference_mode()
 def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
-                        seed_offset: int = 0) -> list[DecodeResult]:
+                        seed_offset: int = 0, kv: str = "auto") -> list[DecodeResult]:
     """Target-alone decoding of every prompt at once; row b's output is
-    `engine.target_only(prompts[b])`'s (greedy: token for token; T > 0: in distribution)."""
+    `engine.target_only(prompts[b])`'s (greedy: token for token; T > 0: in distribution).
+    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`)."""
     sampling = sampling or Sampling()
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev = len(ids), ids[0].device
@@ -122,22 +169,28 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
     stops = stop_set(engine.stop_ids, stop_ids)
     outs = [Output(max_new_tokens, stops, None) for _ in ids]
     t0 = time.perf_counter()
-    target = RaggedTarget(engine.target)
+    # room for a chain's K extra positions too, so that the speculative decodes of the same
+    # prompts reuse this cache (and on CUDA its graphs) instead of growing it
+    k = getattr(getattr(engine, "adapter", None), "num_slots", 0)
+    target = ragged_target(engine, ids, max(p.numel() for p in ids) + max_new_tokens + k + 1, kv)
     logits, _, _, _ = target.prefill(ids, ())
     tok = pick(logits, sampling, gen)
-    pos = torch.tensor([p.numel() for p in ids], device=dev)
+    pos_h = [p.numel() for p in ids]  # host copy of pos: the static cache's attention bucket, no sync
+    pos = torch.tensor(pos_h, device=dev)
     seconds, forwards = [0.0] * b, [1] * b
     live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
     while any(live):
-        logits, _ = target.step(tok[:, None], pos, ())
+        logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)
         tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
         pos = pos + live_t.long()
+        pos_h = [p + on for p, on in zip(pos_h, live)]
         for r in range(b):
             forwards[r] += live[r]
-        live = _push_each(outs, [[t] for t in tok.tolist()], live, seconds, t0)
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f) for o, p, s, f in zip(outs, ids, seconds, forwards)]
+        live = _push_each(outs, [[t] for t in tok.tolist()], live, seconds, t0)  # the step's one sync
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, kv_path=target.kv_path)
+            for o, p, s, f in zip(outs, ids, seconds, forwards)]
 
 
 def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[float], t0: float) -> list[bool]:
@@ -158,9 +211,11 @@ def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[
 
 @torch.inference_mode()
 def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                  stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0) -> list[DecodeResult]:
+                  stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0,
+                  kv: str = "auto") -> list[DecodeResult]:
     """Chain speculative decoding of every prompt at once (module docstring); row b's output is
-    `engine.speculative(prompts[b])`'s: token for token (greedy), in distribution (T > 0)."""
+    `engine.speculative(prompts[b])`'s: token for token (greedy), in distribution (T > 0).
+    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`)."""
     sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
@@ -182,20 +237,27 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     seconds, forwards = [0.0] * b, [1] * b
 
     t0 = time.perf_counter()
-    target = RaggedTarget(engine.target)
+    length = max(p.numel() for p in ids) + max_new_tokens + k + 1
+    target = ragged_target(engine, ids, length, kv)
+    drafter = static_batch_drafter(adapter, target, length, b)
+    engine.batch_drafter_path = "eager" if drafter is None else "static"  # what the last batch ran (bench reports)
     adapter.reset(b)
     logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
-    adapter.observe(feats, prompt_pos, ids=prompt_ids)
+    if drafter is not None:  # right-padded: row b's padding slots lie at or after its anchor
+        drafter.prefill(feats, feats.shape[1])
+    else:
+        adapter.observe(feats, prompt_pos, ids=prompt_ids)
     anchor = pick(logits, sampling, gen)  # [B]
-    pos = torch.tensor([p.numel() for p in ids], device=dev)
+    pos_h = [p.numel() for p in ids]  # host copy of pos: attention buckets and drafter slots, no sync
+    pos = torch.tensor(pos_h, device=dev)
     live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
     offs = torch.arange(k + 1, device=dev)
     while any(live):
-        block = adapter.propose(anchor, pos)
+        block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
         drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
                                    top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
         seq = torch.cat([anchor[:, None], drafts], dim=1)
-        logits, feats = target.step(seq, pos, capture)
+        logits, feats = target.step(seq, pos, capture, pos_h)
         n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
@@ -216,9 +278,13 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
         longest = max(n + 1 for n, on in zip(n_acc_h, live) if on)
         new = target.keep(kept, longest)
-        adapter.observe(None if feats is None else feats[:, :longest],
-                        torch.where(new, pos[:, None] + offs[:longest], -1), ids=seq[:, :longest])
+        if drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
+            drafter.observe_block(feats, pos_h)
+        else:
+            adapter.observe(None if feats is None else feats[:, :longest],
+                            torch.where(new, pos[:, None] + offs[:longest], -1), ids=seq[:, :longest])
         anchor = torch.where(kept > 0, nxt, anchor)
         pos = pos + kept
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot)
+        pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, live)]
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot, kv_path=target.kv_path)
             for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]

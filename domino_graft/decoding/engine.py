@@ -38,19 +38,25 @@ DECODERS = {"chain": chain_speculative, "tree": tree_speculative}
 class Engine:
     """Decoding with one loaded target, drafter adapter and (optional) Domino head: one prompt
     at a time (`target_only`, `speculative`), or several at once, chains (greedy or sampled) on the
-    dynamic cache (`target_only_batch`, `speculative_batch`: decoding/batched.py)."""
+    fast engine's static cache where the target supports it, else the dynamic one
+    (`target_only_batch`, `speculative_batch`: decoding/batched.py)."""
 
     def __init__(self, target, adapter=None, head=None, *, rollout: str | dict = "torch", stop_ids: Iterable[int] = (),
                  kv: str = "auto"):
         """rollout: a name, or a choice {"name", "pool_size", "pool_select"} (decoding.rollout_choice).
         kv: "dynamic" (the HF forward and DynamicCache), "static" (the fast engine where the
         target supports it, else dynamic; `kv_note` says why not) or "auto" (static on a CUDA
-        device, dynamic elsewhere)."""
-        self.kv = check_kv(kv)
+        device, dynamic elsewhere). Batches run on the static cache unless kv is "dynamic"
+        (requested as such: "auto" on a CPU still batches on the static cache, whose eager code
+        the CPU tests exercise)."""
+        self.kv = self.kv_requested = check_kv(kv)
         if self.kv == "auto":
             self.kv = "static" if torch.device(target.device).type == "cuda" else "dynamic"
         self._static: Optional[StaticTarget] = None
         self.kv_note: Optional[str] = None
+        self._ragged_static = None  # batched.py's static target, kept between batch decodes
+        self.batch_kv_note: Optional[str] = None  # why the last batch ran on the dynamic cache
+        self.batch_drafter_path: Optional[str] = None  # "static" / "eager": the last batched chain's drafter
         if self.kv == "static":
             self._static, self.kv_note = StaticTarget.create(target)
         self.target = target
@@ -138,7 +144,7 @@ class Engine:
         """Every prompt at once (decoding/batched.py); row b == `target_only(prompts[b])` (greedy:
         token for token; T > 0: in distribution)."""
         return batched_target_only(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                                   seed_offset=seed_offset)
+                                   seed_offset=seed_offset, kv=self._batch_kv())
 
     def speculative_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                           stop_ids: Iterable[int] = (), use_head: bool = True,
@@ -148,4 +154,7 @@ class Engine:
         if self.adapter is None:
             raise ValueError("speculative decoding needs a drafter adapter")
         return batched_chain(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                             use_head=use_head, seed_offset=seed_offset)
+                             use_head=use_head, seed_offset=seed_offset, kv=self._batch_kv())
+
+    def _batch_kv(self) -> str:
+        return "dynamic" if self.kv_requested == "dynamic" else "auto"

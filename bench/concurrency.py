@@ -1,0 +1,277 @@
+"""Throughput against concurrency (issue #27): N GSM8K prompts decoded B at a time, for B = 1, 2,
+4, ..., 32, by the target alone, the base DFlash drafter and the drafter + Domino, greedy, on the
+engine's default path: the real SmolLM2-135M-Instruct target with the drafter the repository
+ships (models/smollm2-135m-dflash/) and a Domino head grafted onto it (bench/end_to_end.py's
+graft, reused by import), or any trained run dir / bundle given with --run.
+
+    python bench/concurrency.py --run WORK/graft --out concurrency_h200.json           # a trained graft
+    python bench/concurrency.py --data WORK/train.regen.jsonl --work WORK --out ...    # graft it first
+
+Batch size 1 runs the solo path bench/end_to_end.py times (Engine.target_only / speculative: on a
+GPU the static target and DFlash's static drafter, both graphed); B > 1 the batched chains
+(decoding/batched.py: the static ragged target under CUDA graphs per batch size, and DFlash's static
+drafter over the ragged batch, graphed too). --also-batched-1 adds a row "1_batched": the batched path at B = 1, to see
+what the batched code itself costs. Each row says which path ran (`path`).
+
+Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is
+decoded once untimed first (compile, graph capture, cache sizing); then the prompts in order, B at a
+time, each batch by the three modes in turn. tokens/s = generated tokens / wall seconds of the
+batches (prefill included); per-request tokens/s = each request's tokens over its own latency (a
+row's latency ends when it does), averaged. identical_to_target: every row of every batch, in every
+mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
+first when 1 is not among the sizes).
+
+--deadline-s S: the report is rewritten after every batch, and no batch starts after S seconds
+(the row then says complete: false): a time-limited call leaves what it measured.
+CPU smoke (numbers meaningless): tests/test_concurrency_bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import end_to_end as e2e  # noqa: E402  (bench/ is not a package)
+
+MODES = ("target", "base", "domino")
+
+
+class Clock:
+    def __init__(self, deadline_s):
+        self.t0 = time.monotonic()
+        self.deadline_s = deadline_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def over(self) -> bool:
+        return self.deadline_s is not None and self.elapsed() >= self.deadline_s
+
+
+def load(run: str, dtype: str, device: str, kv: str):
+    """(loaded run, engine) as end_to_end.decode builds them."""
+    import torch
+
+    from domino_graft.decoding import Engine
+    from domino_graft.decoding.chat import stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    loaded = load_run_or_bundle(run, device=device)
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    loaded.target.model.to(dt)
+    loaded.adapter.to(dt)
+    loaded.head.to(dt)
+    engine = Engine(loaded.target, loaded.adapter, loaded.head, rollout="triton" if device == "cuda" else "torch",
+                    stop_ids=stop_token_ids(loaded.target), kv=kv)
+    return loaded, engine
+
+
+def read_items(loaded, path, limit: int) -> list[list[int]]:
+    """The first `limit` prompts (token ids): of --prompts FILE, else the GSM8K test questions."""
+    if path is None:
+        return [ids for s, _, ids in e2e.prompts(loaded, limit) if s == "gsm8k"]
+    from domino_graft.benchmark import encode, read_prompts
+
+    return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
+
+
+def decoders(engine, max_new: int, solo: bool):
+    """mode -> f(list of prompts) -> list[DecodeResult]."""
+    if solo:
+        return {"target": lambda ps: [engine.target_only(p, max_new_tokens=max_new) for p in ps],
+                "base": lambda ps: [engine.speculative(p, max_new_tokens=max_new, use_head=False) for p in ps],
+                "domino": lambda ps: [engine.speculative(p, max_new_tokens=max_new, use_head=True) for p in ps]}
+    return {"target": lambda ps: engine.target_only_batch(ps, max_new_tokens=max_new),
+            "base": lambda ps: engine.speculative_batch(ps, max_new_tokens=max_new, use_head=False),
+            "domino": lambda ps: engine.speculative_batch(ps, max_new_tokens=max_new, use_head=True)}
+
+
+def warm_up(runs, items: list[list[int]], b: int) -> None:
+    """Decode, untimed, every batch shape the timed pass meets: batches of b (and of the last
+    batch's size) of the longest prompts, then of the shortest (caches sized for the longest
+    first, so no timed batch re-sizes them; graphs captured for the attention buckets both ends
+    reach)."""
+    by_len = sorted(items, key=len)
+    for n in sorted({b, len(items) % b or b}):
+        for chunk in (by_len[-n:], by_len[:n]):
+            for mode in MODES:
+                runs[mode](chunk)
+
+
+def path_of(engine, solo: bool, device: str, kv_paths: set) -> dict:
+    """Which code decoded: the decoder, the target's cache (as the results' kv_path say), the drafter."""
+    graphs = device == "cuda"
+    static = kv_paths == {"static"}
+    if static:
+        target = "fast engine, static cache" + (", CUDA graphs" if graphs else ", eager")
+    else:
+        target = "+".join(sorted(kv_paths)) + " cache (HF forward where dynamic), eager"
+    if solo:
+        fast_drafter = static and hasattr(engine.adapter, "static_drafter")
+        return {"decoder": "solo (Engine.target_only / speculative, as bench/end_to_end.py)", "target": target,
+                "drafter": ("static, graphed propose" if graphs else "static, eager") if fast_drafter else "eager"}
+    batch_drafter = getattr(engine, "batch_drafter_path", None) == "static"
+    return {"decoder": "batched (decoding/batched.py)",
+            "target": target + (" (one graph per batch size, step length and kv bucket)" if static and graphs else ""),
+            "drafter": ("static over the ragged batch" + (", graphed" if graphs else ", eager")) if batch_drafter
+            else "eager, ragged batch"}
+
+
+def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write) -> dict:
+    import torch
+
+    from domino_graft.decoding.divergence import first_divergence
+
+    runs = decoders(engine, max_new, solo)
+    t0 = time.perf_counter()
+    warm_up(runs, items, b)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    row = {"batch_size": b, "path": None, "warmup_s": round(time.perf_counter() - t0, 2), "complete": False,
+           "num_prompts": 0, "num_batches": 0}
+    tokens = {m: 0 for m in MODES}
+    wall = {m: 0.0 for m in MODES}
+    rates = {m: [] for m in MODES}
+    steps = {m: [0, 0] for m in ("base", "domino")}  # [verify steps, tokens those steps gave]
+    kv = {m: set() for m in MODES}
+    bad = {m: 0 for m in MODES}
+    divergences = []
+    for start in range(0, len(items), b):
+        if clock.over():
+            row["stopped"] = f"deadline: {clock.elapsed():.0f} s >= --deadline-s {clock.deadline_s}"
+            break
+        chunk = items[start: start + b]
+        for mode in MODES:
+            t1 = time.perf_counter()
+            results = runs[mode](chunk)
+            wall[mode] += time.perf_counter() - t1
+            for n, r in enumerate(results):
+                tokens[mode] += len(r.tokens)
+                rates[mode].append(len(r.tokens) / r.seconds if r.seconds > 0 else 0.0)
+                kv[mode].add(r.kv_path)
+                if mode != "target":
+                    steps[mode][0] += len(r.accepted)
+                    steps[mode][1] += sum(a + 1 for a in r.accepted)
+                ref = refs[start + n]
+                if ref is None:  # the solo target pass is the reference
+                    refs[start + n] = ref = r.tokens
+                if r.tokens != ref:
+                    bad[mode] += 1
+                    if len(divergences) < 10:
+                        div = first_divergence(engine.target, chunk[n], ref, r.tokens)
+                        divergences.append({"mode": mode, "prompt": start + n, **(div or {})})
+        row["num_prompts"] += len(chunk)
+        row["num_batches"] += 1
+        row["path"] = path_of(engine, solo, device, set().union(*kv.values()))
+        fill(row, tokens, wall, rates, steps, kv, bad, divergences)
+        write(row)
+    row["complete"] = row["num_prompts"] == len(items)
+    fill(row, tokens, wall, rates, steps, kv, bad, divergences)
+    return row
+
+
+def fill(row, tokens, wall, rates, steps, kv, bad, divergences) -> None:
+    for m in MODES:
+        row[f"{m}_tokens_per_s"] = tokens[m] / wall[m] if wall[m] > 0 else None
+        row[f"{m}_per_request_tokens_per_s"] = statistics.fmean(rates[m]) if rates[m] else None
+        row[f"{m}_tokens"] = tokens[m]
+        row[f"{m}_wall_s"] = round(wall[m], 4)
+    for m in ("base", "domino"):
+        row[f"tau_{m}"] = steps[m][1] / steps[m][0] if steps[m][0] else None
+        t = row["target_tokens_per_s"]
+        row[f"speedup_{m}"] = row[f"{m}_tokens_per_s"] / t if t and row[f"{m}_tokens_per_s"] else None
+    row["kv_path"] = {m: sorted(kv[m]) for m in MODES}
+    row["not_identical"] = dict(bad)
+    row["identical_to_target"] = row["num_prompts"] > 0 and not any(bad.values())
+    if divergences:
+        row["divergences"] = divergences
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", help="a trained run dir or bundle (default: graft one with --data into --work)")
+    p.add_argument("--data", type=Path, help="the pipeline's regenerated responses, to graft the head (no --run)")
+    p.add_argument("--work", type=Path, default=Path("bench/work/concurrency"))
+    p.add_argument("--head-steps", type=int, default=500)
+    p.add_argument("--prompts", type=Path, help="a prompts JSONL instead of the GSM8K asset (the CPU smoke test)")
+    p.add_argument("--num-prompts", type=int, default=64, help="N (a multiple of the largest batch size is best)")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (numbers meaningless)")
+    p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"), help="the solo path's cache")
+    p.add_argument("--deadline-s", type=float, default=None, help="start no batch after this many seconds")
+    p.add_argument("--out", type=Path, default=Path("concurrency_h200.json"))
+    args = p.parse_args(argv)
+    sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
+    if not sizes or sizes[0] < 1:
+        p.error(f"--batch-sizes {args.batch_sizes!r}: valid: positive integers, comma-separated")
+    clock = Clock(args.deadline_s)
+
+    import torch
+
+    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.provenance import git_sha, hardware, versions
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # as end_to_end.py: identity is compared token for token
+    training = None
+    run = args.run
+    if run is None:
+        if args.data is None:
+            p.error("give --run RUN_OR_BUNDLE (trained), or --data to graft and train a head first")
+        args.work.mkdir(parents=True, exist_ok=True)
+        training = e2e.graft(args.work, args.data, args.head_steps, args.device)
+        run = str(args.work / "graft")
+    loaded, engine = load(run, args.dtype, args.device, args.kv)
+    items = read_items(loaded, args.prompts, args.num_prompts)
+    if not items:
+        p.error("no prompts")
+    report = {
+        "what": "throughput against batch size: N GSM8K prompts decoded B at a time by the target alone, the base "
+                "drafter and drafter + Domino, greedy; B = 1 on the solo path (as bench/end_to_end.py), B > 1 on "
+                "batched chains; tokens/s = generated tokens / wall seconds, prefill included",
+        "run": str(run), "head_training": training, "num_prompts": len(items), "max_new_tokens": args.max_new_tokens,
+        "batch_sizes": sizes, "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "torch": torch.__version__, "git_sha": os.environ.get("DG_GIT_SHA") or git_sha(),
+        "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench/concurrency.py",
+                             *(sys.argv[1:] if argv is None else argv)]),
+        "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note, "rows": {},
+    }
+    def write():
+        atomic_write_json(args.out, {**report, "elapsed_s": round(clock.elapsed(), 1)})
+
+    write()
+    refs: list = [None] * len(items)
+    if 1 not in sizes:  # the solo target-alone outputs every row is compared with
+        refs = [engine.target_only(ids, max_new_tokens=args.max_new_tokens).tokens for ids in items]
+    plan = [(str(b), b, b == 1) for b in sizes]
+    if args.also_batched_1:
+        plan.insert(1 if 1 in sizes else 0, ("1_batched", 1, False))
+    for key, b, solo in plan:
+        if clock.over():
+            report["stopped"] = f"deadline before batch size {key}: {clock.elapsed():.0f} s"
+            break
+        e2e.log(f"batch size {key}: warm-up, then {len(items)} prompts")
+
+        def write_row(row, key=key):  # after every batch: a cut-off call leaves what it measured
+            report["rows"][key] = row
+            write()
+
+        row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row)
+        write_row(row)
+        e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)
+                + f" tokens/s; tau {row['tau_base']}/{row['tau_domino']}; identical {row['identical_to_target']}")
+    write()
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""bench/concurrency.py at tiny scale on the CPU: the report's keys, every row identical to the
+target alone, the path each batch size took, and --deadline-s leaving a report behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+
+from tests.conftest import REPO
+
+ROW_KEYS = ("target_tokens_per_s", "base_tokens_per_s", "domino_tokens_per_s", "target_per_request_tokens_per_s",
+            "base_per_request_tokens_per_s", "domino_per_request_tokens_per_s", "tau_base", "tau_domino",
+            "identical_to_target", "path", "kv_path", "complete")
+
+
+def load_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_script():
+    return load_module("concurrency")
+
+
+def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("DG_GIT_SHA", "abc123")
+    prompts = tmp_path / "p.jsonl"
+    rng = random.Random(0)
+    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(2, 95) for _ in range(n)]}) + "\n"
+                               for n in (3, 17, 1, 9, 6)))
+    out = tmp_path / "concurrency.json"
+    args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "5", "--batch-sizes", "1,2",
+            "--max-new-tokens", "10", "--dtype", "fp32", "--device", "cpu", "--out", str(out)]
+    script = load_script()
+    assert script.main(args) == 0
+    rep = json.loads(out.read_text())
+    assert rep["git_sha"] == "abc123" and rep["dtype"] == "fp32" and rep["device"] == "cpu"
+    assert rep["torch"] and "--batch-sizes 1,2" in rep["command"] and rep["num_prompts"] == 5
+    assert set(rep["rows"]) == {"1", "2"}
+    for key, row in rep["rows"].items():
+        for k in ROW_KEYS:
+            assert row[k] is not None, (key, k)
+        assert row["identical_to_target"] is True and row["complete"] is True, row
+        assert row["num_prompts"] == 5 and row["tau_base"] >= 1.0 and row["domino_tokens_per_s"] > 0
+    assert rep["rows"]["1"]["path"]["decoder"].startswith("solo")
+    assert rep["rows"]["2"]["path"]["decoder"].startswith("batched")
+    assert rep["rows"]["2"]["kv_path"]["domino"] == ["static"] and rep["rows"]["2"]["num_batches"] == 3
+    assert rep["rows"]["2"]["path"]["drafter"] == "static over the ragged batch, eager"
+
+    plot = load_module("plot_concurrency")
+    pts = plot.speedups(rep)
+    assert [p[0] for p in pts] == [1, 2] and all(p[3] > 0 for p in pts)
+    plot.main(str(out), str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+    late = tmp_path / "late.json"
+    assert script.main(args[:-1] + [str(late), "--deadline-s", "0"]) == 0
+    rep = json.loads(late.read_text())
+    assert rep["rows"] == {} and rep["stopped"].startswith("deadline")
