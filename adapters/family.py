@@ -44,6 +44,9 @@ class Family:
     export_formats: ClassVar[tuple[str, ...]] = ("native",)  # what `export --format` accepts
     bundle_layout: ClassVar[str] = "drafter+head"  # recorded in the bundle manifest
     drafter_weights_file: ClassVar[str] = "model.safetensors"  # drafter/<this> in a bundle
+    # Integer/bool tensors of the drafter, {name: dtype} where present: they keep that dtype in
+    # runs and bundles (only floating-point tensors take the export dtype; docs/design.md §3).
+    exact_dtypes: ClassVar[dict[str, str]] = {}
     # The module (import path) whose `plan(drafter, tshape)` and `build(drafter, target)` the
     # defaults below call; imported on first use, so the family's torch code loads only then.
     model_module: ClassVar[str]
@@ -78,19 +81,20 @@ class Family:
         return None, {**fam_plan.backbone_tensors, **spec.tensor_shapes()}
 
     def bundle_contents(self, adapter, head, *, format: str, dtype: str):
-        """-> ({file: {name: tensor}} cast to the export dtype, {file: config dict})."""
-        from domino_graft.checkpoint import check_tensors
+        """-> ({file: {name: tensor}}, {file: config dict}): floating-point tensors cast to the
+        export dtype, integer and bool ones (vocabulary maps) kept exactly (docs/design.md §3)."""
+        from domino_graft.checkpoint import cast_floating, check_tensors
         from domino_graft.target import TORCH_DTYPES
 
         t = TORCH_DTYPES[dtype]
         head_state = head.state_dict()
         check_tensors(head_state, head.spec.tensor_shapes(), source="export (in-memory Domino head)")
-        drafter = {k: v.detach().to(t).contiguous() for k, v in adapter.backbone_state_dict().items()}
+        drafter = cast_floating(adapter.backbone_state_dict(), t)
         clash = sorted(set(drafter) & set(head_state))
         if clash:  # the manifest keys tensors by name across both files
             raise ValueError(f"export: drafter tensor names {clash} collide with the Domino head's")
         weights = f"{DRAFTER_DIR}/{self.drafter_weights_file}"
-        return ({weights: drafter, HEAD_FILE: {k: v.detach().to(t).contiguous() for k, v in head_state.items()}},
+        return ({weights: drafter, HEAD_FILE: cast_floating(head_state, t)},
                 {f"{DRAFTER_DIR}/config.json": adapter.native_config()})
 
     def bundle_code_files(self, format: str) -> dict[str, Path]:

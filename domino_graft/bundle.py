@@ -6,9 +6,10 @@ asset target from its path), or takes an explicit one, and refuses a target whos
 hash differs from the one the bundle was exported for.
 
 Checks, in the order that gives the most useful message first: every tensor name and
-shape against what config.json implies (header only, no data read), the dtype the
-manifest declares, then each tensor's sha256 and config.json's against the manifest; the
-manifest's recipe against the identity it records (target seed, drafter family, head spec);
+shape against what config.json implies (header only, no data read), each tensor's dtype
+(floating-point tensors in the manifest's dtype, integer and bool tensors in the exact dtype
+the manifest records for them; docs/design.md §3), then each tensor's sha256 and
+config.json's against the manifest; the manifest's recipe against the identity it records (target seed, drafter family, head spec);
 and, as the weights are read, that every tensor is finite (a re-signed manifest does not
 make NaN weights loadable).
 """
@@ -20,11 +21,11 @@ import os
 from pathlib import Path
 from typing import Union
 
-from .checkpoint import CheckpointError, check_tensors, read_json, sha256_file
+from .checkpoint import (FLOAT_DTYPE_NAMES, SAFETENSORS_DTYPES, CheckpointError, check_dtypes, check_tensors,
+                         read_json, sha256_file)
 from .registry import get_family
 
 BUNDLE_KIND = "domino-graft bundle"
-SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 
 
 def read_manifest(path: Union[str, os.PathLike]) -> dict:
@@ -65,6 +66,22 @@ def bundle_family(manifest: dict, source: str):
     return get_family(name)
 
 
+def expected_dtypes(recorded: dict, dtype, *, source: str) -> dict[str, str]:
+    """{tensor: the dtype it must have} from a file's manifest entries. A floating-point tensor
+    must be in the bundle's `dtype`; an integer or bool one in the dtype the manifest records
+    (bit for bit what the run held). Bundles written before integer tensors kept their dtype
+    record every tensor in `dtype`, so they read as before."""
+    out = {}
+    for name, info in recorded.items():
+        want = info.get("dtype", dtype)
+        if want in FLOAT_DTYPE_NAMES and want != dtype:
+            raise CheckpointError(f"{source}: tensor {name!r} is recorded as {want}, but the manifest's dtype is "
+                                  f"{dtype!r} (every floating-point tensor of a bundle has that dtype); the manifest "
+                                  "is damaged: re-export the run")
+        out[name] = want
+    return out
+
+
 def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
     """Strict structural and checksum verification; returns (manifest, drafter config)."""
     from safetensors import safe_open
@@ -89,10 +106,8 @@ def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
             check_tensors(header, implied[f], source=str(weights))
         check_tensors(header, {n: tuple(i["shape"]) for n, i in by_file.get(f, {}).items()},
                       source=f"{weights} (against manifest.json)")
-        wrong = [f"tensor {k!r} is {SAFETENSORS_DTYPES.get(h.dtype, h.dtype)}" for k, h in header.items()
-                 if SAFETENSORS_DTYPES.get(h.dtype, h.dtype) != dtype]
-        if wrong:
-            raise CheckpointError(f"{weights}: the manifest declares dtype {dtype!r} but " + "; ".join(wrong))
+        check_dtypes(header, expected_dtypes(by_file.get(f, {}), dtype, source=str(path / "manifest.json")),
+                     source=f"{weights} (against manifest.json)", float_from="the manifest's dtype")
         with safe_open(str(weights), framework="pt") as fh:
             for name in header:
                 got = tensor_sha256(fh.get_tensor(name))

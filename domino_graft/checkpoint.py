@@ -300,6 +300,47 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# ----------------------------------------------------------------------------- dtypes
+# The rule (docs/design.md §3): only floating-point tensors take a run's or bundle's dtype;
+# integer and bool tensors (P-EAGLE's d2t/t2d vocabulary maps) keep theirs bit for bit, in
+# every file written and every file read. Names as manifests and messages write them.
+SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F64": "fp64", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+FLOAT_DTYPE_NAMES = frozenset({"bf16", "fp16", "fp32", "fp64"})
+_TORCH_FLOAT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def dtype_name(dtype) -> str:
+    """A torch dtype (or a safetensors header's dtype string) -> "fp32", "bf16", "int64", "bool", ..."""
+    if isinstance(dtype, str):
+        return SAFETENSORS_DTYPES.get(dtype, dtype.lower())
+    name = str(dtype).removeprefix("torch.")
+    return _TORCH_FLOAT_NAMES.get(name, name)
+
+
+def cast_floating(tensors: Mapping, dtype) -> dict:
+    """`tensors` detached and contiguous, the floating-point ones cast to `dtype`; integer and
+    bool tensors are left exactly as they are (casting an int64 map to bf16 rounds it above 256)."""
+    return {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
+            for k, v in tensors.items()}
+
+
+def check_dtypes(tensors: Mapping, expected: Mapping[str, str], *, source: str, float_from: str = "") -> None:
+    """Each tensor's dtype (a torch tensor or a safetensors header) is the one `expected` names,
+    or one CheckpointError line naming the tensor, the dtype found and the dtype expected
+    (`float_from`: where a floating-point tensor's expected dtype comes from, for the message)."""
+    wrong = []
+    for name, want in expected.items():
+        if name in tensors:
+            got = dtype_name(tensors[name].dtype)
+            if got != want:
+                why = (" (integer and bool tensors keep their dtype exactly)" if want not in FLOAT_DTYPE_NAMES
+                       else f" ({float_from})" if float_from else "")
+                wrong.append(f"tensor {name!r} is {got}, expected {want}{why}")
+    if wrong:
+        raise CheckpointError(f"{source}: " + "; ".join(wrong))
+
+
 def tensor_sha256(t) -> str:
     import torch
 

@@ -27,6 +27,7 @@ from .checkpoint import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    dtype_name,
     save_tensors,
     sha256_file,
     tensor_sha256,
@@ -91,6 +92,10 @@ class BundlePlan:
     files: list[str] = field(default_factory=list)
     target_vocab: Optional[int] = None
     engine_report: Optional[object] = None  # engines.EngineReport of `--engine`, from the plan
+    exact_dtypes: dict[str, str] = field(default_factory=dict)  # integer/bool tensors: their own dtype
+
+    def tensor_dtype(self, name: str) -> str:
+        return self.exact_dtypes.get(name, self.dtype)
 
     def view(self):
         """The planned bundle as an engine checklist reads it (None: no config.json planned)."""
@@ -98,7 +103,7 @@ class BundlePlan:
 
         if self.config is None:
             return None
-        tensors = {n: (tuple(s), self.dtype) for n, s in self.tensors.items()}
+        tensors = {n: (tuple(s), self.tensor_dtype(n)) for n, s in self.tensors.items()}
         return CheckpointView(None, self.config, tensors, frozenset(self.files), self.target_vocab)
 
     @property
@@ -115,7 +120,8 @@ class BundlePlan:
         if self.config:
             lines.append(f"  config: architectures {self.config.get('architectures')}")
         for name, shape in self.tensors.items():
-            lines.append(f"    {name:<44} {list(shape)}")
+            own = f" {self.exact_dtypes[name]}" if name in self.exact_dtypes else ""
+            lines.append(f"    {name:<44} {list(shape)}{own}")
         r = self.engine_report
         if r is not None:
             lines.append(f"  engine checklist (from the plan): {r.summary()}")
@@ -138,7 +144,8 @@ def plan_bundle(recipe, *, format: Optional[str] = None, dtype: Optional[str] = 
     spec = head_spec_for(recipe, fam_plan, family.checkpoint_head_fields(recipe.drafter))
     config, tensors = family.plan_bundle(recipe.drafter, tshape, fam_plan, spec, format=format, dtype=dtype)
     plan = BundlePlan(format, dtype, config, tensors, [*family.bundle_files(format), "manifest.json", "README.md"],
-                      target_vocab=tshape.vocab_size)
+                      target_vocab=tshape.vocab_size,
+                      exact_dtypes={n: d for n, d in family.exact_dtypes.items() if n in tensors})
     view = plan.view()
     if engine is not None and view is not None:
         plan.engine_report = check(family, engine, view)
@@ -384,6 +391,19 @@ def _drafter_summary(family, adapter, config: dict) -> dict:
             **family.drafter_summary(adapter)}
 
 
+def _check_bundle_dtypes(files: dict, adapter, dtype: str) -> None:
+    """The rule every family's `bundle_contents` must keep (docs/design.md §3): floating-point
+    tensors in the export dtype, integer and bool tensors in the dtype the drafter holds them in."""
+    own = {k: dtype_name(v.dtype) for k, v in adapter.backbone_state_dict().items() if not v.is_floating_point()}
+    for f, tensors in files.items():
+        for name, v in tensors.items():
+            got, want = dtype_name(v.dtype), own.get(name, dtype)
+            if got != want:
+                raise ExportError(f"export: {f}: tensor {name!r} would be written as {got}, expected {want} "
+                                  "(floating-point tensors take the export dtype; integer and bool tensors keep "
+                                  "their own); nothing written")
+
+
 def _engine_checks(family, folder: Path, files: dict, configs: dict, target_vocab: int) -> dict:
     """Every engine's checklist on the written bundle (config.json and weights headers)."""
     from .engines import CheckpointView, check_all
@@ -452,7 +472,9 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         "drafter": _drafter_summary(family, adapter, main_config),
         "head": head.spec.to_dict(),
         "kernel": _kernel_choice(recipe_to_dict(recipe)),
-        "tensors": {name: {"file": f, "shape": list(v.shape), "dtype": dtype, "sha256": tensor_sha256(v)}
+        # per tensor the dtype it is stored in: the export dtype, or an integer/bool tensor's own
+        "tensors": {name: {"file": f, "shape": list(v.shape), "dtype": dtype_name(v.dtype),
+                           "sha256": tensor_sha256(v)}
                     for f, tensors in files.items() for name, v in tensors.items()},
         "files": {},
         "bench": _bench_results(run_dir),
@@ -469,6 +491,7 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         reports = _engine_checks(family, tmp, files, configs, target.shape.vocab_size)
         if engine is not None:
             require(reports[engine], what=f"bundle {out_dir}")
+        _check_bundle_dtypes(files, adapter, dtype)  # after the engine's own rules, whose message is theirs
         manifest["engines"] = {e: r.to_dict() for e, r in reports.items()}
         manifest["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         atomic_write_json(tmp / "manifest.json", manifest)

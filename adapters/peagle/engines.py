@@ -12,7 +12,7 @@ REFUSED = {
               "srt/arg_groups/fields/spec.py)",
     "vllm": "vLLM 0.33 serves P-EAGLE but has no Domino runtime (RFC vllm-project/vllm#46707); the native bundle's "
             "drafter/ is a speculators 0.9.0 `peagle` checkpoint to try there as the base drafter, without the head "
-            "(its d2t/t2d are stored as exact fp32, which speculators reads back as int64/bool; vLLM's loader was "
+            "(its d2t/t2d are stored as speculators writes them, int64/bool, in any export dtype; vLLM's loader was "
             "not checked: docs/peagle.md)",
     "hf": "there is no transformers remote code for P-EAGLE drafters; `--format native` writes drafter/ (a speculators "
           "P-EAGLE checkpoint) + head.safetensors for domino-graft's own decoder",

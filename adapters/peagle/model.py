@@ -273,10 +273,11 @@ def tensor_shapes(cfg: PEagleConfig) -> dict[str, tuple[int, ...]]:
 
 # ------------------------------------------------------------------------ vocabulary maps
 def check_vocab_maps(d2t, t2d, cfg: PEagleConfig, source: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (d2t int64, t2d bool), or a ValueError naming the tensor. Floating maps are this project's
-    own exports and run dirs, where the core casts every tensor to one float dtype: t2d (0/1) is
-    exact in any of them, and d2t is rebuilt from it (speculators' maps are increasing) and must
-    agree with the stored value at that precision."""
+    """-> (d2t int64, t2d bool), or a ValueError naming the tensor. The maps are stored as
+    speculators writes them (int64 / bool). Floating maps are read only from runs and bundles this
+    project wrote before integer tensors kept their dtype (the core then cast every tensor to one
+    float dtype): t2d (0/1) is exact in any float dtype, and d2t is rebuilt from it (speculators'
+    maps are increasing) and must agree with the stored value at that precision."""
     vd, v = cfg.draft_vocab_size, cfg.vocab_size
     for name, t, n in (("d2t", d2t, vd), ("t2d", t2d, v)):
         if t is None:
@@ -297,7 +298,8 @@ def check_vocab_maps(d2t, t2d, cfg: PEagleConfig, source: str) -> tuple[torch.Te
         rebuilt = torch.nonzero(t2d).flatten() - torch.arange(vd, device=t2d.device)
         if not torch.equal(rebuilt.to(d2t.dtype), d2t):
             raise ValueError(f"{source}: tensor 'd2t' ({d2t.dtype}) does not match the offsets t2d implies; valid: the "
-                             "int64 d2t speculators writes (a float d2t is only read back from this project's own files)")
+                             "int64 d2t speculators writes (a float d2t is read back only from this project's older "
+                             "files, rebuilt from t2d; re-export to store it as int64)")
         return rebuilt, t2d
     if d2t.dtype == torch.bool:
         raise ValueError(f"{source}: tensor 'd2t' is bool; valid: int64 offsets (target id = draft id + d2t)")
@@ -791,6 +793,10 @@ def build(d, target):
         if "lm_head.weight" not in state:
             state["lm_head.weight"] = t_head[state["t2d"]] if cfg.reduced_vocab else t_head
         check_tensors(state, tensor_shapes(cfg), source=str(weights))
+        ints = sorted(k for k, v in state.items() if k not in ("d2t", "t2d") and not v.is_floating_point())
+        if ints:  # a weight must not be read as a float from integers
+            raise ValueError(f"{weights}: tensor {ints[0]!r} is {str(state[ints[0]].dtype).removeprefix('torch.')}; "
+                             "valid: a floating-point weight (only d2t and t2d are integer / bool)")
         bb.load_state_dict({k: v if k in ("d2t", "t2d") else v.float() for k, v in state.items()}, strict=True)
     else:
         bb.init_weights(d.seed)

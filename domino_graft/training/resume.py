@@ -27,7 +27,9 @@ from ..checkpoint import (
     atomic_dir,
     atomic_write_bytes,
     atomic_write_json,
+    check_dtypes,
     check_tensors,
+    dtype_name,
     first_nonfinite,
     load_tensors,
     read_json,
@@ -142,7 +144,12 @@ def load_checkpoint(path: Path, module, optimizer, scheduler, info) -> dict:
     msd = load_tensors(path / "model.safetensors")
     # A sharded parameter (DTensor) reports its global shape: the check needs no collective.
     expected = {n: tuple(p.shape) for n, p in module.named_parameters() if p.requires_grad}
+    # persistent buffers (P-EAGLE's d2t/t2d maps) are saved too, in their own dtype (docs/design.md §3)
+    buffers = {n: b for n, b in module.state_dict(keep_vars=True).items() if n not in dict(module.named_parameters())}
+    expected.update({n: tuple(b.shape) for n, b in buffers.items()})
     check_tensors(msd, expected, source=str(path / "model.safetensors"))
+    check_dtypes(msd, {n: dtype_name(b.dtype) for n, b in buffers.items() if not b.is_floating_point()},
+                 source=str(path / "model.safetensors"))
     osd = torch_load(path / "optimizer.pt")
     if not isinstance(osd, dict) or not isinstance(osd.get("state", {}), dict):
         raise CheckpointError(f"{path / 'optimizer.pt'}: not an optimizer state (expected a dict with 'state')")

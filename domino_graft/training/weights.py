@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from ..checkpoint import check_tensors, json_bytes, read_json, sha256_file, staged_writes, tensors_bytes
+from ..checkpoint import (cast_floating, check_tensors, json_bytes, read_json, sha256_file, staged_writes,
+                          tensors_bytes)
 from ..provenance import now
 from .resume import state_dict_options
 
@@ -60,7 +61,8 @@ def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, ba
     run_dir = Path(run_dir)
     manifest = read_json(run_dir / "manifest.json")
     head_file = run_dir / "head.safetensors"
-    head_bytes = tensors_bytes({k: v.float() for k, v in head_tensors.items()},
+    # floating tensors take the run's dtype; integer/bool ones (vocabulary maps) stay bit for bit
+    head_bytes = tensors_bytes(cast_floating(head_tensors, torch.float32),
                                {"format": "domino-head", "spec": json.dumps(head_spec)}, source=str(head_file))
     files = dict(manifest.get("files", {}))
     files["head.safetensors"] = hashlib.sha256(head_bytes).hexdigest()
@@ -68,7 +70,7 @@ def update_run_weights(run_dir: Path, *, head_tensors: dict, head_spec: dict, ba
     drafter_bytes = None
     if backbone is not None:
         check_tensors(backbone, backbone_shapes, source="trained drafter backbone")
-        drafter_bytes = tensors_bytes({k: v.to(drafter_dtype) for k, v in backbone.items()}, {"format": "pt"},
+        drafter_bytes = tensors_bytes(cast_floating(backbone, drafter_dtype), {"format": "pt"},
                                       source=str(drafter_file))
         files["drafter/model.safetensors"] = hashlib.sha256(drafter_bytes).hexdigest()
     elif drafter_file.is_file():

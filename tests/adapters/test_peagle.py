@@ -44,6 +44,10 @@ def propose(adapter, ids, feats, a):
     return adapter.propose(ids[:, a], a)
 
 
+# a 300-of-700 random draft vocabulary: offsets above 256, which bf16 cannot hold exactly
+BIG_VOCAB = ["target.random.vocab_size=700", "drafter.mask_token_id=699", "drafter.draft_vocab_size=300"]
+
+
 def write_maps(tmp_path, vocab=97, draft=40, seed=5):
     """speculators' d2t-N.npy / t2d-N.npy for a random draft vocabulary (offsets far from zero)."""
     g = torch.Generator().manual_seed(seed)
@@ -165,8 +169,9 @@ def test_round_tripped_bundle_keeps_d2t_and_t2d_bit_equal(tmp_path):
     bundle = export_run(str(run), str(tmp_path / "bundle"), dtype="fp32", device="cpu", echo=lambda *_: None)
     cfg = json.loads((bundle / "drafter" / "config.json").read_text())
     assert cfg["speculators_model_type"] == "peagle" and cfg["draft_vocab_size"] == 40
-    stored = load_file(str(bundle / "drafter" / "model.safetensors"))
-    assert torch.equal(stored["d2t"].long(), d2t) and torch.equal(stored["t2d"] != 0, t2d)
+    stored = load_file(str(bundle / "drafter" / "model.safetensors"))  # speculators' dtypes, as the run's
+    assert stored["d2t"].dtype == torch.int64 and torch.equal(stored["d2t"], d2t)
+    assert stored["t2d"].dtype == torch.bool and torch.equal(stored["t2d"], t2d)
     from domino_graft.inspection import inspect_path
 
     assert "draft 40 of 97 (d2t/t2d maps)" in inspect_path(bundle).format_text()
@@ -179,20 +184,85 @@ def test_round_tripped_bundle_keeps_d2t_and_t2d_bit_equal(tmp_path):
     assert torch.equal(b1.base_logits, b2.base_logits)
 
 
-def test_export_refuses_a_dtype_that_rounds_d2t(tmp_path):
-    """bf16 holds integers exactly only up to 256: offsets of a real draft vocabulary would be rounded."""
-    recipe = load_recipe(RECIPE, ["target.random.vocab_size=700", "drafter.mask_token_id=699",
-                                  "drafter.draft_vocab_size=300"])
-    target = load_target(recipe.target)
-    family = get_family("peagle")
-    adapter, _ = family.build(recipe.drafter, target)
-    assert int(adapter.backbone.d2t.max()) > 256
-    head = build_head(recipe, adapter, {})
-    with pytest.raises(ValueError) as e:
-        family.bundle_contents(adapter, head, format="native", dtype="bf16")
-    msg = str(e.value)
-    assert "\n" not in msg and "'d2t'" in msg and "bf16" in msg and "fp32" in msg
-    family.bundle_contents(adapter, head, format="native", dtype="fp32")  # exact there
+def test_trained_run_and_its_fp32_and_bf16_bundles_keep_the_maps_bit_equal(tmp_path):
+    """Only floating-point tensors take the run's / bundle's dtype (docs/design.md §3): d2t and t2d
+    stay int64 / bool through training (a trainable backbone rewrites RUN/drafter/; its training
+    checkpoints hold them too) and exports in fp32 and bf16, whose strict loads hold the maps bit
+    for bit. The offsets exceed 256, so a bf16 cast would round them."""
+    from safetensors.torch import load_file
+
+    from domino_graft.apply import apply_recipe
+    from domino_graft.bundle import load_bundle
+    from domino_graft.export import export_run
+    from domino_graft.rundir import load_run
+    from domino_graft.training.loop import train
+
+    run = tmp_path / "run"
+    apply_recipe(str(RECIPE), str(run), overrides=BIG_VOCAB, echo=lambda *_: None)
+    d2t, t2d = load_run(run).adapter.vocab_maps().values()
+    assert int(d2t.max()) > 256 and not torch.equal(d2t.to(torch.bfloat16).long(), d2t)
+    quiet = {"progress": False, "echo": lambda *_: None}
+    train(str(run), ["train.backbone=full", "train.batch_size=2"], max_steps=2, save_every=1, **quiet)
+    for f in ("drafter/model.safetensors", "checkpoints/step-2/model.safetensors"):
+        raw = {k.removeprefix("adapter.backbone."): v for k, v in load_file(str(run / f)).items()}
+        assert raw["d2t"].dtype == torch.int64 and torch.equal(raw["d2t"], d2t), f
+        assert raw["t2d"].dtype == torch.bool and torch.equal(raw["t2d"], t2d), f
+    for dtype, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        bundle = export_run(str(run), str(tmp_path / dtype), dtype=dtype, device="cpu", echo=lambda *_: None)
+        stored = load_file(str(bundle / "drafter" / "model.safetensors"))
+        assert stored["d2t"].dtype == torch.int64 and torch.equal(stored["d2t"], d2t)
+        assert stored["t2d"].dtype == torch.bool and torch.equal(stored["t2d"], t2d)
+        assert all(v.dtype == torch_dtype for k, v in stored.items() if k not in ("d2t", "t2d"))
+        m = json.loads((bundle / "manifest.json").read_text())
+        assert m["dtype"] == dtype and m["tensors"]["d2t"]["dtype"] == "int64" and m["tensors"]["t2d"]["dtype"] == "bool"
+        assert {i["dtype"] for k, i in m["tensors"].items() if k not in ("d2t", "t2d")} == {dtype}
+        loaded = load_bundle(bundle)
+        assert loaded.adapter.backbone.d2t.dtype == torch.int64 and torch.equal(loaded.adapter.backbone.d2t, d2t)
+        assert loaded.adapter.backbone.t2d.dtype == torch.bool and torch.equal(loaded.adapter.backbone.t2d, t2d)
+
+
+def test_a_run_with_vocab_maps_resumes(tmp_path):
+    from domino_graft.apply import apply_recipe
+    from domino_graft.rundir import load_run
+    from domino_graft.training.loop import train
+
+    run = tmp_path / "run"
+    apply_recipe(str(RECIPE), str(run), overrides=BIG_VOCAB, echo=lambda *_: None)
+    d2t, t2d = load_run(run).adapter.vocab_maps().values()
+    quiet = {"progress": False, "echo": lambda *_: None}
+    train(str(run), ["train.batch_size=2"], max_steps=1, save_every=1, **quiet)
+    train(str(run), ["train.batch_size=2"], max_steps=2, resume=True, **quiet)
+    a = load_run(run).adapter
+    assert a.backbone.d2t.dtype == torch.int64 and torch.equal(a.backbone.d2t, d2t)
+    assert a.backbone.t2d.dtype == torch.bool and torch.equal(a.backbone.t2d, t2d)
+
+
+def test_a_bundle_of_older_exact_fp32_maps_still_loads(tmp_path):
+    """Bundles written before integer tensors kept their dtype stored d2t/t2d as exact fp32 (the
+    manifest recording fp32): they still verify and load, the maps rebuilt as int64/bool."""
+    from safetensors.torch import load_file
+
+    from domino_graft.apply import apply_recipe
+    from domino_graft.bundle import load_bundle
+    from domino_graft.checkpoint import save_tensors, sha256_file, tensor_sha256
+    from domino_graft.export import export_run
+
+    maps, d2t, t2d = write_maps(tmp_path)
+    run = tmp_path / "run"
+    apply_recipe(str(RECIPE), str(run), overrides=maps, echo=lambda *_: None)
+    bundle = export_run(str(run), str(tmp_path / "bundle"), dtype="fp32", device="cpu", echo=lambda *_: None)
+    weights = bundle / "drafter" / "model.safetensors"
+    state = load_file(str(weights))
+    state["d2t"], state["t2d"] = state["d2t"].float(), state["t2d"].float()  # the old export's cast
+    save_tensors(weights, state, {"format": "pt"})
+    m = json.loads((bundle / "manifest.json").read_text())
+    for name in ("d2t", "t2d"):
+        m["tensors"][name].update(dtype="fp32", sha256=tensor_sha256(state[name]))
+    m["files"]["drafter/model.safetensors"] = sha256_file(weights)
+    (bundle / "manifest.json").write_text(json.dumps(m))
+    a = load_bundle(bundle).adapter
+    assert a.backbone.d2t.dtype == torch.int64 and torch.equal(a.backbone.d2t, d2t)
+    assert a.backbone.t2d.dtype == torch.bool and torch.equal(a.backbone.t2d, t2d)
 
 
 def _speculators_folder(tmp_path, target, src, *, drop=()):
@@ -251,6 +321,30 @@ def test_a_d2t_that_disagrees_with_t2d_is_refused(tmp_path):
     save_tensors(folder / "model.safetensors", state, {"format": "pt"})
     with pytest.raises(ValueError, match="tensor 'd2t' maps"):
         build(maps + [f"drafter.path={folder}"])
+
+
+def test_older_float_maps_are_rebuilt_exactly_from_t2d_or_refused(tmp_path):
+    """Older files held the maps as floats, bf16 ones with offsets above 256 rounded. d2t is rebuilt
+    from t2d (0/1, exact in any float dtype) and must agree with the stored value at its precision;
+    a float d2t of another vocabulary is refused on one line."""
+    from domino_graft.checkpoint import save_tensors
+
+    _, target, src, _ = build(BIG_VOCAB)
+    folder = _speculators_folder(tmp_path, target, src)
+    state = {k: v.contiguous() for k, v in src.backbone_state_dict().items()}
+    exact = dict(d2t=state["d2t"].clone(), t2d=state["t2d"].clone())
+    state["d2t"], state["t2d"] = state["d2t"].to(torch.bfloat16), state["t2d"].to(torch.bfloat16)
+    assert not torch.equal(state["d2t"].long(), exact["d2t"])  # rounded
+    save_tensors(folder / "model.safetensors", state, {"format": "pt"})
+    _, _, a, _ = build(BIG_VOCAB + [f"drafter.path={folder}"])
+    assert a.backbone.d2t.dtype == torch.int64 and torch.equal(a.backbone.d2t, exact["d2t"])
+    assert a.backbone.t2d.dtype == torch.bool and torch.equal(a.backbone.t2d, exact["t2d"])
+    state["d2t"] = (exact["d2t"] + 1).to(torch.bfloat16)
+    save_tensors(folder / "model.safetensors", state, {"format": "pt"})
+    with pytest.raises(ValueError) as e:
+        build(BIG_VOCAB + [f"drafter.path={folder}"])
+    msg = str(e.value)
+    assert "\n" not in msg and "tensor 'd2t' (torch.bfloat16) does not match the offsets t2d implies" in msg
 
 
 # ------------------------------------------------------------------------------ errors
