@@ -18,7 +18,10 @@ to HF's to ~1e-6. What differs is the machinery:
   every weight: at batch 1 a step is a chain of small kernels, and two fewer per sub-block
   is measured time (docs/design.md §5);
 * ``compile()`` compiles the per-layer math once for every layer (or, ``scope="model"``, the
-  whole forward as one graph).
+  whole forward as one graph);
+* ``use_kernels("triton")`` (the CUDA default, ``prepare_for_cuda_decoding``) splits each layer
+  around two Triton launches, norm + RoPE + cache write and an attention bounded by the positions
+  on the device (kernels/decode_attention.py); the torch math above stays their reference.
 
 Layer ids follow the project's convention: 0-based decoder-layer outputs, -1 = the final
 post-norm state.
