@@ -16,8 +16,10 @@ mask, a memset, cuDNN's flash kernel: ~14 us a layer; bench/results/engine_h200.
   ``pos`` is read on the device: a graph captured once serves every position, nothing waits
   on a kv bucket. ``causal=True``: query i sees keys ``<= pos + i`` (the target); ``False``:
   every key ``< pos + T`` (a drafter block that sees all of its own block and the context before
-  it). Long contexts split the keys over ``splits`` programs, 512 positions each, and merge them
-  (flash-decoding). A query row's output bits do not depend on T (``attention_splits``).
+  it). ``window=W`` (a sliding layer, Gemma-3): query i sees only keys ``> pos + i - W`` as well,
+  and the key tiles wholly before the window are skipped. Long contexts split the keys over
+  ``splits`` programs, 512 positions each, and merge them (flash-decoding). A query row's output
+  bits do not depend on T (``attention_splits``).
 
 The reference is ``domino_graft.fast.llama``'s torch math (``rope_qkv_reference`` /
 ``attention_reference``): tests/kernels/test_decode_attention.py checks these kernels against
@@ -36,7 +38,7 @@ def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
                             s_x_b, s_x_t, s_q_b, s_q_t, s_c_b, s_c_h, s_c_s,
                             T, eps, scaling,
                             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            FIRST_SLOT: tl.constexpr):
+                            FIRST_SLOT: tl.constexpr, PLUS_ONE: tl.constexpr):
     bt = tl.program_id(0)
     slot = tl.program_id(1) + FIRST_SLOT  # 0..H-1: q heads, H..H+HKV-1: k heads, then v heads
     b = bt // T
@@ -54,11 +56,16 @@ def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
             w = tl.where(is_q, tl.load(QW + d), tl.load(KW + d)).to(tl.float32)
             wp = tl.where(is_q, tl.load(QW + partner), tl.load(KW + partner)).to(tl.float32)
             r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-            # HF: weight * normed.to(dtype); the products rounded like the eager math
-            x = w * (x * r).to(QKV.dtype.element_ty).to(tl.float32)
-            xp = wp * (xp * r).to(QKV.dtype.element_ty).to(tl.float32)
-            x = x.to(QKV.dtype.element_ty).to(tl.float32)
-            xp = xp.to(QKV.dtype.element_ty).to(tl.float32)
+            if PLUS_ONE:
+                # Gemma3RMSNorm: normed * (1 + weight) in fp32, rounded once
+                x = ((x * r) * (1.0 + w)).to(QKV.dtype.element_ty).to(tl.float32)
+                xp = ((xp * r) * (1.0 + wp)).to(QKV.dtype.element_ty).to(tl.float32)
+            else:
+                # HF: weight * normed.to(dtype); the products rounded like the eager math
+                x = w * (x * r).to(QKV.dtype.element_ty).to(tl.float32)
+                xp = wp * (xp * r).to(QKV.dtype.element_ty).to(tl.float32)
+                x = x.to(QKV.dtype.element_ty).to(tl.float32)
+                xp = xp.to(QKV.dtype.element_ty).to(tl.float32)
         f = pos.to(tl.float32) * tl.load(INV_FREQ + (d % half)).to(tl.float32)
         cos = (tl.cos(f) * scaling).to(QKV.dtype.element_ty).to(tl.float32)
         sin = (tl.sin(f) * scaling).to(QKV.dtype.element_ty).to(tl.float32)
@@ -74,11 +81,13 @@ def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
 
 def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
                     inv_freq: torch.Tensor, scaling: float, q_norm, k_norm, eps: float,
-                    num_heads: int, num_kv_heads: int, head_dim: int, kv_only: bool = False):
+                    num_heads: int, num_kv_heads: int, head_dim: int, kv_only: bool = False,
+                    plus_one: bool = False):
     """qkv ``[B, T, (H + 2 Hkv) D]`` (last dim contiguous) at positions ``pos[b] + t`` -> q
     ``[B, T, H·D]`` after norm + RoPE; k (norm + RoPE) and v written into kc / vc
     ``[B, Hkv, S, D]`` at those positions. q_norm / k_norm: ``[D]`` weights or None.
-    kv_only: write k and v, skip q (returns None): a drafter's context rows."""
+    kv_only: write k and v, skip q (returns None): a drafter's context rows. plus_one: Gemma's
+    norm, ``(normed * (1 + w))`` in fp32 rounded once (fast/gemma3.py gemma_norm)."""
     b, t, _ = qkv.shape
     q = kc if kv_only else torch.empty((b, t, num_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
@@ -90,7 +99,7 @@ def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
         qkv, q, kc, vc, pos, inv_freq, qw, kw,
         qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         t, float(eps), float(scaling),
-        H=num_heads, HKV=num_kv_heads, D=head_dim, HAS_NORM=has_norm, FIRST_SLOT=first,
+        H=num_heads, HKV=num_kv_heads, D=head_dim, HAS_NORM=has_norm, FIRST_SLOT=first, PLUS_ONE=bool(plus_one),
     )
     return None if kv_only else q
 
@@ -98,10 +107,10 @@ def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
 @triton.jit
 def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
                       s_q_b, s_q_t, s_o_b, s_o_t, s_c_b, s_c_h, s_c_s,
-                      T,
+                      T, WINDOW,
                       HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-                      KEYS_PER_SPLIT: tl.constexpr):
+                      KEYS_PER_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr):
     pid = tl.program_id(0)
     pm = tl.program_id(1)
     split = tl.program_id(2)
@@ -121,6 +130,11 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
     # with them its output, bit for bit) depend on its position only, not on T or the split count
     lo = split * KEYS_PER_SPLIT
     hi = tl.minimum(end, lo + KEYS_PER_SPLIT)
+    if HAS_WINDOW:
+        # skip the key tiles before every query's window: they are fully masked, so skipping
+        # them changes no bit (tiles stay aligned to lo whatever pos and T)
+        first = tl.maximum(p0 - WINDOW + 1, lo)
+        lo = lo + (first - lo) // BLOCK_N * BLOCK_N
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -129,10 +143,14 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         nok = n < hi
+        if HAS_WINDOW:  # nor are the keys before the first query's window read (its tile's head)
+            nok = nok & (n > p0 - WINDOW)
         k = tl.load(kbase + n[:, None] * s_c_s + d[None, :], mask=nok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if CAUSAL:
             ok = (n[None, :] <= qpos[:, None]) & nok[None, :]
+            if HAS_WINDOW:  # a sliding layer: keys in (qpos - WINDOW, qpos]
+                ok = ok & (n[None, :] > qpos[:, None] - WINDOW)
         else:
             ok = nok[None, :] & (qpos[:, None] >= 0)
         s = tl.where(ok, s, float("-inf"))
@@ -205,9 +223,12 @@ def attention_splits(kv_len: int) -> int:
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, *,
                      num_heads: int, num_kv_heads: int, head_dim: int, causal: bool = True,
-                     splits: int = 1, scale: float | None = None) -> torch.Tensor:
+                     splits: int = 1, scale: float | None = None, window: int = 0) -> torch.Tensor:
     """q ``[B, T, H·D]`` at positions ``pos[b] + t``; kc / vc ``[B, Hkv, S, D]`` already holding
-    this step's keys -> attention output ``[B, T, H·D]`` (ready for o_proj)."""
+    this step's keys -> attention output ``[B, T, H·D]`` (ready for o_proj). window > 0 (causal
+    only): query at p sees keys in ``(p - window, p]`` (a sliding layer, Hugging Face's convention)."""
+    if window and not causal:
+        raise ValueError("decode_attention: a window needs causal=True")
     b, t, _ = q.shape
     group = num_heads // num_kv_heads
     rows = group * t
@@ -224,9 +245,10 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     _attention_kernel[grid](
         q, kc, vc, part, ml, pos, float(scale),
         q.stride(0), q.stride(1), o.stride(0), o.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        t, HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
+        t, int(window), HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal),
         SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
-        KEYS_PER_SPLIT=KEYS_PER_SPLIT,
+        KEYS_PER_SPLIT=KEYS_PER_SPLIT, HAS_WINDOW=bool(window),
     )
     if splits > 1:
         _merge_kernel[(b * t * num_heads,)](part, ml, o, o.stride(0), o.stride(1), t, H=num_heads, D=head_dim,

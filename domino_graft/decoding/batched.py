@@ -5,7 +5,7 @@ The target's cache is, wherever the target's architecture runs on the fast engin
 `StaticTarget.create` makes; on any device), the fast engine's static cache: row b is cache row
 b at its own position, a step is [B, K+1] at per-row positions (CUDA graphs per batch size and
 attention bucket on a GPU, eager on a CPU), and a rejection is just the row's next position
-(decoding/ragged_static.py). Elsewhere (e.g. Gemma-3's sliding windows), or with
+(decoding/ragged_static.py). Elsewhere (a target the fast engine refuses), or with
 kv="dynamic", it is one HF DynamicCache shared by the rows (`RaggedTarget`), in which each row
 owns the entries a validity mask [B, L] marks (a 4D attention mask hides the others):
 

@@ -26,8 +26,10 @@ to HF's to ~1e-6. What differs is the machinery:
 Layer ids follow the project's convention: 0-based decoder-layer outputs, -1 = the final
 post-norm state.
 
-Anything outside this family of architectures (sliding windows in use, dynamic RoPE
-scaling, other activations, ...) raises ``UnsupportedModel``: callers fall back to HF.
+Gemma-3 (sliding-window layers, two RoPEs, its own norms) has its own math in gemma3.py on the
+same cache and machinery; ``FastLM.from_hf`` dispatches to it. Anything else outside this family
+of architectures (sliding windows in use, dynamic RoPE scaling, other activations, ...) raises
+``UnsupportedModel``: callers fall back to HF.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 
 from .static_cache import StaticKVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral", "gemma3_text")  # gemma3_text: gemma3.py
 # RoPE types whose frequencies are fixed at load time (HF precomputes inv_freq and one
 # attention scaling factor); "dynamic" / "longrope" change them with the sequence length.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")
@@ -182,9 +184,11 @@ def run_model(ids, q_pos, key_pos, rows, kcs, vcs, embed, layers, norm_w, lm_w, 
 # Deferring each layer's last residual add into the next layer's norm saves a kernel a layer;
 # reading the positions on the device means no mask tensor and no kv bucket in the attention.
 def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_norm, eps: float, num_heads: int,
-                       num_kv_heads: int, head_dim: int, kv_only: bool = False) -> Optional[torch.Tensor]:
+                       num_kv_heads: int, head_dim: int, kv_only: bool = False,
+                       norm: Callable = rms_norm) -> Optional[torch.Tensor]:
     """The torch math of ``kernels.decode_attention.norm_rope_cache``: qkv ``[B, T, (H+2Hkv)D]``
-    at positions ``pos[b] + t`` -> q ``[B, T, H·D]`` (None if kv_only); k and v written into kc / vc."""
+    at positions ``pos[b] + t`` -> q ``[B, T, H·D]`` (None if kv_only); k and v written into kc / vc.
+    norm: the q/k norm (gemma3.gemma_norm is the kernel's ``plus_one``)."""
     b, t, _ = qkv.shape
     nq, nkv = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split((nq, nkv, nkv), dim=-1)
@@ -192,8 +196,8 @@ def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_nor
     k = k.reshape(b, t, num_kv_heads, head_dim)
     v = v.reshape(b, t, num_kv_heads, head_dim)
     if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
+        q = norm(q, q_norm, eps)
+        k = norm(k, k_norm, eps)
     q_pos = pos[:, None] + torch.arange(t, device=qkv.device)
     cos, sin = rope_cos_sin(q_pos, inv_freq, scaling, qkv.dtype)
     cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)  # [B, T, 1, D]
@@ -206,21 +210,27 @@ def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_nor
 
 
 def attention_reference(q, kc, vc, pos, *, num_heads: int, num_kv_heads: int, head_dim: int, causal: bool = True,
-                        kv_len: Optional[int] = None) -> torch.Tensor:
+                        kv_len: Optional[int] = None, scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
     """The torch math of ``kernels.decode_attention.decode_attention``: q ``[B, T, H·D]`` ->
-    ``[B, T, H·D]``; causal: query t sees keys ``<= pos + t``, else every key ``< pos + T``."""
+    ``[B, T, H·D]``; causal: query t sees keys ``<= pos + t``, else every key ``< pos + T``.
+    window > 0 (causal only): also only keys ``> pos + t - window`` (a sliding layer, HF's convention)."""
     b, t, _ = q.shape
     group = num_heads // num_kv_heads
     kv_len = kc.shape[2] if kv_len is None else kv_len
     key_pos = torch.arange(kv_len, device=q.device)
     if causal:
-        allowed = key_pos[None, None, :] <= (pos[:, None] + torch.arange(t, device=q.device))[:, :, None]
+        qp = (pos[:, None] + torch.arange(t, device=q.device))[:, :, None]
+        allowed = key_pos[None, None, :] <= qp
+        if window:
+            allowed = allowed & (key_pos[None, None, :] > qp - window)
     else:
+        if window:
+            raise ValueError("attention_reference: a window needs causal=True")
         allowed = (key_pos[None, None, :] < pos[:, None, None] + t).expand(b, t, kv_len)
     mask = allowed[:, None].expand(b, group, t, kv_len).reshape(b, 1, group * t, kv_len)
     qf = q.reshape(b, t, num_heads, head_dim).transpose(1, 2).reshape(b, num_kv_heads, group * t, head_dim)
     o = F.scaled_dot_product_attention(qf, kc[:, :, :kv_len], vc[:, :, :kv_len], attn_mask=mask,
-                                       scale=head_dim ** -0.5)
+                                       scale=head_dim ** -0.5 if scale is None else scale)
     return o.reshape(b, num_heads, t, head_dim).transpose(1, 2).reshape(b, t, num_heads * head_dim)
 
 
@@ -363,9 +373,17 @@ def _rope_params(cfg) -> tuple[str, dict]:
     return str(rope_type), dict(params)
 
 
+# model_type -> (its FastLM subclass, its check_supported): architectures with a forward of their
+# own module, which registers itself on import (gemma3.py; the package's __init__ imports it), so
+# this module never imports them
+ARCHITECTURES: dict[str, tuple[type, Callable]] = {}
+
+
 def check_supported(cfg, max_len: int) -> None:
     """Raise UnsupportedModel with the reason when this config is outside the fast path."""
     mt = getattr(cfg, "model_type", None)
+    if mt in ARCHITECTURES:
+        return ARCHITECTURES[mt][1](cfg, max_len)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModel(f"fast engine: model_type {mt!r} is not supported; supported: "
                                f"{', '.join(SUPPORTED_MODEL_TYPES)} (use the Hugging Face forward)")
@@ -422,8 +440,12 @@ class FastLM:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_hf(cls, model, max_batch: int = 1, max_len: int = 2048) -> "FastLM":
-        """Wrap a loaded HF causal LM (llama / mistral / qwen2 / qwen3); shares its tensors."""
+        """Wrap a loaded HF causal LM (llama / mistral / qwen2 / qwen3; gemma3_text through
+        gemma3.Gemma3LM); shares its tensors."""
         cfg = model.config
+        other = ARCHITECTURES.get(getattr(cfg, "model_type", None))
+        if other is not None and cls is FastLM:
+            return other[0].from_hf(model, max_batch, max_len)
         check_supported(cfg, max_len)
         inner = model.model
         rotary = getattr(inner, "rotary_emb", None)
@@ -580,19 +602,8 @@ class FastLM:
         if b != self.max_batch:
             kcs, vcs = [k[:b] for k in kcs], [v[:b] for v in vcs]
         c = self.cfg
-        if self.kernels != "torch":
-            _, rope_attention = attention_kernels(self.kernels)
-            pieces = self._split_pieces if use_compiled else {}
-            logits, hs = run_model_split(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm,
-                                         self.lm_head, self.inv_freq, self.rope_scaling, capture, c.num_heads,
-                                         c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len, int(logits_to_keep),
-                                         rope_attention, **pieces)
-        else:
-            fn = self._model_fn if use_compiled else run_model
-            logits, hs = fn(ids, q_pos, self._arange[:kv_len], self._rows[:b], kcs, vcs, self.embed, self.layers,
-                            self.norm, self.lm_head, self.inv_freq, self.rope_scaling, self.dtype,
-                            capture, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, kv_len,
-                            int(logits_to_keep), self.float_mask)
+        logits, hs = self._run(ids, p, q_pos, self._rows[:b], kcs, vcs, capture, kv_len, int(logits_to_keep),
+                               use_compiled)
         order = [i for i in range(c.num_layers) if i in capture] + ([-1] if -1 in capture else [])
         hidden = dict(zip(order, hs))
         if update_lengths:
@@ -604,6 +615,20 @@ class FastLM:
         return logits, hidden
 
     __call__ = forward
+
+    def _run(self, ids, p, q_pos, rows, kcs, vcs, capture: tuple, kv_len: int, keep: int, use_compiled: bool):
+        """The architecture's forward over the prepared positions: (logits, captured hiddens)."""
+        c = self.cfg
+        if self.kernels != "torch":
+            _, rope_attention = attention_kernels(self.kernels)
+            pieces = self._split_pieces if use_compiled else {}
+            return run_model_split(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm, self.lm_head,
+                                   self.inv_freq, self.rope_scaling, capture, c.num_heads, c.num_kv_heads,
+                                   c.head_dim, c.rms_norm_eps, kv_len, keep, rope_attention, **pieces)
+        fn = self._model_fn if use_compiled else run_model
+        return fn(ids, q_pos, self._arange[:kv_len], rows, kcs, vcs, self.embed, self.layers, self.norm,
+                  self.lm_head, self.inv_freq, self.rope_scaling, self.dtype, capture, c.num_heads, c.num_kv_heads,
+                  c.head_dim, c.rms_norm_eps, kv_len, keep, self.float_mask)
 
     # ------------------------------------------------------------------ helpers
     @torch.no_grad()

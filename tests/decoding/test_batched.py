@@ -149,9 +149,9 @@ def test_batched_refusals_name_the_way_out():
         Engine(target, pard_like, head).speculative_batch([[3, 4]], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"topology 'tree'; valid: 'chain'"):
         Engine(target, SimpleNamespace(topology="tree"), head).speculative_batch([[3, 4]], max_new_tokens=4)
-    gemma, g_adapter, g_head = build(2, arch="gemma3")
+    gemma, g_adapter, g_head = build(2, arch="gemma3")  # on the DynamicCache (the static cache takes its windows)
     with pytest.raises(ValueError, match=r"sliding-window targets.*valid: full-attention targets, or --batch-size 1"):
-        Engine(gemma, g_adapter, g_head).speculative_batch([[3, 4]], max_new_tokens=4)
+        Engine(gemma, g_adapter, g_head, kv="dynamic").speculative_batch([[3, 4]], max_new_tokens=4)
 
 
 # ------------------------------------------------------------------------- CLI

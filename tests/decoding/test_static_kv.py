@@ -112,10 +112,23 @@ def test_sampling_target_alone_static_same_draws_as_dynamic():
     assert a.tokens == b.tokens
 
 
-def test_unsupported_target_falls_back_to_dynamic():
+def test_gemma3_sliding_windows_run_static_and_equal_dynamic():
     target, adapter, head = graft("dflash", "gemma3")
     engine = Engine(target, adapter, head, kv="static")
-    assert engine.kv_path == "dynamic" and "gemma3" in (engine.kv_note or "")
+    assert engine.kv_path == "static"
+    prompt = list(range(3, 80))  # longer than the random Gemma-3's window (64): the window edge is crossed
+    ref = Engine(target, adapter, head).target_only(prompt, max_new_tokens=20)
+    alone = engine.target_only(prompt, max_new_tokens=20)
+    spec = engine.speculative(prompt, max_new_tokens=20)
+    assert alone.kv_path == spec.kv_path == "static" and ref.kv_path == "dynamic"
+    assert alone.tokens == spec.tokens == ref.tokens
+
+
+def test_unsupported_target_falls_back_to_dynamic():
+    target, adapter, head = graft("dflash", "gemma3")
+    target.model.config.final_logit_softcapping = 30.0  # the fast engine refuses softcapping
+    engine = Engine(target, adapter, head, kv="static")
+    assert engine.kv_path == "dynamic" and "softcapping" in (engine.kv_note or "")
     ref = Engine(target, adapter, head).target_only([3, 4, 5], max_new_tokens=10)
     alone = engine.target_only([3, 4, 5], max_new_tokens=10)
     spec = engine.speculative([3, 4, 5], max_new_tokens=10)

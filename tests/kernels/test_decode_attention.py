@@ -149,6 +149,67 @@ def test_gpu_a_rows_bits_do_not_depend_on_t_or_the_split_count(h, hkv, d):
                 assert torch.equal(one[0, 0], full[0, j]), f"p {p0}, row {j}, {splits} splits: not the verify's bits"
 
 
+# (B, T, H, Hkv, D, positions, window, splits): sliding layers (Gemma-3), keys in (p - W, p]
+WINDOW_CASES = [
+    (1, 1, 4, 2, 16, [200], 8, 1),  # the key tiles before the window are skipped
+    (1, 1, 4, 2, 16, [200], 1, 1),  # a query sees only itself
+    (2, 5, 6, 2, 16, [3, 140], 64, 2),  # row 0 inside its window, row 1 across a tile edge
+    (1, 16, 8, 2, 32, [560], 100, 2),  # the window straddles the 512-position split edge
+    (1, 2, 4, 2, 16, [600], 700, 2),  # a window longer than the context: plain causal
+    (2, 8, 6, 2, 16, [0, 77], 5, 1),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,t,h,hkv,d,positions,window,splits", WINDOW_CASES)
+def test_decode_attention_window_equals_reference(b, t, h, hkv, d, positions, window, splits):
+    k = _kernels()
+    g = torch.Generator().manual_seed(sum(positions) + t + window)
+    q = torch.randn((b, t, h * d), generator=g)
+    kc, vc = _cache(b, hkv, 640 if max(positions) > 200 else 256, d, seed=5)
+    pos = torch.tensor(positions)
+    kw = dict(num_heads=h, num_kv_heads=hkv, head_dim=d, scale=0.3)
+    out = k.decode_attention(q, kc, vc, pos, splits=splits, window=window, **kw)
+    ref = attention_reference(q, kc, vc, pos, window=window, **kw)
+    _close(out, ref, what=f"attention (window={window}, splits={splits})")
+    if window < max(positions):  # the window matters here
+        assert (ref - attention_reference(q, kc, vc, pos, **kw)).abs().max() > 1e-3
+
+
+@needs_interpreter
+def test_keys_before_the_window_are_never_read():
+    """A sliding layer's keys at or before pos - window are never read: NaN there changes nothing."""
+    k = _kernels()
+    q = torch.randn((1, 3, 4 * 16))
+    kc, vc = _cache(1, 2, 256, 16, seed=8)
+    kw = dict(num_heads=4, num_kv_heads=2, head_dim=16, window=10)
+    ref = attention_reference(q, kc, vc, torch.tensor([150]), **kw)
+    kc[:, :, :141], vc[:, :, :141] = float("nan"), float("nan")  # query 150 sees 141..150
+    out = k.decode_attention(q, kc, vc, torch.tensor([150]), splits=1, **kw)
+    _close(out, ref, what="windowed attention with NaN before the window")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b,t,h,hkv,d,norm", [s for s in ROPE_SHAPES if s[-1]])
+def test_norm_rope_cache_plus_one_equals_reference(b, t, h, hkv, d, norm):
+    """Gemma's q/k norm in the kernel (plus_one: (normed * (1 + w)) in fp32) against gemma_norm."""
+    from domino_graft.fast.gemma3 import gemma_norm
+
+    k = _kernels()
+    g = torch.Generator().manual_seed(b * 10 + t)
+    qkv = torch.randn((b, t, (h + 2 * hkv) * d), generator=g)
+    pos = torch.tensor([7, 0, 130][:b])
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, d, 2).float() / d))
+    qn, kn = 0.2 * torch.randn(d, generator=g), 0.2 * torch.randn(d, generator=g)
+    kc1, vc1 = _cache(b, hkv, 160, d, seed=3)
+    kc2, vc2 = kc1.clone(), vc1.clone()
+    q1 = k.norm_rope_cache(qkv, kc1, vc1, pos, inv_freq, 1.0, qn, kn, 1e-6, h, hkv, d, plus_one=True)
+    q2 = rope_qkv_reference(qkv, kc2, vc2, pos, inv_freq, 1.0, qn, kn, 1e-6, h, hkv, d, norm=gemma_norm)
+    _close(q1, q2, what="q")
+    _close(kc1, kc2, what="k cache")
+    _close(vc1, vc2, what="v cache")
+
+
 @needs_interpreter
 def test_keys_past_the_position_are_never_read():
     """The kernel's bound is pos + T read on the device: garbage (NaN) after it changes nothing."""
