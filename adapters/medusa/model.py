@@ -235,6 +235,22 @@ class MedusaAdapter(DrafterAdapter):
     def context_length(self) -> int:
         return self._seen
 
+    def static_drafter(self, max_len: int):
+        """The graphed propose (fast.py) for chains, kept between decodes (its captured graphs are
+        reused) while the heads' device and dtype are unchanged; None for a tree (decoded
+        dynamically) or a subclass that changes propose."""
+        if self.topology != "chain" or type(self).propose is not MedusaAdapter.propose:
+            return None
+        from .fast import StaticMedusaDrafter
+
+        w = self.heads[0][-1].weight
+        cur = getattr(self, "_static_drafter", None)
+        if cur is None or (cur.device, cur.dtype) != (w.device, w.dtype):
+            cur = StaticMedusaDrafter(self, max_len)
+            object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
+        cur.max_len = max(cur.max_len, int(max_len))  # no context tensors: nothing grows
+        return cur
+
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         if self._last is None:
             raise RuntimeError("Medusa propose() before any observe(): the heads need the target's hidden state")

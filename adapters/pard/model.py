@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
+from .vocab import fit_vocab
 
 CONFIG_TOKEN_KEYS = ("pard_token", "pard_token_id")
 SLOTS_KEY = "pard_num_slots"  # k this drafter (and its Domino head) was trained for
@@ -182,18 +183,6 @@ def untie(model: nn.Module) -> nn.Module:
     return model
 
 
-def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Drafter logits [..., Vd] -> the target's [..., V]: padding rows past the target's
-    vocabulary are dropped, rows the drafter lacks get the lowest logit (never proposed)."""
-    have = logits.shape[-1]
-    if have > vocab:
-        return logits[..., :vocab]
-    if have < vocab:
-        pad = logits.new_full((*logits.shape[:-1], vocab - have), torch.finfo(logits.dtype).min)
-        return torch.cat([logits, pad], dim=-1)
-    return logits
-
-
 def tied_aliases(model: nn.Module) -> set[str]:
     """Parameter names that are a second name for another parameter (a tied LM head)."""
     every = {n for n, _ in model.named_parameters(remove_duplicate=False)}
@@ -294,6 +283,33 @@ class PardAdapter(DrafterAdapter):
         ids = torch.full((anchor.shape[0], self.num_slots), self.pard_token_id, dtype=torch.long, device=anchor.device)
         ids[:, 0] = self.known(anchor)
         return ids
+
+    def static_drafter(self, max_len: int):
+        """The static-cache, graphed drafter (fast.py), kept between decodes while it has room
+        (its captured graphs are reused) and the drafter's weights are the ones it copied (same
+        device, dtype, tensors and version counters: a training step in between rebuilds it).
+        None where the fast engine cannot run the drafter's architecture, or for a subclass
+        that changes propose: PARD then proposes eagerly."""
+        from domino_graft.fast import UnsupportedModel, round_up_pow2
+
+        from .fast import StaticPardDrafter
+
+        if type(self).propose is not PardAdapter.propose:
+            return None
+        params = list(self.model.parameters())
+        stamp = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cur = getattr(self, "_static_drafter", None)
+        fresh = getattr(self, "_static_stamp", None) == stamp
+        if fresh and cur is False:  # known unsupported: eager, without another try
+            return None
+        if cur is None or not fresh or cur.max_len < max_len:
+            try:
+                cur = StaticPardDrafter(self, round_up_pow2(max_len))
+            except UnsupportedModel:
+                cur = False
+            object.__setattr__(self, "_static_drafter", cur)  # not a submodule: no state_dict entry
+            object.__setattr__(self, "_static_stamp", stamp)
+        return cur or None
 
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         if self._cache is None:

@@ -14,7 +14,8 @@ The target's cache is the HF DynamicCache (rollback = crop), or on the fast engi
 (`Engine(kv="static")`, the default on a GPU for a supported target) its static cache
 (rollback = set its length; the T = K + 1 verify replays a CUDA graph on a GPU). There a
 drafter whose family offers `adapter.static_drafter` keeps its context in static
-tensors too and proposes through one CUDA graph per block; the others observe/propose eagerly.
+tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
+also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                                logits_to_keep=1)
     forwards = 1
     keep(n)
+    # a static drafter that reads tokens (`reads_ids`) gets the ids beside the features
+    with_ids = getattr(drafter, "reads_ids", False)
     if drafter is not None:
-        drafter.prefill(feats, n)
+        drafter.prefill(feats, n, **({"ids": ids} if with_ids else {}))
     else:
         adapter.observe(feats, positions(0, n, dev), ids=ids)
     anchor = pick(logits[:, -1], sampling, gen)  # [1]
@@ -104,7 +107,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
         keep(pos + 1 + a)
         if drafter is not None:  # all K+1: the next block reads only those before its anchor
-            drafter.observe_block(feats, pos)
+            drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
         else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
             adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
                             ids=seq[:, : a + 1])
