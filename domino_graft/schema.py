@@ -55,6 +55,22 @@ def path_fields(*names: str):
     return field_validator(*names)(resolve_path)
 
 
+def check_layer_ids(ids, *, lowest: int, empty_hint: str, range_hint: str):
+    """A drafter's captured target layer ids (its field validator's body): None (the family's
+    default), or distinct ids >= `lowest`; each refusal names the bad id and what is valid."""
+    if ids is None:
+        return ids
+    if not ids:
+        raise ValueError(f"[] captures nothing; valid: {empty_hint}")
+    bad = [i for i in ids if i < lowest]
+    if bad:
+        raise ValueError(f"{bad[0]} is out of range; valid: {range_hint}")
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"layer {dup[0]} is listed twice in {ids}; valid: distinct layer ids")
+    return ids
+
+
 class RandomModel(Strict):
     """A small randomly initialised HF causal LM, built in memory from a seed."""
 

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from domino_graft.schema import Strict, path_fields
+from domino_graft.schema import Strict, check_layer_ids, path_fields
 
 
 class DFlashDrafter(Strict):
@@ -30,18 +30,9 @@ class DFlashDrafter(Strict):
     @field_validator("target_layer_ids")
     @classmethod
     def _distinct_ids(cls, ids):
-        if ids is None:
-            return ids
-        if not ids:
-            raise ValueError("[] captures nothing; valid: at least one 0-based target layer id (or -1), "
-                             "or leave it out for the default spread")
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        bad = [i for i in ids if i < -1]
-        if bad:
-            raise ValueError(f"{bad[0]} is out of range; valid: 0-based decoder-layer outputs, or -1 (the final norm)")
-        if dup:
-            raise ValueError(f"layer {dup[0]} is listed twice in {ids}; valid: distinct layer ids")
-        return ids
+        return check_layer_ids(ids, lowest=-1, empty_hint="at least one 0-based target layer id (or -1), or leave "
+                               "it out for the default spread",
+                               range_hint="0-based decoder-layer outputs, or -1 (the final norm)")
 
     def declared_num_slots(self):
         """Proposals per block when the recipe decides it (a checkpoint's block size wins otherwise)."""

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from domino_graft.schema import Strict, path_fields
+from domino_graft.schema import Strict, check_layer_ids, path_fields
 
 # Fields a P-EAGLE checkpoint's config.json decides (a recipe value that contradicts one is an error).
 CHECKPOINT_FIELDS = ("layer_type", "num_layers", "num_slots", "target_layer_ids", "mask_token_id", "draft_vocab_size",
@@ -54,19 +54,11 @@ class PEagleDrafter(Strict):
     @field_validator("target_layer_ids")
     @classmethod
     def _distinct_ids(cls, ids):
-        if ids is None:
-            return ids
-        if not ids:
-            raise ValueError("[] captures nothing; valid: at least one 0-based target layer id, "
-                             "or leave it out for speculators' default [2, L//2, L-3] (minus one)")
-        bad = [i for i in ids if i < 0]
-        if bad:
-            raise ValueError(f"{bad[0]} is out of range; valid: 0-based decoder-layer outputs (speculators' "
-                             "eagle_aux_hidden_state_layer_ids minus one; the embedding output cannot be captured)")
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"layer {dup[0]} is listed twice in {ids}; valid: distinct layer ids")
-        return ids
+        return check_layer_ids(ids, lowest=0, empty_hint="at least one 0-based target layer id, or leave it out "
+                               "for speculators' default [2, L//2, L-3] (minus one)",
+                               range_hint="0-based decoder-layer outputs (speculators' "
+                               "eagle_aux_hidden_state_layer_ids minus one; the embedding output cannot be "
+                               "captured)")
 
     @model_validator(mode="after")
     def _consistent(self):
