@@ -67,6 +67,24 @@ class DraftBlock:
     base_logits: torch.Tensor  # [B, K, V]
 
 
+def slot_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot convention's training targets for blocks anchored at `anchors` [B, nb] (x_0 at
+    position a; block n belongs to row n // nb): (labels [N, k] = x_{a+1..a+k}, -100 past the
+    sequence or where loss_mask is 0; prev [N, k] = x_{a..a+k-1}, the tokens the GRU reads,
+    clamped inside the sequence). One definition for every family's `training_blocks`."""
+    b, length = input_ids.shape
+    dev = input_ids.device
+    a = anchors.reshape(-1, 1)
+    rows = torch.arange(b, device=dev).repeat_interleave(anchors.shape[1])[:, None]
+    lab_pos = a + torch.arange(1, k + 1, device=dev)
+    lab_c = lab_pos.clamp(max=length - 1)
+    keep = (lab_pos < length) & loss_mask[rows, lab_c].bool()
+    labels = torch.where(keep, input_ids[rows, lab_c], torch.full_like(lab_c, -100))
+    prev = input_ids[rows, (a + torch.arange(0, k, device=dev)).clamp(max=length - 1)]
+    return labels, prev
+
+
 @dataclass
 class TrainingBlocks:
     """Teacher-forced blocks for the Domino objective.

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json, slot_targets
 
 ARCHITECTURE = "DFlashDraftModel"
 BACKBONE_PREFIXES = ("layers.", "norm.", "fc.", "hidden_norm.")
@@ -493,15 +493,7 @@ class DFlashAdapter(DrafterAdapter):
         k = bs if cfg.shift_label else bs - 1
         slots = hidden[:, :k] if cfg.shift_label else hidden[:, 1:]
         # slot j (1..k) predicts x_{a+j}; the GRU reads x_{a}..x_{a+k-1}
-        a = anchors.reshape(-1, 1)
-        rows = torch.arange(b, device=dev).repeat_interleave(nb)[:, None]
-        lab_pos = a + torch.arange(1, k + 1, device=dev)
-        prev_pos = a + torch.arange(0, k, device=dev)
-        inside = lab_pos < length
-        lab_pos_c = lab_pos.clamp(max=length - 1)
-        labels = input_ids[rows, lab_pos_c]
-        labels = torch.where(inside & loss_mask[rows, lab_pos_c].bool(), labels, torch.full_like(labels, -100))
-        prev = input_ids[rows, prev_pos.clamp(max=length - 1)]
+        labels, prev = slot_targets(input_ids, loss_mask, anchors, k)
         return TrainingBlocks(
             hidden=slots,
             prev_emb=self.embed(prev),

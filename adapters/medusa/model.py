@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json, slot_targets
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
 MEDUSA2_PREFIX = "medusa_head."
@@ -273,14 +273,9 @@ class MedusaAdapter(DrafterAdapter):
         rows = torch.arange(b, device=dev).repeat_interleave(anchors.shape[1])[:, None]
         h = features[rows[:, 0], (a[:, 0] - 1).clamp(min=0)]  # [N, H]
         hidden = self.heads.hidden(h.to(self.heads[0][-1].weight.dtype))
-        lab_pos = a + torch.arange(1, k + 1, device=dev)
-        prev_pos = a + torch.arange(0, k, device=dev)
-        lab_c = lab_pos.clamp(max=length - 1)
-        labels = input_ids[rows, lab_c]
+        labels, prev = slot_targets(input_ids, loss_mask, anchors, k)
         # a == 0 has no h_{a-1}: such a block teaches nothing
-        keep = (lab_pos < length) & loss_mask[rows, lab_c].bool() & (a >= 1)
-        labels = torch.where(keep, labels, torch.full_like(labels, -100))
-        prev = input_ids[rows, prev_pos.clamp(max=length - 1)]
+        labels = torch.where(a >= 1, labels, torch.full_like(labels, -100))
         return TrainingBlocks(
             hidden=hidden,
             prev_emb=self.embed(prev),

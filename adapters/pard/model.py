@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json, slot_targets
 from .vocab import fit_vocab
 
 CONFIG_TOKEN_KEYS = ("pard_token", "pard_token_id")
@@ -373,13 +373,7 @@ class PardAdapter(DrafterAdapter):
         rest = hidden_all[:, length:].reshape(b * nb, m, -1)
         hidden = torch.cat([first[:, None], rest], 1)  # [N, K, H]
 
-        a = a[:, None]
-        lab_pos = a + torch.arange(1, k + 1, device=dev)
-        lab_c = lab_pos.clamp(max=length - 1)
-        labels = input_ids[rows[:, None], lab_c]
-        keep = (lab_pos < length) & loss_mask[rows[:, None], lab_c].bool()
-        labels = torch.where(keep, labels, torch.full_like(labels, -100))
-        prev = input_ids[rows[:, None], (a + torch.arange(0, k, device=dev)).clamp(max=length - 1)]
+        labels, prev = slot_targets(input_ids, loss_mask, anchors, k)
         return TrainingBlocks(hidden=hidden, prev_emb=self.embed(prev), labels=labels, base_logits_fn=self.base_logits)
 
     def backbone_parameters(self) -> list[nn.Parameter]:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json, slot_targets
 from ..dflash.model import RMSNorm, _rows, apply_rope, rope_cos_sin
 from .schema import CHECKPOINT_FIELDS
 
@@ -616,13 +616,7 @@ class PEagleAdapter(DrafterAdapter):
         a = anchors.reshape(-1)
         first = hidden_all[rows, a - 1]
         hidden = torch.cat([first[:, None], hidden_all[:, c:].reshape(b * nb, m, -1)], 1)  # [N, K, H]
-        a = a[:, None]
-        lab_pos = a + torch.arange(1, k + 1, device=dev)
-        lab_c = lab_pos.clamp(max=length - 1)
-        labels = input_ids[rows[:, None], lab_c]
-        keep = (lab_pos < length) & loss_mask[rows[:, None], lab_c].bool()
-        labels = torch.where(keep, labels, torch.full_like(labels, -100))
-        prev = input_ids[rows[:, None], (a + torch.arange(0, k, device=dev)).clamp(max=length - 1)]
+        labels, prev = slot_targets(input_ids, loss_mask, anchors, k)
         return TrainingBlocks(hidden=hidden, prev_emb=self.embed(prev), labels=labels, base_logits_fn=self.base_logits)
 
     def backbone_parameters(self) -> list[nn.Parameter]:
