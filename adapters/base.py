@@ -67,6 +67,19 @@ class DraftBlock:
     base_logits: torch.Tensor  # [B, K, V]
 
 
+def placeholder_token_problems(field: str, token: int, vocab: int, eos_ids, vocab_name: str = "target") -> list[str]:
+    """The refusals for a drafter's placeholder token (DFlash's / P-EAGLE's mask, PARD's pard
+    token): it must be a row of the vocabulary and not the target's eos (prompts and data may
+    not hold it). One line each, naming the field, the value and what is valid."""
+    if not 0 <= token < vocab:
+        return [f"drafter.{field}: {token} is outside the {vocab_name} vocabulary; valid: 0..{vocab - 1} "
+                f"(a row the target never emits, e.g. {vocab - 1})"]
+    if token in eos_ids:
+        return [f"drafter.{field}: {token} is the target's eos id; valid: a row the target never emits "
+                f"(prompts and data may not hold it), e.g. {vocab - 1}"]
+    return []
+
+
 def slot_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The slot convention's training targets for blocks anchored at `anchors` [B, nb] (x_0 at

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, read_config_json, slot_targets
+from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts,
+                    placeholder_token_problems, read_config_json, slot_targets)
 
 ARCHITECTURE = "DFlashDraftModel"
 BACKBONE_PREFIXES = ("layers.", "norm.", "fc.", "hidden_norm.")
@@ -592,13 +593,7 @@ def config_from_recipe(d, tshape) -> DFlashConfig:
     elif len(set(ids)) != len(ids):
         problems.append(f"drafter.target_layer_ids: {ids} lists a layer twice{ids_from}; valid: distinct ids in "
                         f"0..{n - 1} or -1")
-    mask, v = cfg.mask_token_id, tshape.vocab_size
-    if not 0 <= mask < v:
-        problems.append(f"drafter.mask_token_id: {mask} is outside the target vocabulary; valid: 0..{v - 1} "
-                        f"(a row the target never emits, e.g. {v - 1})")
-    elif mask in tshape.eos_token_ids:
-        problems.append(f"drafter.mask_token_id: {mask} is the target's eos id; valid: a row the target never emits "
-                        f"(prompts and data may not hold it), e.g. {v - 1}")
+    problems += placeholder_token_problems("mask_token_id", cfg.mask_token_id, tshape.vocab_size, tshape.eos_token_ids)
     if problems:
         raise ValueError("\n".join(problems))
     return cfg

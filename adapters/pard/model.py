@@ -35,7 +35,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, read_config_json, slot_targets
+from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, placeholder_token_problems,
+                    read_config_json, slot_targets)
 from .vocab import fit_vocab
 
 CONFIG_TOKEN_KEYS = ("pard_token", "pard_token_id")
@@ -130,11 +131,7 @@ def resolve(d, tshape, target_config=None):
     vocab = cfg.get_text_config().vocab_size
     if token is None:
         token = vocab - 1  # like DFlash's mask default: the last row, unused by most tokenizers
-    if not 0 <= token < vocab:
-        problems.append(f"drafter.pard_token_id: {token} is outside the drafter vocabulary; valid: 0..{vocab - 1}")
-    elif token in tshape.eos_token_ids:
-        problems.append(f"drafter.pard_token_id: {token} is the target's eos id; valid: a row the target never emits "
-                        f"(prompts and data may not hold it), e.g. {vocab - 1}")
+    problems += placeholder_token_problems("pard_token_id", token, vocab, tshape.eos_token_ids, vocab_name="drafter")
     if num_slots < 2:
         problems.append(f"drafter.num_slots: {num_slots} (the checkpoint's {SLOTS_KEY}) is invalid; valid: >= 2")
     if problems:
