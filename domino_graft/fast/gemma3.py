@@ -22,7 +22,7 @@ Softcapping, bidirectional attention and other activations raise ``UnsupportedMo
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -228,30 +228,11 @@ class Gemma3LM(FastLM):
                    cache=cache, embed_scale=embed_scale, kinds=kinds, ropes=ropes, window=window,
                    scale=float(cfg.query_pre_attn_scalar) ** -0.5)
 
-    def compile(self, scope: str = "layer", **kwargs) -> "Gemma3LM":
-        """As FastLM.compile: scope "layer" compiles one layer function for every layer (full and
-        sliding alike: the mask and RoPE are arguments), "model" the whole forward."""
-        import torch._dynamo
-
-        if scope not in ("model", "layer"):
-            raise ValueError(f"compile scope {scope!r}; valid: model, layer")
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        opts = dict(fullgraph=True, dynamic=False)
-        opts.update(kwargs)
-        if self.kernels != "torch":
-            if scope != "layer":
-                raise ValueError(f"compile scope {scope!r} with kernels {self.kernels!r}; valid: layer")
-            self._split_pieces = dict(l_in=torch.compile(gemma_layer_in, **opts),
-                                      l_out=torch.compile(gemma_layer_out, **opts),
-                                      epi=torch.compile(gemma_epilogue_add, **opts))
-        elif scope == "model":
-            self._model_fn = torch.compile(run_gemma3, **opts)
-        else:
-            pieces = dict(pro=torch.compile(gemma_prologue, **opts), layer_fn=torch.compile(gemma_layer, **opts),
-                          epi=torch.compile(gemma_epilogue, **opts))
-            self._model_fn = lambda *args, **kw: run_gemma3(*args, **kw, **pieces)
-        self.compiled = scope
-        return self
+    def _math(self) -> dict:
+        """FastLM.compile's functions, Gemma's (one layer function serves full and sliding layers
+        alike: the mask and RoPE are arguments)."""
+        return dict(run=run_gemma3, pro=gemma_prologue, layer_fn=gemma_layer, epi=gemma_epilogue,
+                    l_in=gemma_layer_in, l_out=gemma_layer_out, split_epi=gemma_epilogue_add)
 
     def _run(self, ids, p, q_pos, rows, kcs, vcs, capture: tuple, kv_len: int, keep: int, use_compiled: bool):
         c = self.cfg

@@ -496,23 +496,29 @@ class FastLM:
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         opts = dict(fullgraph=True, dynamic=False)
         opts.update(kwargs)
+        m = self._math()
         if self.kernels != "torch":
             if scope != "layer":
                 raise ValueError(f"compile scope {scope!r} with kernels {self.kernels!r}; valid: layer (the "
                                  "kernels run between the compiled pieces)")
             # the pieces around the kernels; none depends on kv_len, so no bucket recompiles
-            self._split_pieces = dict(l_in=torch.compile(layer_in, **opts), l_out=torch.compile(layer_out, **opts),
-                                      epi=torch.compile(epilogue_add, **opts))
-            self.compiled = scope
-            return self
-        if scope == "model":
-            self._model_fn = torch.compile(run_model, **opts)
+            self._split_pieces = {k: torch.compile(m[k], **opts) for k in ("l_in", "l_out")}
+            self._split_pieces["epi"] = torch.compile(m["split_epi"], **opts)
+        elif scope == "model":
+            self._model_fn = torch.compile(m["run"], **opts)
         else:
-            pieces = dict(pro=torch.compile(prologue, **opts), layer_fn=torch.compile(decoder_layer, **opts),
-                          epi=torch.compile(epilogue, **opts))
-            self._model_fn = lambda *args, **kw: run_model(*args, **kw, **pieces)
+            pieces = {k: torch.compile(m[k], **opts) for k in ("pro", "layer_fn", "epi")}
+            run = m["run"]
+            self._model_fn = lambda *args, **kw: run(*args, **kw, **pieces)
         self.compiled = scope
         return self
+
+    def _math(self) -> dict:
+        """The functions of this architecture's forward that compile() compiles: the whole one
+        ("run"), its per-layer pieces ("pro", "layer_fn", "epi") and the pieces around the attention
+        kernels ("l_in", "l_out", "split_epi"). Gemma3LM gives its own."""
+        return dict(run=run_model, pro=prologue, layer_fn=decoder_layer, epi=epilogue, l_in=layer_in,
+                    l_out=layer_out, split_epi=epilogue_add)
 
     def use_kernels(self, name: str) -> "FastLM":
         """How a layer's attention sub-block runs. "torch" (the default): run_model's per-layer math
