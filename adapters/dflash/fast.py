@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from domino_graft.fast import CapturedCall
+from domino_graft.fast import CapturedCall, host_ints
 from domino_graft.fast.llama import (UnsupportedModel, attention_kernels, fuse_linears, layer_out, rms_norm,
                                      triton_kernels_unsupported)
 
@@ -141,17 +141,6 @@ class StaticDFlashDrafter:
             kc[rows, :, pos] = k.transpose(1, 2)
             vc[rows, :, pos] = v.transpose(1, 2)
 
-    def _host(self, position, b: int) -> list[int]:
-        """Each row's position as a host int (one int: every row's; a device tensor would sync)."""
-        if torch.is_tensor(position):
-            position = position.tolist()
-        if not isinstance(position, (list, tuple)):
-            return [int(position)] * b
-        host = [int(p) for p in position]
-        if len(host) != b:
-            raise ValueError(f"{len(host)} positions for a batch of {b} rows")
-        return host
-
     def _positions(self, host: list[int]) -> torch.Tensor:
         """[B] on the device without waiting on it: a fill for one row (the solo path), else a
         non-blocking copy of the host ints (as fast.GraphRunner does)."""
@@ -175,7 +164,7 @@ class StaticDFlashDrafter:
         """The verify's features [B, K+1, F] of x_0, d_1..d_K at pos..pos+K of each row (pos: an
         int or B host ints), written with the next propose (inside its graph); only those before
         each row's next anchor are ever read."""
-        self._pending = (feats, self._host(pos, feats.shape[0]))
+        self._pending = (feats, host_ints(pos, feats.shape[0]))
 
     # ------------------------------------------------------------------ propose
     def _propose(self, anchor: torch.Tensor, pos: torch.Tensor, kv_len: int):
@@ -255,7 +244,7 @@ class StaticDFlashDrafter:
         b = anchor.shape[0]
         if b > self.max_batch:
             raise ValueError(f"batch of {b} rows > the drafter cache's {self.max_batch}")
-        host = self._host(position, b)
+        host = host_ints(position, b)
         end = max(host) + self.block
         if end > self.max_len:
             raise ValueError(f"block at {max(host)}..{end - 1} outside the drafter cache ({self.max_len})")

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from domino_graft.fast import CapturedCall
+from domino_graft.fast import CapturedCall, host_ints
 
 from ..base import DraftBlock
 
@@ -43,16 +43,6 @@ class StaticMedusaDrafter:
         self.use_graphs = self.device.type == "cuda"
         self.proposals = 0  # blocks proposed (tests check the path was taken)
 
-    def _host(self, position, b: int) -> list[int]:
-        if torch.is_tensor(position):
-            position = position.tolist()
-        if not isinstance(position, (list, tuple)):
-            return [int(position)] * b
-        host = [int(p) for p in position]
-        if len(host) != b:
-            raise ValueError(f"{len(host)} positions for a batch of {b} rows")
-        return host
-
     def prefill(self, feats: torch.Tensor, n: int, ids: Optional[torch.Tensor] = None) -> None:
         """The prompt's features [B, >= n, H] at 0..n-1: only the last, h_{n-1}, is kept (a copy:
         the prefill's output tensor may be reused by the target)."""
@@ -65,7 +55,7 @@ class StaticMedusaDrafter:
     def observe_block(self, feats: torch.Tensor, pos, ids: Optional[torch.Tensor] = None) -> None:
         """The verify's features [B, K+1, H] of x_0, d_1..d_K at pos..pos+K; the next propose's
         anchor picks the row (module docstring). ids: unused (Medusa reads no tokens)."""
-        self._pending = (feats, self._host(pos, feats.shape[0]))
+        self._pending = (feats, host_ints(pos, feats.shape[0]))
 
     def _propose(self, feats: torch.Tensor, row: torch.Tensor):
         """feats [B, T, H], row [B]: the heads on feats[b, row[b]] -> (slot hidden, base logits)."""
@@ -82,7 +72,7 @@ class StaticMedusaDrafter:
         feats, start = self._pending
         if feats.shape[0] != b:
             raise ValueError(f"a batch of {b} anchors for features of {feats.shape[0]} rows")
-        host = self._host(position, b)
+        host = host_ints(position, b)
         rows = [p - 1 - s for p, s in zip(host, start)]
         t = feats.shape[1]
         bad = [(p, s) for p, r, s in zip(host, rows, start) if not 0 <= r < t]

@@ -33,6 +33,19 @@ def round_up_pow2(length: int, start: int = 256) -> int:
     return size
 
 
+def host_ints(position, b: int) -> list[int]:
+    """Each of b rows' positions as host ints, from one int (every row's), B ints or a tensor
+    (a device tensor syncs: pass host values on hot paths). Static drafters key graphs by them."""
+    if torch.is_tensor(position):
+        position = position.tolist()
+    if not isinstance(position, (list, tuple)):
+        return [int(position)] * b
+    host = [int(p) for p in position]
+    if len(host) != b:
+        raise ValueError(f"{len(host)} positions for a batch of {b} rows")
+    return host
+
+
 def capture_graph(fn, warmup: int):
     """(graph, outputs) of `fn()` captured as a CUDA graph, after `warmup` eager runs on a side
     stream (cuBLAS workspaces, torch.compile); `fn` must read only static buffers."""
