@@ -95,10 +95,18 @@ def warm_up(runs, items: list[list[int]], b: int) -> None:
     """Decode, untimed, every batch shape the timed pass meets: batches of b (and of the last
     batch's size) of the longest prompts, then of the shortest (caches sized for the longest
     first, so no timed batch re-sizes them; graphs captured for the attention buckets both ends
-    reach)."""
+    reach), then one whose longest prompt is the longest of each other padded prefill length
+    (fast.prefill_length: the batched prefill's graphed shapes)."""
+    from domino_graft.fast import prefill_length
+
     by_len = sorted(items, key=len)
+    ends: dict[int, int] = {}  # padded prefill length -> index of its longest prompt in by_len
+    for i, ids in enumerate(by_len):
+        ends[prefill_length(len(ids), 1 << 30)] = i
     for n in sorted({b, len(items) % b or b}):
-        for chunk in (by_len[-n:], by_len[:n]):
+        chunks = [by_len[-n:], by_len[:n]]
+        chunks += [by_len[max(0, i + 1 - n): i + 1] for i in sorted(ends.values(), reverse=True)[1:]]
+        for chunk in chunks:
             for mode in MODES:
                 runs[mode](chunk)
 

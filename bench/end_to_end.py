@@ -74,6 +74,17 @@ def prompts(loaded, limit):
             for i, item in enumerate(read_prompts(str(asset_dir(s) / "prompts.jsonl"), limit=limit))]
 
 
+def warm_up_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """The longest prompt, then the longest of each other padded prefill length: decoding these
+    compiles and captures every prefill shape the timed prompts meet."""
+    from domino_graft.fast import prefill_length
+
+    longest: dict[int, list[int]] = {}
+    for ids in sorted(prompts, key=len):
+        longest[prefill_length(len(ids), 1 << 30)] = ids
+    return sorted(longest.values(), key=len, reverse=True)
+
+
 def decode(run: Path, dtype: str, items_limit, max_new: int, records, device: str) -> list[dict]:
     import torch
 
@@ -88,16 +99,17 @@ def decode(run: Path, dtype: str, items_limit, max_new: int, records, device: st
     loaded.head.to(dt)
     engine = Engine(loaded.target, loaded.adapter, loaded.head, rollout="triton" if device == "cuda" else "torch", stop_ids=stop_token_ids(loaded.target))
     items = prompts(loaded, items_limit)
-    # one-off costs out of the timings: compile + capture every shape the longest prompt reaches
-    # (both attention buckets), with caches sized for it, so no later prompt re-sizes them
-    longest = max(items, key=lambda t: len(t[2]))[2]
+    # one-off costs out of the timings: compile + capture every shape a prompt reaches, the
+    # longest first (caches sized for it, so no later prompt re-sizes them), then the longest
+    # of each padded prefill length (fast.prefill_length) with its attention buckets
     t0 = time.time()
-    for use_head in (None, False, True):
-        for n_new in (max_new, 8):
-            if use_head is None:
-                engine.target_only(longest, max_new_tokens=n_new)
-            else:
-                engine.speculative(longest, max_new_tokens=n_new, use_head=use_head)
+    for ids in warm_up_prompts([t[2] for t in items]):
+        for use_head in (None, False, True):
+            for n_new in (max_new, 8):
+                if use_head is None:
+                    engine.target_only(ids, max_new_tokens=n_new)
+                else:
+                    engine.speculative(ids, max_new_tokens=n_new, use_head=use_head)
     if device == "cuda":
         torch.cuda.synchronize()
     log(f"{dtype}: warm-up (compile, graph capture) {time.time() - t0:.0f} s; kv_path {engine.kv_path}")

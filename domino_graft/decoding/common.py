@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 import torch
+import torch.nn.functional as F
 
 OnTokens = Optional[Callable[[list[int]], None]]
 
@@ -204,21 +205,39 @@ class StaticTarget:
         return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
 
     def prefill(self, ids: torch.Tensor, *, capture: tuple[int, ...] = (), logits_to_keep: int = 1):
-        """The prompt at positions 0..T-1 (eager: one shape per prompt length)."""
+        """The prompt at positions 0..n-1, right-padded to `prefill_length(n)` and run through
+        the graph runner like a step: a handful of padded lengths, each compiled and captured
+        once, instead of an eager launch-bound forward per prompt (SmolLM2's eager forward is
+        ~22 ms against a ~1 ms graphed step; docs/design.md §5). The padding's K/V land after
+        the prompt, where no later query looks before a step overwrites them (the cache's
+        length goes back to n), and the logits are taken at the real last rows."""
+        from ..fast import prefill_length
+
         capture = tuple(capture)
-        logits, hidden = self.lm.forward(ids, 0, capture=capture, logits_to_keep=logits_to_keep,
-                                         use_compiled=False)
-        return logits, self._features(hidden, capture)
+        n = ids.shape[1]
+        t = prefill_length(n, self.lm.max_len)
+        padded = ids if t == n else F.pad(ids, (0, t - n))
+        need = capture if -1 in capture else capture + (-1,)
+        _, hidden = self._runner(need)(padded, 0, logits_to_keep=1)  # only hidden[-1]'s rows are read
+        keep = n if logits_to_keep <= 0 else min(int(logits_to_keep), n)  # 0: every row, as FastLM.forward
+        last = hidden[-1][:, n - keep: n]
+        logits = F.linear(last, self.lm.lm_head)
+        feats = self._features(hidden, capture)
+        self.rollback(n)
+        return logits, None if feats is None else feats[:, :n]
 
     def step(self, ids: torch.Tensor, pos: int, *, capture: tuple[int, ...] = ()):
         """ids [1, T] at positions pos..pos+T-1, through the graph runner for `capture`.
         The logits may be the runner's static buffer: valid until the next step."""
         capture = tuple(capture)
+        logits, hidden = self._runner(capture)(ids, int(pos))
+        return logits, self._features(hidden, capture)
+
+    def _runner(self, capture: tuple[int, ...]):
         runner = self.runners.get(capture)
         if runner is None:
             runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
-        logits, hidden = runner(ids, int(pos))
-        return logits, self._features(hidden, capture)
+        return runner
 
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` positions: the cache's length moves, nothing is copied."""

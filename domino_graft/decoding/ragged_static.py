@@ -74,35 +74,43 @@ class StaticRaggedTarget:
     # ---------------------------------------------------------------- decoding
     def prefill(self, prompts: list[torch.Tensor], capture):
         """-> (each row's last logits [B, V], features [B, n_max, F] or None, ids [B, n_max],
-        positions [B, n_max] with -1 at padding), as RaggedTarget.prefill. Eager (one shape
-        per batch and longest prompt)."""
+        positions [B, n_max] with -1 at padding), as RaggedTarget.prefill. The batch is
+        right-padded to `fast.prefill_length(n_max)` and runs through the graph runner like a
+        step (as StaticTarget.prefill: a few padded shapes, each captured once)."""
+        from ..fast import prefill_length
+
         dev = prompts[0].device
         b = len(prompts)
         lens = torch.tensor([p.numel() for p in prompts], device=dev)
         n = max(p.numel() for p in prompts)
-        ids = torch.zeros(b, n, dtype=torch.long, device=dev)
+        t = prefill_length(n, self.lm.max_len)
+        ids = torch.zeros(b, t, dtype=torch.long, device=dev)
         for r, p in enumerate(prompts):
             ids[r, : p.numel()] = p
         capture = tuple(capture)
         # the final post-norm state gives each row's logits at its own last prompt token
-        # (logits_to_keep would give the padded batch's last column)
+        # (the runner's logits are the padded batch's last column)
         need = capture if -1 in capture else capture + (-1,)
-        _, hidden = self.lm.forward(ids, 0, capture=need, logits_to_keep=1, use_compiled=False)
+        _, hidden = self._runner(need)(ids, [0] * b, logits_to_keep=1)  # only hidden[-1]'s rows are read
         last = F.linear(hidden[-1][torch.arange(b, device=dev), lens - 1], self.lm.lm_head)
+        feats = self._features(hidden, capture)
         cols = torch.arange(n, device=dev)
         real = cols[None] < lens[:, None]
-        return last, self._features(hidden, capture), ids, torch.where(real, cols[None], -1)
+        return last, None if feats is None else feats[:, :n], ids[:, :n], torch.where(real, cols[None], -1)
 
     def step(self, seq: torch.Tensor, pos: torch.Tensor, capture, host_pos: list[int]):
         """seq [B, T] at positions pos_b..pos_b+T-1 (`host_pos`: the same positions on the host,
         which pick the attention bucket without a device sync) -> (logits [B, T, V], features).
         The logits are the graph's static buffer on CUDA: valid until the next step."""
         capture = tuple(capture)
+        logits, hidden = self._runner(capture)(seq, host_pos)
+        return logits, self._features(hidden, capture)
+
+    def _runner(self, capture: tuple[int, ...]):
         runner = self.runners.get(capture)
         if runner is None:
             runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
-        logits, hidden = runner(seq, host_pos)
-        return logits, self._features(hidden, capture)
+        return runner
 
     def keep(self, kept: torch.Tensor, longest: int) -> torch.Tensor:
         """Row b keeps its first kept[b] new entries: nothing to do in the cache (the next step

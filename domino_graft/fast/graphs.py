@@ -33,6 +33,14 @@ def round_up_pow2(length: int, start: int = 256) -> int:
     return size
 
 
+def prefill_length(n: int, max_len: int, start: int = 16) -> int:
+    """The length a prompt of n tokens is right-padded to for a graphed prefill: powers of two
+    from `start` (a few shapes, each compiled and captured once), at most the cache's max_len."""
+    if n > max_len:
+        raise ValueError(f"prompt of {n} tokens > the cache's {max_len} positions")
+    return min(round_up_pow2(n, start), max_len)
+
+
 def host_ints(position, b: int) -> list[int]:
     """Each of b rows' positions as host ints, from one int (every row's), B ints or a tensor
     (a device tensor syncs: pass host values on hot paths). Static drafters key graphs by them."""

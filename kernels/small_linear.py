@@ -1,0 +1,529 @@
+"""Triton kernels for ``y = x @ w.T`` with few rows (a decode step, M = 1; a verify of 16 tokens,
+M = 16): stream the weight once at the read bandwidth, with the bias and the residual add fused.
+
+At batch 1 a decode step of an 8B model is a chain of matrix-vector products against bf16
+weights ``W [N, K]`` (K contiguous); each is bound by reading ``W`` from HBM. On an H200 cuBLAS
+runs several of Qwen3-8B's projections at 75-86 % of the read bandwidth and adds a split-K
+reduction launch to some (per layer: qkv 15.8 us against a 12.0 us floor, o 10.7 + 1.7 us
+against 8.0, down 28.0 + 1.7 us against 24.0). Here:
+
+* ``small_linear(x, w, bias, residual)``: ``x @ w.T (+ bias) (+ residual)``, fp32 accumulation,
+  rounded once to x.dtype. The residual in the epilogue makes a layer's ``x + o_proj(attn)`` /
+  ``x + down(...)`` one launch.
+* ``small_linear_swiglu(x, w_gate_up, bias)``: ``silu(x @ gate.T) * (x @ up.T)`` from the fused
+  ``[2I, K]`` weight (gate rows, then up rows), the gate and up tiles of the same columns in one
+  program, so the ``[M, 2I]`` intermediate never goes to memory.
+
+Kernel. A program computes a ``[16, BLOCK_N]`` output tile: the rows padded to 16 with masked
+loads (one MMA tile; M > 16 is tiled over 16-row tiles), a loop over its K range in BLOCK_K
+chunks with ``tl.dot`` into fp32. With ``SPLIT`` > 1 the K range of each n-block is cut into
+SPLIT disjoint fixed ranges (``K_PER_SPLIT``, a multiple of BLOCK_K), the programs write fp32
+partials to a workspace ``[SPLIT, M, N]`` and a second small kernel sums them in split order
+(fixed: deterministic, no atomics) and applies bias / residual / silu-mul / the cast; with
+SPLIT == 1 the epilogue is in the main kernel (one launch). Program ids run over the M tiles
+fastest, then the splits, then the n-blocks: the M tiles of one weight tile run side by side and
+all but the first read it from L2, not HBM.
+
+Bits. A row's output does not depend on the other rows of the call: its 16-row tile, K ranges
+and summation order depend on (N, K) and the config only, and the config is a function of
+(N, K) (the tuned table or ``default_config``), never of M; M is not specialized on
+(``do_not_specialize``), so M = 1 and M = 16 run the same compiled kernel. On a GPU a decode
+step and a verify then agree bit for bit on every row they share, which greedy speculative
+decoding relies on. (Triton's CPU interpreter computes a dot with numpy, which rounds a row by
+its place in the tile: there only closeness is checked.)
+
+Rounding. Everything after the dot stays in fp32 and is rounded once: ``y = round(acc + b + r)``
+and ``silu(g) * u = round(g * sigmoid(g) * u)`` with g, u the fp32 sums (bias included). The
+eager engine rounds more often (``F.linear`` to bf16, then ``x + ...`` in bf16; ``F.silu(g) * u``
+in bf16), so in bf16 the two differ by about an ulp; the references here are
+``(x.float() @ w.float().T + b + r).to(dtype)`` and ``(F.silu(g.float()) * u.float()).to(dtype)``.
+
+Fallback rule (``supported``): x and w on a CUDA device (or anywhere under TRITON_INTERPRET=1),
+bf16 / fp16 / fp32 of the same dtype, ``w`` 2-D with unit stride along K, and at most
+``MAX_ROWS`` = 64 rows; otherwise the caller uses ``F.linear`` (at more rows cuBLAS's large
+tiles win: each 16-row tile here re-reads W from L2).
+
+Configs (``Config``: BLOCK_N, BLOCK_K, SPLIT, num_warps, num_stages): an explicit ``config=``
+wins, then the table ``tune()`` fills (keyed by ``(N, K)``, ``(N, K, "swiglu")`` for the fused
+MLP, with N the weight's rows), then ``default_config``. ``tune`` times ``candidate_configs`` on the
+current GPU; call it once at engine setup, before any CUDA-graph capture (it synchronizes, and
+it compiles the winners so the capture does not).
+
+The reference is the torch math of ``small_linear_reference`` / ``small_linear_swiglu_reference``;
+tests/kernels/test_small_linear.py checks the kernels against it in fp32 under TRITON_INTERPRET=1
+on a CPU and in bf16 on a GPU; bench/linear_speed.py times them against cuBLAS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+BLOCK_M = 16  # rows per program: one MMA tile, the same for a 1-token step and a 16-token verify
+MAX_ROWS = 64  # supported(): beyond this the caller should use F.linear
+REDUCE_BLOCK = 256  # columns per program of the split-K reduction
+DEFAULT_SMS = 132  # an H200's SM count, used when no CUDA device is visible
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SWIGLU: tl.constexpr):
+    """fp32 tile(s) -> (+ bias) (silu-mul | + residual) -> one rounding -> store."""
+    mok = rm < M
+    nok = rn < N
+    ok = mok[:, None] & nok[None, :]
+    if HAS_BIAS:
+        g += tl.load(B + rn, mask=nok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            u += tl.load(B + N + rn, mask=nok, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:
+        y = g * tl.sigmoid(g) * u
+    else:
+        y = g
+    if HAS_RES:
+        y += tl.load(R + rm[:, None] * s_rm + rn[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + rm[:, None] * s_ym + rn[None, :], y.to(Y.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _small_linear_kernel(X, W, B, R, Y, WS, M, N, K, s_xm, s_wn, s_rm, s_ym, K_PER_SPLIT,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                         SWIGLU: tl.constexpr, PRECISION: tl.constexpr):
+    # N: output columns (I for SWIGLU: gate rows n, up rows N + n of W)
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_m  # fastest: the M tiles of one weight tile run together (L2 reuse)
+    rest = pid // num_m
+    split = rest % SPLIT
+    pid_n = rest // SPLIT
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mok = rm < M
+    nok = rn < N
+    # this split's K range: fixed by (K, config), never by M
+    lo = split * K_PER_SPLIT
+    hi = tl.minimum(K, lo + K_PER_SPLIT)
+    g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    x_row = X + rm[:, None] * s_xm
+    w_row = W + rn[:, None].to(tl.int64) * s_wn  # int64: N x K may pass 2**31 (a large vocabulary)
+    for k0 in range(lo, hi, BLOCK_K):
+        kk = k0 + rk
+        kok = kk < hi
+        xt = tl.load(x_row + kk[None, :], mask=mok[:, None] & kok[None, :], other=0.0)
+        wt = tl.load(w_row + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
+        g = tl.dot(xt, tl.trans(wt), g, input_precision=PRECISION)
+        if SWIGLU:
+            wu = tl.load(w_row + N * s_wn + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
+            u = tl.dot(xt, tl.trans(wu), u, input_precision=PRECISION)
+    if SPLIT == 1:
+        _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym, HAS_BIAS, HAS_RES, SWIGLU)
+    else:
+        # partials [SPLIT, M, N] (SWIGLU: [SPLIT, M, 2N], gate columns then up columns), fp32
+        ws_n = 2 * N if SWIGLU else N
+        ok = mok[:, None] & nok[None, :]
+        part = WS + (split * M + rm[:, None]) * ws_n + rn[None, :]
+        tl.store(part, g, mask=ok)
+        if SWIGLU:
+            tl.store(part + N, u, mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _reduce_kernel(WS, B, R, Y, M, N, s_rm, s_ym,
+                   BLOCK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   SWIGLU: tl.constexpr):
+    pid = tl.program_id(0)
+    nb = tl.cdiv(N, BLOCK)
+    m = pid // nb
+    rm = m + tl.arange(0, 1)  # a [1, BLOCK] tile: one row
+    rn = (pid % nb) * BLOCK + tl.arange(0, BLOCK)
+    ok = (rm < M)[:, None] & (rn < N)[None, :]
+    ws_n = 2 * N if SWIGLU else N
+    g = tl.zeros([1, BLOCK], dtype=tl.float32)
+    u = tl.zeros([1, BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):  # split order: the same sum whatever M
+        part = WS + (s * M + rm[:, None]) * ws_n + rn[None, :]
+        g += tl.load(part, mask=ok, other=0.0)
+        if SWIGLU:
+            u += tl.load(part + N, mask=ok, other=0.0)
+    _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym, HAS_BIAS, HAS_RES, SWIGLU)
+
+
+# ---------------------------------------------------------------------------------- configs
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A launch configuration. BLOCK_N: output columns per program (for the SwiGLU kernel each
+    program reads 2 x BLOCK_N weight rows, gate and up); BLOCK_K: K per loop step; SPLIT: K ranges
+    per n-block (1: one launch; > 1: fp32 partials + a reduction launch)."""
+
+    BLOCK_N: int = 64
+    BLOCK_K: int = 128
+    SPLIT: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def validate(self, who: str = "small_linear") -> "Config":
+        def pow2(v: int) -> bool:
+            return isinstance(v, int) and v > 0 and v & (v - 1) == 0
+
+        for name in ("BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if not (pow2(v) and 16 <= v <= 1024):
+                raise ValueError(f"{who}: config {name}={v!r} is not valid; valid: a power of two in 16..1024 "
+                                 f"(tl.dot needs >= 16)")
+        if not (isinstance(self.SPLIT, int) and 1 <= self.SPLIT <= 64):
+            raise ValueError(f"{who}: config SPLIT={self.SPLIT!r} is not valid; valid: an int in 1..64")
+        if not (pow2(self.num_warps) and self.num_warps <= 16):
+            raise ValueError(f"{who}: config num_warps={self.num_warps!r} is not valid; valid: 1, 2, 4, 8, 16")
+        if not (isinstance(self.num_stages, int) and 1 <= self.num_stages <= 8):
+            raise ValueError(f"{who}: config num_stages={self.num_stages!r} is not valid; valid: an int in 1..8")
+        return self
+
+    def k_per_split(self, k: int) -> int:
+        """K per split: ceil(K / SPLIT) rounded up to BLOCK_K (the last splits may be short or empty)."""
+        return triton.cdiv(triton.cdiv(k, self.SPLIT), self.BLOCK_K) * self.BLOCK_K
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# (N, K) -> Config for small_linear; (N, K, "swiglu") -> Config for small_linear_swiglu (N = 2I).
+# Filled by tune() / register_config(); consulted when config is None. One table per process:
+# it holds the winners of the dtype last tuned.
+TUNED: dict[tuple, Config] = {}
+
+
+def _key(n: int, k: int, swiglu: bool) -> tuple:
+    return (int(n), int(k), "swiglu") if swiglu else (int(n), int(k))
+
+
+def register_config(n: int, k: int, config: Config, *, swiglu: bool = False) -> None:
+    """Use ``config`` for weights [n, k] (n = 2I for the SwiGLU kernel) when no config is passed."""
+    TUNED[_key(n, k, swiglu)] = config.validate("register_config")
+
+
+def clear_configs() -> None:
+    TUNED.clear()
+
+
+def _num_sms() -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return DEFAULT_SMS
+
+
+def default_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16,
+                   sms: Optional[int] = None) -> Config:
+    """The untuned choice for weights [n, k] (n = 2I for SwiGLU), a function of the shape only.
+
+    BLOCK_K 128 (64 in fp32: the same bytes a step), 64 weight rows a program (BLOCK_N 64; 32
+    for SwiGLU, whose program reads gate and up rows). SPLIT: the smallest power of two <= 8 that
+    gives >= 2 waves of programs over the SMs while each split keeps >= 4 BLOCK_K steps. Shapes
+    still short of one wave (small N and K) halve BLOCK_N down to 16. num_stages 4 (3 in fp32)."""
+    sms = sms or _num_sms()
+    n_out = n // 2 if swiglu else n
+    block_k = 64 if dtype == torch.float32 else 128
+    block_k = max(16, min(block_k, triton.next_power_of_2(max(1, k))))
+    block_n = 32 if swiglu else 64
+    split = 1
+    while split < 8 and triton.cdiv(n_out, block_n) * split < 2 * sms and k // (2 * split) >= 4 * block_k:
+        split *= 2
+    while block_n > 16 and triton.cdiv(n_out, block_n) * split < sms:
+        block_n //= 2
+    return Config(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4,
+                  num_stages=3 if dtype == torch.float32 else 4)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): about 32-64 KB of weight in flight per program
+_TILES = ((16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3))
+MAX_CANDIDATES = 24
+
+
+def candidate_configs(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16,
+               sms: Optional[int] = None, limit: int = MAX_CANDIDATES) -> list[Config]:
+    """The configs ``tune`` times for weights [n, k]: the tiles of ``_TILES`` (BLOCK_K no larger
+    than K rounded up to a power of two) x SPLIT in {1, 2, 4, 8} (a split keeps >= 2 BLOCK_K
+    steps), the ``limit`` whose program count is nearest 2 waves, and ``default_config``."""
+    sms = sms or _num_sms()
+    n_out = n // 2 if swiglu else n
+    kmax = max(16, triton.next_power_of_2(max(1, k)))
+    found = []
+    for bn, bk, warps, stages in _TILES:
+        if bk > kmax:
+            continue
+        for split in (1, 2, 4, 8):
+            if split > 1 and k // split < 2 * bk:
+                continue
+            programs = triton.cdiv(n_out, bn) * split
+            found.append((abs(math.log2(programs / (2 * sms))), len(found), Config(bn, bk, split, warps, stages)))
+    ranked = [c for _, _, c in sorted(found, key=lambda t: t[:2])]
+    base = default_config(n, k, swiglu=swiglu, dtype=dtype, sms=sms)
+    out = [base] + [c for c in ranked if c != base]
+    return out[:max(1, limit)]
+
+
+def lookup_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16) -> Config:
+    """The config small_linear uses for weights [n, k] when none is passed: tuned, else default."""
+    return TUNED.get(_key(n, k, swiglu)) or default_config(n, k, swiglu=swiglu, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- wrappers
+
+
+def supported(x: torch.Tensor, w: torch.Tensor, *, max_rows: int = MAX_ROWS) -> bool:
+    """Whether small_linear should run (True) or the caller fall back to F.linear (False):
+    x, w on CUDA (any device under TRITON_INTERPRET=1), the same dtype among bf16/fp16/fp32, w 2-D
+    with unit stride along K matching x's last dim, and at most ``max_rows`` rows."""
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        return False
+    if not (INTERPRETED or (x.is_cuda and w.is_cuda)) or x.device != w.device:
+        return False
+    if x.dtype not in DTYPES or w.dtype != x.dtype or w.dim() != 2 or x.dim() < 1:
+        return False
+    if x.shape[-1] != w.shape[1] or w.stride(1) != 1:
+        return False
+    return x.numel() // max(1, x.shape[-1]) <= max_rows
+
+
+def _check(who: str, x, w, bias, residual, n_out: int, n_bias: int):
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"{who}: x must be a tensor [..., K], got {type(x).__name__}"
+                         f"{'' if not isinstance(x, torch.Tensor) else ' of shape ' + str(tuple(x.shape))}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"{who}: x dtype {x.dtype} is not supported; valid: bfloat16, float16, float32")
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"{who}: w must be a 2-D tensor [N, K], got "
+                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+    k = x.shape[-1]
+    if w.shape[1] != k:
+        raise ValueError(f"{who}: w shape {tuple(w.shape)} does not match x's last dim K={k}; valid: [N, {k}]")
+    if w.dtype != x.dtype:
+        raise ValueError(f"{who}: w dtype {w.dtype} differs from x dtype {x.dtype}; valid: the same dtype")
+    if w.stride(1) != 1:
+        raise ValueError(f"{who}: w strides {tuple(w.stride())} are not row-major; valid: unit stride along K "
+                         f"(w.contiguous())")
+    if w.device != x.device:
+        raise ValueError(f"{who}: w is on {w.device} and x on {x.device}; valid: the same device")
+    if not (INTERPRETED or x.is_cuda):
+        raise ValueError(f"{who}: x is on {x.device}; valid: a CUDA device, or any under TRITON_INTERPRET=1 "
+                         f"(else use F.linear)")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n_bias,):
+            raise ValueError(f"{who}: bias shape {tuple(getattr(bias, 'shape', ()))} is not valid; valid: ({n_bias},)")
+        if bias.dtype not in (x.dtype, torch.float32) or bias.device != x.device:
+            raise ValueError(f"{who}: bias dtype {bias.dtype} on {bias.device} is not valid; valid: {x.dtype} or "
+                             f"float32 on {x.device}")
+    if residual is not None:
+        want = tuple(x.shape[:-1]) + (n_out,)
+        if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != want:
+            raise ValueError(f"{who}: residual shape {tuple(getattr(residual, 'shape', ()))} is not valid; "
+                             f"valid: {want} (x's leading dims, N)")
+        if residual.dtype != x.dtype or residual.device != x.device:
+            raise ValueError(f"{who}: residual dtype {residual.dtype} on {residual.device} is not valid; valid: "
+                             f"{x.dtype} on {x.device}")
+
+
+def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    t = t.reshape(-1, width)
+    return t if t.stride(-1) == 1 or t.shape[0] == 0 else t.contiguous()
+
+
+def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int, swiglu: bool) -> torch.Tensor:
+    m, k = x2.shape
+    y = torch.empty((m, n_out), dtype=x2.dtype, device=x2.device)
+    if m == 0 or n_out == 0:
+        return y
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    b = bias if bias is not None else y
+    r = r2 if r2 is not None else y
+    s_rm = r2.stride(0) if r2 is not None else 0
+    split = cfg.SPLIT
+    ws = y if split == 1 else torch.empty((split, m, 2 * n_out if swiglu else n_out), dtype=torch.float32,
+                                          device=x2.device)
+    flags = dict(HAS_BIAS=bias is not None, HAS_RES=r2 is not None, SWIGLU=swiglu)
+    grid = (triton.cdiv(n_out, cfg.BLOCK_N) * split * triton.cdiv(m, BLOCK_M),)
+    _small_linear_kernel[grid](
+        x2, w, b, r, y, ws, m, n_out, k, x2.stride(0), w.stride(0), s_rm, y.stride(0), cfg.k_per_split(k),
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, SPLIT=split,
+        PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
+    )
+    if split > 1:
+        _reduce_kernel[(m * triton.cdiv(n_out, REDUCE_BLOCK),)](
+            ws, b, r, y, m, n_out, s_rm, y.stride(0), BLOCK=REDUCE_BLOCK, SPLIT=split, num_warps=2, **flags)
+    return y
+
+
+def small_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 residual: Optional[torch.Tensor] = None, *, config: Optional[Config] = None) -> torch.Tensor:
+    """x ``[..., K]``, w ``[N, K]`` (unit stride along K, x's dtype: bf16 / fp16 / fp32), bias
+    ``[N]`` (x's dtype or fp32), residual ``[..., N]`` -> ``x @ w.T + bias + residual`` ``[..., N]``
+    in x.dtype: fp32 accumulation, one rounding. Any number of rows runs (16-row tiles); see
+    ``supported`` for when it is worth it. config: None -> the tuned table, else default_config."""
+    n = w.shape[0] if isinstance(w, torch.Tensor) and w.dim() == 2 else -1
+    _check("small_linear", x, w, bias, residual, n, n)
+    cfg = (config.validate("small_linear") if config is not None
+           else lookup_config(n, w.shape[1], dtype=x.dtype).validate("small_linear (tuned table)"))
+    k = x.shape[-1]
+    r2 = _rows(residual, n) if residual is not None else None
+    y = _launch(_rows(x, k), w, bias, r2, cfg, n, swiglu=False)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def small_linear_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                        config: Optional[Config] = None) -> torch.Tensor:
+    """x ``[..., K]``, w_gate_up ``[2I, K]`` (gate rows, then up rows; one fused weight), bias
+    ``[2I]`` or None -> ``silu(g) * u`` ``[..., I]`` with ``g, u = x @ w_gate_up.T + bias`` split
+    in halves, all in fp32 and rounded once to x.dtype (``(F.silu(g.float()) * u.float())``)."""
+    two_i = w_gate_up.shape[0] if isinstance(w_gate_up, torch.Tensor) and w_gate_up.dim() == 2 else -1
+    _check("small_linear_swiglu", x, w_gate_up, bias, None, two_i // 2, two_i)
+    if two_i % 2:
+        raise ValueError(f"small_linear_swiglu: w_gate_up shape {tuple(w_gate_up.shape)} has an odd number of rows; "
+                         f"valid: [2I, K] (gate rows, then up rows)")
+    cfg = (config.validate("small_linear_swiglu") if config is not None
+           else lookup_config(two_i, w_gate_up.shape[1], swiglu=True, dtype=x.dtype).validate(
+               "small_linear_swiglu (tuned table)"))
+    k = x.shape[-1]
+    y = _launch(_rows(x, k), w_gate_up, bias, None, cfg, two_i // 2, swiglu=True)
+    return y.reshape(*x.shape[:-1], two_i // 2)
+
+
+# ---------------------------------------------------------------------------------- references
+
+
+def small_linear_reference(x, w, bias=None, residual=None):
+    """The spec: fp32 math, one rounding to x.dtype."""
+    y = x.float() @ w.float().T
+    if bias is not None:
+        y = y + bias.float()
+    if residual is not None:
+        y = y + residual.float()
+    return y.to(x.dtype)
+
+
+def small_linear_swiglu_reference(x, w_gate_up, bias=None):
+    gu = x.float() @ w_gate_up.float().T
+    if bias is not None:
+        gu = gu + bias.float()
+    g, u = gu.chunk(2, dim=-1)
+    return (F.silu(g) * u).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------- tuning
+
+
+def _cuda_time_us(fn: Callable[[], object], reps: int = 7, inner: int = 10, warmup: int = 2) -> float:
+    """Median over ``reps`` of (CUDA-event time of ``inner`` back-to-back calls) / inner, in us."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(times)
+
+
+def weight_copies(weight_bytes: int, l2_bytes: int, cap: int = 64) -> int:
+    """How many copies of a weight to cycle through so that back-to-back calls read it from HBM,
+    as in a model whose every layer has its own weights: enough to cover twice the L2."""
+    return max(1, min(cap, -(-2 * int(l2_bytes) // max(1, int(weight_bytes)))))
+
+
+def _l2_bytes(device) -> int:
+    if torch.device(device).type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+    return 0
+
+
+def _tune(shapes: Iterable[tuple], dtype: torch.dtype, device, m: int, candidates_fn, time_fn,
+          seed: int = 0) -> dict[tuple, Config]:
+    device = torch.device(device)
+    gen = torch.Generator(device).manual_seed(seed)
+    won = {}
+    for shape in shapes:
+        n, k, *rest = shape
+        swiglu = bool(rest) and rest[0] == "swiglu"
+        if rest and not swiglu:
+            raise ValueError(f"tune: shape {shape!r} is not valid; valid: (N, K) or (N, K, 'swiglu')")
+        cands = list(candidates_fn(n, k, swiglu)) if callable(candidates_fn) else list(candidates_fn)
+        for c in cands:
+            c.validate("tune")
+        # random inputs (never zeros), scaled like activations and weights
+        x = torch.randn((m, k), generator=gen, device=device).to(dtype)
+        copies = weight_copies(n * k * x.element_size(), _l2_bytes(device))
+        ws = [(torch.randn((n, k), generator=gen, device=device) / math.sqrt(k)).to(dtype) for _ in range(copies)]
+        op = small_linear_swiglu if swiglu else small_linear
+        ref = (small_linear_swiglu_reference if swiglu else small_linear_reference)(x, ws[0]).float()
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        best, best_t = None, float("inf")
+        for c in cands:
+            try:
+                y = op(x, ws[0], config=c).float()
+                if not torch.allclose(y, ref, atol=tol * max(1.0, ref.abs().max().item()), rtol=tol):
+                    continue  # a miscompiled candidate never wins
+                state = {"i": 0}
+
+                def call(c=c, state=state):
+                    state["i"] = (state["i"] + 1) % len(ws)
+                    return op(x, ws[state["i"]], config=c)
+
+                t = time_fn(call)
+            except Exception:  # noqa: BLE001  out of shared memory, a compiler error: skip the candidate
+                continue
+            if t < best_t:
+                best, best_t = c, t
+        if best is None:
+            best = default_config(n, k, swiglu=swiglu, dtype=dtype)
+        key = _key(n, k, swiglu)
+        TUNED[key] = best
+        won[tuple(shape)] = best
+        del ws
+    return won
+
+
+def tune(shapes: Iterable[tuple], dtype: torch.dtype = torch.bfloat16, device=None, m: int = 16,
+         candidates: Optional[Iterable[Config]] = None) -> dict[tuple, Config]:
+    """Time candidate configs for each weight shape on the current CUDA device and store the
+    fastest in ``TUNED`` (small_linear then uses it for that (N, K) when config is None).
+
+    shapes: (N, K) for small_linear, (N, K, "swiglu") for small_linear_swiglu (N = 2I). Random
+    inputs of ``m`` rows (the config must not depend on M, so one M decides for all); each
+    candidate is checked against the fp32 reference first, then timed with CUDA events (2
+    warm-up calls, the median of 7 reps of 10 back-to-back calls over enough weight copies to
+    miss L2); a candidate that fails to compile or is wrong is skipped. candidates: one list for
+    every shape, else ``candidate_configs(n, k)`` (<= 24). Returns {shape: winner}. Call once at engine
+    setup before capturing CUDA graphs (it synchronizes and compiles)."""
+    device = torch.device(device if device is not None else "cuda")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"tune: device {device} is not a CUDA device; valid: a visible CUDA device (timing uses "
+                         f"CUDA events); on a CPU use register_config or pass config=")
+    if dtype not in DTYPES:
+        raise ValueError(f"tune: dtype {dtype} is not supported; valid: bfloat16, float16, float32")
+    cands = list(candidates) if candidates is not None else (
+        lambda n, k, swiglu: candidate_configs(n, k, swiglu=swiglu, dtype=dtype))
+    with torch.cuda.device(device):
+        return _tune(shapes, dtype, device, m, cands, _cuda_time_us)
