@@ -130,6 +130,10 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
     # with them its output, bit for bit) depend on its position only, not on T or the split count
     lo = split * KEYS_PER_SPLIT
     hi = tl.minimum(end, lo + KEYS_PER_SPLIT)
+    if split == SPLITS - 1:
+        # the last split reads every key left: a caller's split count below attention_splits(pos + T)
+        # costs the bit-invariance above, never the keys past SPLITS * KEYS_PER_SPLIT
+        hi = end
     if HAS_WINDOW:
         # skip the key tiles before every query's window: they are fully masked, so skipping
         # them changes no bit (tiles stay aligned to lo whatever pos and T)

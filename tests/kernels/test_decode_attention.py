@@ -79,6 +79,7 @@ ATTN_CASES = [
     (2, 5, 6, 2, 16, [3, 140], True, 2),
     (1, 16, 8, 2, 32, [70], True, 4),
     (1, 2, 4, 2, 16, [600], True, 2),  # keys in two 512-position splits
+    (1, 1, 4, 2, 16, [600], True, 1),  # fewer splits than the keys need: the last one reads the rest
     (2, 8, 6, 2, 16, [0, 77], False, 1),
     (2, 8, 6, 2, 16, [9, 150], False, 2),
 ]
