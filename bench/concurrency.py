@@ -148,13 +148,15 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     steps = {m: [0, 0] for m in ("base", "domino")}  # [verify steps, tokens those steps gave]
     kv = {m: set() for m in MODES}
     bad = {m: 0 for m in MODES}
+    bad_in_batch = {m: 0 for m in ("base", "domino")}  # against the same batch's target-alone rows
     divergences = []
     for start in range(0, len(items), b):
         if clock.over():
             row["stopped"] = f"deadline: {clock.elapsed():.0f} s >= --deadline-s {clock.deadline_s}"
             break
         chunk = items[start: start + b]
-        for mode in MODES:
+        batch_target = None
+        for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
             t1 = time.perf_counter()
             results = runs[mode](chunk)
             wall[mode] += time.perf_counter() - t1
@@ -165,6 +167,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                 if mode != "target":
                     steps[mode][0] += len(r.accepted)
                     steps[mode][1] += sum(a + 1 for a in r.accepted)
+                    bad_in_batch[mode] += r.tokens != batch_target[n]
                 ref = refs[start + n]
                 if ref is None:  # the solo target pass is the reference
                     refs[start + n] = ref = r.tokens
@@ -173,17 +176,23 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                     if len(divergences) < 10:
                         div = first_divergence(engine.target, chunk[n], ref, r.tokens)
                         divergences.append({"mode": mode, "prompt": start + n, **(div or {})})
+            if mode == "target":
+                batch_target = [r.tokens for r in results]
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
         row["path"] = path_of(engine, solo, device, set().union(*kv.values()))
-        fill(row, tokens, wall, rates, steps, kv, bad, divergences)
+        fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences)
         write(row)
     row["complete"] = row["num_prompts"] == len(items)
-    fill(row, tokens, wall, rates, steps, kv, bad, divergences)
+    fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences)
     return row
 
 
-def fill(row, tokens, wall, rates, steps, kv, bad, divergences) -> None:
+def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences) -> None:
+    """The row's figures. Two identities: `identical_to_target`, every row of every mode equal to
+    its prompt's solo target-alone decode (needs the target's numerics not to depend on the batch
+    size), and `identical_to_batch_target`, every speculative row equal to the target-alone row of
+    the same batch (speculation's own losslessness at this batch size)."""
     for m in MODES:
         row[f"{m}_tokens_per_s"] = tokens[m] / wall[m] if wall[m] > 0 else None
         row[f"{m}_per_request_tokens_per_s"] = statistics.fmean(rates[m]) if rates[m] else None
@@ -196,6 +205,8 @@ def fill(row, tokens, wall, rates, steps, kv, bad, divergences) -> None:
     row["kv_path"] = {m: sorted(kv[m]) for m in MODES}
     row["not_identical"] = dict(bad)
     row["identical_to_target"] = row["num_prompts"] > 0 and not any(bad.values())
+    row["not_identical_to_batch_target"] = dict(bad_in_batch)
+    row["identical_to_batch_target"] = row["num_prompts"] > 0 and not any(bad_in_batch.values())
     if divergences:
         row["divergences"] = divergences
 

@@ -76,6 +76,9 @@ VARIANTS = {
     # inductor's coordinate-descent tuning of its own kernels' launch parameters (gpt-fast sets it)
     "compiled_layer_triton_cdt": {"scope": "layer", "kernels": "triton",
                                   "options": {"coordinate_descent_tuning": True}},
+    # every projection through kernels/small_linear.py too (FastLM.use_linears): rows independent of
+    # the batch; configs from --linear-configs (bench/linear_speed.py's winners) or default_config
+    "compiled_layer_triton_linears": {"scope": "layer", "kernels": "triton", "linears": "triton"},
 }
 SECTIONS = ("own_graph", "own_nograph", "hf_eager", *(f"own_{v}" for v in list(VARIANTS)[1:]), "profile", "greedy",
             "long_context", "hf_compiled", "greedy_fp32")
@@ -283,6 +286,8 @@ def run_row(name: str, args, deadline: float, save) -> dict:
             lm.float_mask = spec.get("float_mask", False)
             if "kernels" in spec:
                 lm.use_kernels(spec["kernels"])
+            if "linears" in spec:
+                lm.use_linears(spec["linears"])
             if "scope" in spec:
                 lm.compile(spec["scope"], **({"options": spec["options"]} if "options" in spec else {}))
         lm.forward(prompt, 0, logits_to_keep=1, use_compiled=False)  # prefill, eager math
@@ -476,6 +481,19 @@ def run_row(name: str, args, deadline: float, save) -> dict:
     return row
 
 
+def register_linear_configs(path: str) -> dict:
+    """small_linear's table from bench/linear_speed.py's winners: {"N,K[,swiglu]": config}."""
+    from domino_graft.kernels import small_linear as S
+
+    table = {}
+    for key, w in json.loads(Path(path).read_text())["winners"].items():
+        if w.get("config_all_m"):
+            swiglu = key.endswith("/swiglu")
+            S.register_config(w["n"], w["k"], S.Config(**w["config_all_m"]), swiglu=swiglu)
+            table[f"{w['n']},{w['k']}" + (",swiglu" if swiglu else "")] = w["config_all_m"]
+    return table
+
+
 def headline(row: dict) -> None:
     """The headline figures (on the merged row): the faster own variant, and the ratios."""
     for key in ("step", "verify"):
@@ -515,8 +533,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the code paths (no real figures)")
     ap.add_argument("--num-layers", type=int, default=0, help="smoke runs: fewer decoder layers")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="skip sections that would start after this")
+    ap.add_argument("--linear-configs", default=None,
+                    help="bench/linear_speed.py's report: its winners (config_all_m) become small_linear's table")
     args = ap.parse_args(argv)
     args.sections = set(args.sections.split(","))
+    linear_table = register_linear_configs(args.linear_configs) if args.linear_configs else None
     global DEV
     DEV = args.device
     if DEV == "cuda" and not torch.cuda.is_available():
@@ -539,6 +560,7 @@ def main(argv=None) -> int:
     }
     args.bandwidth_gbs = read_bandwidth_gbs() if DEV == "cuda" else 100.0  # smoke runs: a placeholder
     run_meta["read_bandwidth_gbs"] = args.bandwidth_gbs
+    run_meta["small_linear_configs"] = linear_table or "default_config (no --linear-configs)"
     print(f"read bandwidth {args.bandwidth_gbs:.0f} GB/s", flush=True)
     doc.setdefault("runs", []).append(run_meta)
     doc["description"] = ("fast target engine (domino_graft/fast) vs HF eager and HF StaticCache+torch.compile"

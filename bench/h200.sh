@@ -34,7 +34,9 @@
 #   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
 #          torch.compile, greedy checks, kernel profile; random weights) then bench/drafter_speed.py
 #          (the DFlash drafter's per-block propose at both rows' shapes) into one engine_h200.json,
-#          then the -m gpu tests. One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
+#          then the -m gpu tests; first bench/linear_speed.py (kernels/small_linear.py against cuBLAS per weight
+#          shape), whose winners the engine's *_linears variant uses.
+#          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
 PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
@@ -133,15 +135,21 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     mkdir -p "$OUTDIR/logs"
     # ENGINE_MERGE=1 (with ENGINE_ARGS=--merge ...): add to the committed file instead of a new one
     [ -z "${ENGINE_MERGE:-}" ] || cp "$SRC/bench/results/engine_h200.json" "$OUTDIR/"
+    # small_linear's configs per weight shape first: their winners feed the *_linears variant
+    (cd /tmp && timeout "${LINEAR_S:-100}" python3 "$SRC/bench/linear_speed.py" --out "$OUTDIR/linear_speed_h200.json" \
+      --deadline-s "${LINEAR_DEADLINE_S:-80}") 2>&1 | tee "$OUTDIR/logs/linear_speed.log" | tail -12
+    LINEAR_CFG=()
+    [ -f "$OUTDIR/linear_speed_h200.json" ] && LINEAR_CFG=(--linear-configs "$OUTDIR/linear_speed_h200.json")
     (cd /tmp && timeout "${ENGINE_S:-400}" python3 "$SRC/bench/engine_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
       --rows qwen3_8b,smollm2_135m --out "$OUTDIR/engine_h200.json" --deadline-s "${ENGINE_DEADLINE_S:-290}" \
-      ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30
+      "${LINEAR_CFG[@]}" ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30
     (cd /tmp && timeout "${DRAFTER_S:-100}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
       --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
       tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
-      tests/fast/test_gemma3_engine.py tests/decoding/test_static_drafters.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
+      tests/fast/test_gemma3_engine.py tests/decoding/test_static_drafters.py tests/kernels/test_small_linear.py \
+      tests/kernels/test_fast_linears.py > "$OUTDIR/logs/gpu_tests.log" 2>&1; \
       tail -5 "$OUTDIR/logs/gpu_tests.log")
     ls -la "$OUTDIR"
     ;;

@@ -57,10 +57,11 @@ on a CPU and in bf16 on a GPU; bench/linear_speed.py times them against cuBLAS.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import statistics
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -179,7 +180,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 4
 
-    def validate(self, who: str = "small_linear") -> "Config":
+    def validate(self, who: str = "small_linear") -> Config:
         def pow2(v: int) -> bool:
             return isinstance(v, int) and v > 0 and v & (v - 1) == 0
 
@@ -223,14 +224,18 @@ def clear_configs() -> None:
     TUNED.clear()
 
 
+@functools.cache
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_sms() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return DEFAULT_SMS
+    return _sms_of(torch.cuda.current_device()) if torch.cuda.is_available() else DEFAULT_SMS
 
 
+@functools.lru_cache(maxsize=1024)
 def default_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16,
-                   sms: Optional[int] = None) -> Config:
+                   sms: int | None = None) -> Config:
     """The untuned choice for weights [n, k] (n = 2I for SwiGLU), a function of the shape only.
 
     BLOCK_K 128 (64 in fp32: the same bytes a step), 64 weight rows a program (BLOCK_N 64; 32
@@ -254,10 +259,11 @@ def default_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype =
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): about 32-64 KB of weight in flight per program
 _TILES = ((16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3))
 MAX_CANDIDATES = 24
+TUNE_SKIPPED: list[tuple] = []  # (shape, config, error) of the candidates the last tune() could not run
 
 
 def candidate_configs(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16,
-               sms: Optional[int] = None, limit: int = MAX_CANDIDATES) -> list[Config]:
+                      sms: int | None = None, limit: int = MAX_CANDIDATES) -> list[Config]:
     """The configs ``tune`` times for weights [n, k]: the tiles of ``_TILES`` (BLOCK_K no larger
     than K rounded up to a power of two) x SPLIT in {1, 2, 4, 8} (a split keeps >= 2 BLOCK_K
     steps), the ``limit`` whose program count is nearest 2 waves, and ``default_config``."""
@@ -358,7 +364,7 @@ def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int
     split = cfg.SPLIT
     ws = y if split == 1 else torch.empty((split, m, 2 * n_out if swiglu else n_out), dtype=torch.float32,
                                           device=x2.device)
-    flags = dict(HAS_BIAS=bias is not None, HAS_RES=r2 is not None, SWIGLU=swiglu)
+    flags = {"HAS_BIAS": bias is not None, "HAS_RES": r2 is not None, "SWIGLU": swiglu}
     grid = (triton.cdiv(n_out, cfg.BLOCK_N) * split * triton.cdiv(m, BLOCK_M),)
     _small_linear_kernel[grid](
         x2, w, b, r, y, ws, m, n_out, k, x2.stride(0), w.stride(0), s_rm, y.stride(0), cfg.k_per_split(k),
@@ -372,8 +378,8 @@ def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int
     return y
 
 
-def small_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                 residual: Optional[torch.Tensor] = None, *, config: Optional[Config] = None) -> torch.Tensor:
+def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None, *, config: Config | None = None) -> torch.Tensor:
     """x ``[..., K]``, w ``[N, K]`` (unit stride along K, x's dtype: bf16 / fp16 / fp32), bias
     ``[N]`` (x's dtype or fp32), residual ``[..., N]`` -> ``x @ w.T + bias + residual`` ``[..., N]``
     in x.dtype: fp32 accumulation, one rounding. Any number of rows runs (16-row tiles); see
@@ -388,8 +394,8 @@ def small_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] 
     return y.reshape(*x.shape[:-1], n)
 
 
-def small_linear_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                        config: Optional[Config] = None) -> torch.Tensor:
+def small_linear_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, bias: torch.Tensor | None = None, *,
+                        config: Config | None = None) -> torch.Tensor:
     """x ``[..., K]``, w_gate_up ``[2I, K]`` (gate rows, then up rows; one fused weight), bias
     ``[2I]`` or None -> ``silu(g) * u`` ``[..., I]`` with ``g, u = x @ w_gate_up.T + bias`` split
     in halves, all in fp32 and rounded once to x.dtype (``(F.silu(g.float()) * u.float())``)."""
@@ -464,6 +470,8 @@ def _tune(shapes: Iterable[tuple], dtype: torch.dtype, device, m: int, candidate
     device = torch.device(device)
     gen = torch.Generator(device).manual_seed(seed)
     won = {}
+    skipped = TUNE_SKIPPED
+    skipped.clear()
     for shape in shapes:
         n, k, *rest = shape
         swiglu = bool(rest) and rest[0] == "swiglu"
@@ -484,15 +492,17 @@ def _tune(shapes: Iterable[tuple], dtype: torch.dtype, device, m: int, candidate
             try:
                 y = op(x, ws[0], config=c).float()
                 if not torch.allclose(y, ref, atol=tol * max(1.0, ref.abs().max().item()), rtol=tol):
-                    continue  # a miscompiled candidate never wins
+                    skipped.append((tuple(shape), c, "wrong result"))  # a miscompiled candidate never wins
+                    continue
                 state = {"i": 0}
 
-                def call(c=c, state=state):
+                def call(c=c, state=state, x=x, ws=ws, op=op):  # cycles through the weight copies
                     state["i"] = (state["i"] + 1) % len(ws)
                     return op(x, ws[state["i"]], config=c)
 
-                t = time_fn(call)
-            except Exception:  # noqa: BLE001  out of shared memory, a compiler error: skip the candidate
+                t = time_fn(call, c, len(ws))
+            except Exception as e:  # noqa: BLE001  out of shared memory, a compiler error: skip the candidate
+                skipped.append((tuple(shape), c, f"{type(e).__name__}: {e}"[:200]))
                 continue
             if t < best_t:
                 best, best_t = c, t
@@ -506,17 +516,20 @@ def _tune(shapes: Iterable[tuple], dtype: torch.dtype, device, m: int, candidate
 
 
 def tune(shapes: Iterable[tuple], dtype: torch.dtype = torch.bfloat16, device=None, m: int = 16,
-         candidates: Optional[Iterable[Config]] = None) -> dict[tuple, Config]:
+         candidates: Iterable[Config] | None = None) -> dict[tuple, Config]:
     """Time candidate configs for each weight shape on the current CUDA device and store the
     fastest in ``TUNED`` (small_linear then uses it for that (N, K) when config is None).
 
     shapes: (N, K) for small_linear, (N, K, "swiglu") for small_linear_swiglu (N = 2I). Random
     inputs of ``m`` rows (the config must not depend on M, so one M decides for all); each
     candidate is checked against the fp32 reference first, then timed with CUDA events (2
-    warm-up calls, the median of 7 reps of 10 back-to-back calls over enough weight copies to
-    miss L2); a candidate that fails to compile or is wrong is skipped. candidates: one list for
-    every shape, else ``candidate_configs(n, k)`` (<= 24). Returns {shape: winner}. Call once at engine
-    setup before capturing CUDA graphs (it synchronizes and compiles)."""
+    warm-up calls, the median of 7 reps of max(10, copies) back-to-back calls cycling through
+    enough weight copies to cover twice the L2, so each call reads HBM as a layer of a model
+    does); a candidate that fails to compile or is wrong is skipped (``TUNE_SKIPPED`` lists them).
+    candidates: one list for every shape, else ``candidate_configs(n, k)`` (<= 24). Returns
+    {shape: winner}. Call once at engine setup, before capturing CUDA graphs (it synchronizes and
+    compiles). Cost: a compile per new config (~0.5-1 s each with a cold Triton cache; the plain
+    kernel's compiles are shared by every (N, K) divisible by 16), then ~10 ms of timing each."""
     device = torch.device(device if device is not None else "cuda")
     if device.type != "cuda" or not torch.cuda.is_available():
         raise ValueError(f"tune: device {device} is not a CUDA device; valid: a visible CUDA device (timing uses "
@@ -526,4 +539,5 @@ def tune(shapes: Iterable[tuple], dtype: torch.dtype = torch.bfloat16, device=No
     cands = list(candidates) if candidates is not None else (
         lambda n, k, swiglu: candidate_configs(n, k, swiglu=swiglu, dtype=dtype))
     with torch.cuda.device(device):
-        return _tune(shapes, dtype, device, m, cands, _cuda_time_us)
+        return _tune(shapes, dtype, device, m, cands,
+                     lambda fn, _config, copies: _cuda_time_us(fn, inner=max(10, copies)))

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 ROW_KEYS = ("target_tokens_per_s", "base_tokens_per_s", "domino_tokens_per_s", "target_per_request_tokens_per_s",
             "base_per_request_tokens_per_s", "domino_per_request_tokens_per_s", "tau_base", "tau_domino",
-            "identical_to_target", "path", "kv_path", "complete")
+            "identical_to_target", "identical_to_batch_target", "path", "kv_path", "complete")
 
 
 def load_module(name: str):
@@ -44,6 +44,8 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
         for k in ROW_KEYS:
             assert row[k] is not None, (key, k)
         assert row["identical_to_target"] is True and row["complete"] is True, row
+        assert row["identical_to_batch_target"] is True and row["not_identical_to_batch_target"] == {"base": 0,
+                                                                                                   "domino": 0}
         assert row["num_prompts"] == 5 and row["tau_base"] >= 1.0 and row["domino_tokens_per_s"] > 0
     assert rep["rows"]["1"]["path"]["decoder"].startswith("solo")
     assert rep["rows"]["2"]["path"]["decoder"].startswith("batched")

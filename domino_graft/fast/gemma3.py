@@ -228,6 +228,12 @@ class Gemma3LM(FastLM):
                    cache=cache, embed_scale=embed_scale, kinds=kinds, ropes=ropes, window=window,
                    scale=float(cfg.query_pre_attn_scalar) ** -0.5)
 
+    def use_linears(self, name: str) -> "Gemma3LM":
+        """Only "torch": Gemma's four norms a layer and GELU-tanh MLP have no small_linear forward."""
+        if name != "torch":
+            raise UnsupportedModel(f"fast engine: linears {name!r} for gemma3_text; valid: torch")
+        return self
+
     def _math(self) -> dict:
         """FastLM.compile's functions, Gemma's (one layer function serves full and sliding layers
         alike: the mask and RoPE are arguments)."""

@@ -34,6 +34,8 @@ of architectures (sliding windows in use, dynamic RoPE scaling, other activation
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence, Union
 
@@ -311,6 +313,47 @@ def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, s
     return logits, hidden
 
 
+def linear_kernels(name: str) -> tuple[Callable, Callable]:
+    """(linear, swiglu) of the "triton" small-M kernels (kernels/small_linear.py) or their
+    "reference" torch math: linear(x, w, bias, residual=None) = x @ w.T + bias + residual and
+    swiglu(x, w_gate_up, bias) = silu(g) * u, each accumulated in fp32 and rounded once."""
+    if name == "triton":
+        from domino_graft.kernels.small_linear import small_linear, small_linear_swiglu
+
+        return small_linear, small_linear_swiglu
+    if name == "reference":
+        from domino_graft.kernels.small_linear import small_linear_reference, small_linear_swiglu_reference
+
+        return small_linear_reference, small_linear_swiglu_reference
+    raise ValueError(f"linear kernels {name!r}; valid: torch, triton, reference")
+
+
+def run_model_linears(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
+                      capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, kv_len: int,
+                      keep: int, rope_attention: Callable, linear: Callable, swiglu: Callable,
+                      norm: Callable = rms_norm):
+    """The forward with every projection through `linear` / `swiglu` (FastLM.use_linears): per
+    layer a norm, the q/k/v projection, the attention kernels, the o projection with the residual
+    add in its epilogue, a norm, gate/up with SiLU·mul in its epilogue, down with the residual
+    add. Same outputs as run_model up to rounding (each projection rounds once, in fp32)."""
+    x = F.embedding(ids, embed)
+    hidden = []
+    for i, w in enumerate(layers):
+        (in_norm, wqkv, bqkv, wo, bo, q_norm, k_norm, post_norm, wgu, bgu, wd, bd) = w
+        qkv = linear(norm(x, in_norm, eps), wqkv, bqkv)
+        o = rope_attention(qkv, kcs[i], vcs[i], pos, inv_freq, scaling, q_norm, k_norm, eps, num_heads,
+                           num_kv_heads, head_dim, kv_len)
+        x = linear(o, wo, bo, residual=x)
+        x = linear(swiglu(norm(x, post_norm, eps), wgu, bgu), wd, bd, residual=x)
+        if i in capture:
+            hidden.append(x)
+    h = norm(x, norm_w, eps)
+    logits = linear(h[:, -keep:] if keep else h, lm_w)
+    if -1 in capture:
+        hidden.append(h)
+    return logits, hidden
+
+
 # --------------------------------------------------------------------------- fused weights
 def _adjacent(ts: Sequence[torch.Tensor]) -> Optional[torch.Tensor]:
     """One tensor over `ts` when they already lie back to back in one storage (a fused
@@ -354,11 +397,18 @@ def prepare_for_cuda_decoding(lm: "FastLM") -> "FastLM":
     math, additive mask) per SmolLM2 step and 4.83 vs 5.30 ms per Qwen3-8B step on an H200
     (bench/results/engine_h200.json: compiled_layer_triton vs compiled_layer_fmask); no kv bucket
     reaches the compiled code, so each T compiles once. A head size the kernels do not take gets
-    the compiled per-layer math with an additive mask."""
+    the compiled per-layer math with an additive mask. DOMINO_GRAFT_LINEARS=triton also runs every
+    projection through kernels/small_linear.py (use_linears: rows independent of the batch)."""
     try:
         lm.use_kernels("triton")
     except UnsupportedModel:
         lm.float_mask = True
+    linears = os.environ.get("DOMINO_GRAFT_LINEARS", "torch")
+    if linears != "torch" and lm.kernels == "triton":
+        try:
+            lm.use_linears(linears)
+        except UnsupportedModel:
+            pass  # an architecture without the small_linear forward keeps cuBLAS
     return lm.compile()
 
 
@@ -435,6 +485,7 @@ class FastLM:
         self.compiled: Optional[str] = None  # the compile scope, once compiled
         self.float_mask = False  # additive attention mask (prologue); set before the first forward
         self.kernels = "torch"  # the attention sub-block: see use_kernels
+        self.linears = "torch"  # the projections: see use_linears
         self._split_pieces: dict = {}
 
     # ------------------------------------------------------------------ building
@@ -497,7 +548,12 @@ class FastLM:
         opts = dict(fullgraph=True, dynamic=False)
         opts.update(kwargs)
         m = self._math()
-        if self.kernels != "torch":
+        if self.linears != "torch":
+            if scope != "layer":
+                raise ValueError(f"compile scope {scope!r} with linears {self.linears!r}; valid: layer")
+            # only the norms compile: every projection and the attention are kernels
+            self._split_pieces = {"norm": torch.compile(rms_norm, **opts)}
+        elif self.kernels != "torch":
             if scope != "layer":
                 raise ValueError(f"compile scope {scope!r} with kernels {self.kernels!r}; valid: layer (the "
                                  "kernels run between the compiled pieces)")
@@ -535,6 +591,26 @@ class FastLM:
         if self.compiled:
             raise ValueError("use_kernels() after compile(): choose the kernels first")
         self.kernels = name
+        return self
+
+    def use_linears(self, name: str) -> "FastLM":
+        """How the projections run. "torch" (the default): F.linear (cuBLAS) inside the compiled
+        pieces. "triton": kernels/small_linear.py for every projection and the LM head at any
+        number of rows, with the residual adds and SiLU·mul in their epilogues; a row's bits then
+        depend only on that row (16-row tiles, a config per weight shape), not on the batch size
+        or T, so a row decoded in a batch is the row decoded alone. "reference": the same forward
+        with the kernels' torch math (a CPU check). Needs use_kernels first (the split forward);
+        call before compile()."""
+        if name not in ("torch", "triton", "reference"):
+            raise ValueError(f"linear kernels {name!r}; valid: torch, triton, reference")
+        if name != "torch":
+            if self.kernels == "torch":
+                raise ValueError("use_linears() needs use_kernels('triton' or 'reference') first: the projections "
+                                 "run between the attention kernels")
+            linear_kernels(name)  # fails here on a missing Triton
+        if self.compiled:
+            raise ValueError("use_linears() after compile(): choose the kernels first")
+        self.linears = name
         return self
 
     @property
@@ -625,6 +701,14 @@ class FastLM:
     def _run(self, ids, p, q_pos, rows, kcs, vcs, capture: tuple, kv_len: int, keep: int, use_compiled: bool):
         """The architecture's forward over the prepared positions: (logits, captured hiddens)."""
         c = self.cfg
+        if self.linears != "torch":
+            _, rope_attention = attention_kernels(self.kernels)
+            linear, swiglu = linear_kernels(self.linears)
+            pieces = self._split_pieces if use_compiled else {}
+            return run_model_linears(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm, self.lm_head,
+                                     self.inv_freq, self.rope_scaling, capture, c.num_heads, c.num_kv_heads,
+                                     c.head_dim, c.rms_norm_eps, kv_len, keep, rope_attention, linear, swiglu,
+                                     **pieces)
         if self.kernels != "torch":
             _, rope_attention = attention_kernels(self.kernels)
             pieces = self._split_pieces if use_compiled else {}
