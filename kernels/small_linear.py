@@ -285,9 +285,40 @@ def candidate_configs(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtyp
     return out[:max(1, limit)]
 
 
+# bench/linear_speed.py's winners on an H200 (bench/results/linear_speed_h200.json, code ca927d8, bf16):
+# per weight shape the least total time over M = 1 and M = 16 (one config whatever M: see "Bits").
+# Against cuBLAS in that run (us, M = 1 + M = 16): o 24.5 vs 26.9, down 56.0 vs 60.1, gate/up with
+# SiLU·mul 98.3 vs 110.9 (cuBLAS + a SiLU·mul launch), LM head 563 vs 601; q/k/v 32.5 vs 31.3.
+MEASURED_SM90: dict[tuple, Config] = {
+    (6144, 4096): Config(64, 256, 1, 4, 3),  # Qwen3-8B q/k/v
+    (4096, 4096): Config(64, 128, 4, 4, 4),  # Qwen3-8B o
+    (24576, 4096, "swiglu"): Config(32, 128, 1, 4, 4),  # Qwen3-8B gate/up
+    (4096, 12288): Config(64, 128, 4, 4, 4),  # Qwen3-8B down
+    (151936, 4096): Config(128, 128, 1, 4, 3),  # Qwen3-8B LM head
+    (960, 576): Config(16, 256, 1, 4, 4),  # SmolLM2-135M q/k/v
+    (576, 576): Config(16, 256, 1, 4, 4),  # SmolLM2-135M o
+    (3072, 576, "swiglu"): Config(32, 128, 1, 4, 4),  # SmolLM2-135M gate/up
+    (576, 1536): Config(16, 256, 1, 4, 4),  # SmolLM2-135M down
+}
+_measured: dict[tuple, Config] = {}  # MEASURED_SM90 once use_measured_configs() found a Hopper GPU
+
+
+def use_measured_configs(device=None) -> bool:
+    """Consult MEASURED_SM90 (for 16-bit weights) on a compute-capability-9.0 GPU; -> whether it applies."""
+    if not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    _measured.update(MEASURED_SM90)
+    return True
+
+
 def lookup_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16) -> Config:
-    """The config small_linear uses for weights [n, k] when none is passed: tuned, else default."""
-    return TUNED.get(_key(n, k, swiglu)) or default_config(n, k, swiglu=swiglu, dtype=dtype)
+    """The config small_linear uses for weights [n, k] when none is passed: tuned, else measured on
+    this GPU's architecture (16-bit weights), else default."""
+    key = _key(n, k, swiglu)
+    found = TUNED.get(key) or (_measured.get(key) if dtype in (torch.bfloat16, torch.float16) else None)
+    return found or default_config(n, k, swiglu=swiglu, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------- wrappers

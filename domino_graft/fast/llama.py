@@ -313,29 +313,31 @@ def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, s
     return logits, hidden
 
 
-def linear_kernels(name: str) -> tuple[Callable, Callable]:
-    """(linear, swiglu) of the "triton" small-M kernels (kernels/small_linear.py) or their
-    "reference" torch math: linear(x, w, bias, residual=None) = x @ w.T + bias + residual and
-    swiglu(x, w_gate_up, bias) = silu(g) * u, each accumulated in fp32 and rounded once."""
+def linear_kernels(name: str) -> tuple[Callable, Callable, Callable]:
+    """(linear, swiglu, norm) of the "triton" kernels (kernels/small_linear.py, kernels/row_norm.py)
+    or their "reference" torch math: linear(x, w, bias, residual=None) = x @ w.T + bias + residual
+    and swiglu(x, w_gate_up, bias) = silu(g) * u, each accumulated in fp32 and rounded once;
+    norm(x, w, eps) = rms_norm."""
     if name == "triton":
+        from domino_graft.kernels.row_norm import rms_norm_rows
         from domino_graft.kernels.small_linear import small_linear, small_linear_swiglu
 
-        return small_linear, small_linear_swiglu
+        return small_linear, small_linear_swiglu, rms_norm_rows
     if name == "reference":
         from domino_graft.kernels.small_linear import small_linear_reference, small_linear_swiglu_reference
 
-        return small_linear_reference, small_linear_swiglu_reference
+        return small_linear_reference, small_linear_swiglu_reference, rms_norm
     raise ValueError(f"linear kernels {name!r}; valid: torch, triton, reference")
 
 
 def run_model_linears(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, scaling: float,
                       capture: tuple, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, kv_len: int,
-                      keep: int, rope_attention: Callable, linear: Callable, swiglu: Callable,
-                      norm: Callable = rms_norm):
-    """The forward with every projection through `linear` / `swiglu` (FastLM.use_linears): per
-    layer a norm, the q/k/v projection, the attention kernels, the o projection with the residual
-    add in its epilogue, a norm, gate/up with SiLU·mul in its epilogue, down with the residual
-    add. Same outputs as run_model up to rounding (each projection rounds once, in fp32)."""
+                      keep: int, rope_attention: Callable, linear: Callable, swiglu: Callable, norm: Callable):
+    """The forward with every norm and projection through `norm` / `linear` / `swiglu`
+    (FastLM.use_linears): per layer a norm, the q/k/v projection, the attention kernels, the o
+    projection with the residual add in its epilogue, a norm, gate/up with SiLU·mul in its
+    epilogue, down with the residual add: nine launches a layer (plus split-K reductions), no
+    compiled code. Same outputs as run_model up to rounding (each projection rounds once)."""
     x = F.embedding(ids, embed)
     hidden = []
     for i, w in enumerate(layers):
@@ -397,18 +399,24 @@ def prepare_for_cuda_decoding(lm: "FastLM") -> "FastLM":
     math, additive mask) per SmolLM2 step and 4.83 vs 5.30 ms per Qwen3-8B step on an H200
     (bench/results/engine_h200.json: compiled_layer_triton vs compiled_layer_fmask); no kv bucket
     reaches the compiled code, so each T compiles once. A head size the kernels do not take gets
-    the compiled per-layer math with an additive mask. DOMINO_GRAFT_LINEARS=triton also runs every
-    projection through kernels/small_linear.py (use_linears: rows independent of the batch)."""
+    the compiled per-layer math with an additive mask. With the attention kernels every norm and
+    projection runs as a kernel too (use_linears("triton"): 4.57 vs 4.88 ms per Qwen3-8B step and
+    1.00 vs 1.05 ms per SmolLM2 step in the same H200 call, engine_h200.json *_linears), and a row's
+    bits no longer depend on the batch size or T; DOMINO_GRAFT_LINEARS=torch keeps cuBLAS."""
     try:
         lm.use_kernels("triton")
     except UnsupportedModel:
         lm.float_mask = True
-    linears = os.environ.get("DOMINO_GRAFT_LINEARS", "torch")
+    linears = os.environ.get("DOMINO_GRAFT_LINEARS", "triton")
     if linears != "torch" and lm.kernels == "triton":
         try:
             lm.use_linears(linears)
         except UnsupportedModel:
             pass  # an architecture without the small_linear forward keeps cuBLAS
+        else:
+            from domino_graft.kernels.small_linear import use_measured_configs
+
+            use_measured_configs(lm.device)
     return lm.compile()
 
 
@@ -551,8 +559,8 @@ class FastLM:
         if self.linears != "torch":
             if scope != "layer":
                 raise ValueError(f"compile scope {scope!r} with linears {self.linears!r}; valid: layer")
-            # only the norms compile: every projection and the attention are kernels
-            self._split_pieces = {"norm": torch.compile(rms_norm, **opts)}
+            # nothing left to compile: the norms, the projections and the attention are kernels
+            self._split_pieces = {}
         elif self.kernels != "torch":
             if scope != "layer":
                 raise ValueError(f"compile scope {scope!r} with kernels {self.kernels!r}; valid: layer (the "
@@ -703,12 +711,10 @@ class FastLM:
         c = self.cfg
         if self.linears != "torch":
             _, rope_attention = attention_kernels(self.kernels)
-            linear, swiglu = linear_kernels(self.linears)
-            pieces = self._split_pieces if use_compiled else {}
+            linear, swiglu, norm = linear_kernels(self.linears)
             return run_model_linears(ids, p.contiguous(), kcs, vcs, self.embed, self.layers, self.norm, self.lm_head,
                                      self.inv_freq, self.rope_scaling, capture, c.num_heads, c.num_kv_heads,
-                                     c.head_dim, c.rms_norm_eps, kv_len, keep, rope_attention, linear, swiglu,
-                                     **pieces)
+                                     c.head_dim, c.rms_norm_eps, kv_len, keep, rope_attention, linear, swiglu, norm)
         if self.kernels != "torch":
             _, rope_attention = attention_kernels(self.kernels)
             pieces = self._split_pieces if use_compiled else {}
