@@ -163,21 +163,22 @@ def test_bench_batch_size_reports_totals_and_identity(tiny_run, tmp_path, capsys
     prompts = tmp_path / "p.jsonl"
     rng = random.Random(0)
     prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(2, 95) for _ in range(n)]}) + "\n"
-                               for n in (3, 17, 1, 9, 25, 6, 12)))
+                               for n in (3, 17, 1, 9, 25, 6, 12, 2, 30, 7, 4, 14)))
     out = tmp_path / "bench.json"
-    args = [str(tiny_run), "--prompts", str(prompts), "--batch-size", "3", "--temperature", "0",
+    # the case: 12 ragged prompts in batches of 5 (5, 5, then 2)
+    args = [str(tiny_run), "--prompts", str(prompts), "--limit", "12", "--batch-size", "5", "--temperature", "0",
             "--max-new-tokens", "8", "--json", str(out)]
     assert run_command("bench", args) == 0
     rep = json.loads(out.read_text())
-    assert rep["batch_size"] == 3 and rep["num_prompts"] == 7 and len(rep["per_prompt"]) == 7
+    assert rep["batch_size"] == 5 and rep["num_prompts"] == 12 and len(rep["per_prompt"]) == 12
     assert rep["identical_to_target"] is True and rep["base"]["identical_to_target"] is True
     for key in ("tokens_per_s", "per_request_tokens_per_s", "target_tokens_per_s", "target_per_request_tokens_per_s",
                 "base_per_request_tokens_per_s"):
         assert rep[key] > 0, key
     # a batch's wall time is counted once: its total rate exceeds what one of its requests sees
     assert rep["target_tokens_per_s"] > rep["target_per_request_tokens_per_s"]
-    assert "batch size 3" in capsys.readouterr().out
+    assert "batch size 5" in capsys.readouterr().out
     # T > 0 batches sample (their distribution: test_batched_sampling.py); the report says so
     assert run_command("bench", args[:-2] + ["--temperature", "1", "--json", str(out), "--force"]) == 0
     rep = json.loads(out.read_text())
-    assert rep["batch_size"] == 3 and rep["identical_to_target"] is None and rep["tau"] >= 1.0
+    assert rep["batch_size"] == 5 and rep["identical_to_target"] is None and rep["tau"] >= 1.0
