@@ -53,7 +53,8 @@ DRAFTERS = {
 # eager math in the graph; torch.compile'd math; the block through the Triton attention kernels
 # (kernels/decode_attention.py) with eager or compiled pieces around them (cdt: with inductor's
 # coordinate-descent tuning)
-VARIANTS = ("graph", "compiled", "triton", "triton_compiled", "triton_compiled_cdt")  # cdt: coordinate descent
+# cdt: coordinate descent; linears: every norm and projection through kernels/small_linear.py too
+VARIANTS = ("graph", "compiled", "triton", "triton_compiled", "triton_compiled_cdt", "triton_linears")
 # the fused exact rollout (make_rollout("triton"), CUDA graph) at each row's head shape
 HEAD_KEYS = {"qwen3_8b": ("qwen3_8b", "1"), "smollm2_135m": ("smollm2_k15", "1")}
 
@@ -112,6 +113,8 @@ def run_row(name: str, args) -> dict:
             drafter = StaticDFlashDrafter(adapter, 1024)
             if "triton" in variant:
                 drafter.use_kernels("triton")
+            if "linears" in variant:
+                drafter.use_linears("triton")
             if "compiled" in variant:
                 drafter.compile(**({"options": {"coordinate_descent_tuning": True}} if "cdt" in variant else {}))
             with torch.inference_mode():

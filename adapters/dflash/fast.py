@@ -105,6 +105,26 @@ class StaticDFlashDrafter:
         self._calls = {}
         return self
 
+    def use_linears(self, name: str) -> "StaticDFlashDrafter":
+        """After use_kernels: "triton" runs every norm and projection of the block (and of the
+        context rows) through kernels/small_linear.py and kernels/row_norm.py, as the target's
+        FastLM.use_linears does, with the residual adds and SiLU·mul in the projections'
+        epilogues; nothing is left to compile. "reference": their torch math (a CPU check).
+        Not the CUDA default: not measured yet (bench/drafter_speed.py variant triton_linears)."""
+        if name not in ("triton", "reference"):
+            raise ValueError(f"drafter linears {name!r}; valid: triton, reference")
+        if self._split is None:
+            raise ValueError("use_linears() needs use_kernels('triton' or 'reference') first")
+        if self.compiled:
+            raise ValueError("use_linears() after compile(): choose the kernels first")
+        from domino_graft.fast.llama import linear_kernels
+
+        linear, swiglu, norm = linear_kernels(name)
+        self._split["pieces"] = _linear_pieces(linear, swiglu, norm)
+        self._split["linears"] = name
+        self._calls = {}
+        return self
+
     def compile(self, **kwargs) -> "StaticDFlashDrafter":
         """torch.compile the context write and the propose math under the graphs (each block
         shape and kv bucket compiles once: the positions are tensors). With use_kernels("triton"),
@@ -115,7 +135,8 @@ class StaticDFlashDrafter:
         opts = dict(dynamic=False)
         opts.update(kwargs)
         if self._split is not None:
-            self._split["pieces"] = {k: torch.compile(f, **opts) for k, f in self._split["pieces"].items()}
+            if "linears" not in self._split:  # the linears' pieces are kernels already
+                self._split["pieces"] = {k: torch.compile(f, **opts) for k, f in self._split["pieces"].items()}
             self._calls = {}
             self.compiled = True
             return self
@@ -290,3 +311,25 @@ def _layer_out(x, o, wo, post_norm, wgu, wd, eps: float):
 
 def _final_norm(x, delta, norm_w, eps: float):
     return rms_norm(x + delta, norm_w, eps)
+
+
+def _linear_pieces(linear, swiglu, norm) -> dict:
+    """use_linears' pieces, with _propose_split's signatures: every residual add happens in a
+    projection's epilogue, so the deferred delta is always None."""
+    def ctx(feats, fc_w, norm_w, eps: float):
+        return norm(linear(feats.to(fc_w.dtype), fc_w), norm_w, eps)
+
+    def block_in(x, delta, ctx_rows, in_norm, wqkv, eps: float):
+        rows = norm(x, in_norm, eps)
+        if ctx_rows is not None:
+            rows = torch.cat([ctx_rows, rows], dim=1)
+        return x, linear(rows, wqkv)
+
+    def l_out(x, o, wo, post_norm, wgu, wd, eps: float):
+        x = linear(o, wo, residual=x)
+        return linear(swiglu(norm(x, post_norm, eps), wgu), wd, residual=x), None
+
+    def final(x, delta, norm_w, eps: float):
+        return norm(x, norm_w, eps)
+
+    return dict(ctx=ctx, block_in=block_in, l_out=l_out, final=final)

@@ -286,11 +286,13 @@ def test_gpu_bf16_kernels_and_graph_greedy():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
-def test_static_dflash_drafter_with_kernels_equals_default(kernels):
+@pytest.mark.parametrize("kernels,linears", [("reference", None), ("triton", None), ("reference", "reference"),
+                                             ("triton", "triton")])
+def test_static_dflash_drafter_with_kernels_equals_default(kernels, linears):
     """DFlash's static drafter with use_kernels (one q/k/v matmul over context + block rows, the
-    block's keys written over the rejected drafts' slots, attention bounded on the device)
-    proposes the default static drafter's blocks, across accept counts 0..K."""
+    block's keys written over the rejected drafts' slots, attention bounded on the device), and
+    with use_linears on top (every norm and projection a kernel), proposes the default static
+    drafter's blocks, across accept counts 0..K."""
     import random
 
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
@@ -303,6 +305,9 @@ def test_static_dflash_drafter_with_kernels_equals_default(kernels):
     n = 40
     default = StaticDFlashDrafter(adapter, 256)
     fused = StaticDFlashDrafter(adapter, 256).use_kernels(kernels)
+    if linears:
+        fused.use_linears(linears).compile()  # compile() leaves the kernels' pieces as they are
+        assert fused._split["linears"] == linears
     prompt_feats = torch.randn(1, n, f, generator=g)
     with torch.inference_mode():
         default.prefill(prompt_feats, n)
