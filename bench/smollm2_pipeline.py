@@ -17,6 +17,8 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
                                  curriculum (equal budget to _base);
               <family>_headonly  the trained _base drafter frozen + a Domino head, S_h steps
                                  (the cheap port onto an existing drafter; extra budget, reported);
+              (DSpark also _domino-inplace and _headonly-inplace: the head in place of its Markov
+              head instead of on top of it; `best_domino_variant` names the better graft mode)
             `--only a,b` trains a subset, so independent drafters can train in parallel processes;
   eval      HumanEval (164) and the 100 GSM8K test questions. Three kinds of record, one JSON line
             per (prompt, drafter):
@@ -64,7 +66,18 @@ ALL_FAMILIES = ("dflash", "medusa", "pard", "dspark", "peagle")
 RECIPES = {f: REPO / "recipes" / f"smollm2_{f}.yaml" for f in ALL_FAMILIES}
 FAMILIES = ("dflash", "medusa")  # the committed run; `--families` adds pard, dspark, peagle
 VARIANTS = ("base", "domino", "headonly")
-DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
+# more variants of one family: name -> (the standard variant it is a copy of, extra overrides).
+# DSpark has two graft modes (adapters/dspark): `domino`/`headonly` put the head on top of its
+# Markov correction (the recipe's on_top), these put it in place of the Markov head.
+EXTRA_VARIANTS = {"dspark": {"domino-inplace": ("domino", ["drafter.graft=in_place"]),
+                             "headonly-inplace": ("headonly", ["drafter.graft=in_place"])}}
+
+
+def variants_of(family: str) -> tuple[str, ...]:
+    return VARIANTS + tuple(EXTRA_VARIANTS.get(family, {}))
+
+
+DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in variants_of(f)]
 
 
 def set_target(name: str) -> None:
@@ -94,7 +107,7 @@ def set_families(names: list[str]) -> None:
     if unknown or not names:
         raise SystemExit(f"--families: {unknown or names} invalid; valid: a comma-separated subset of {', '.join(RECIPES)}")
     FAMILIES = tuple(names)
-    DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in VARIANTS]
+    DRAFTERS = [f"{f}_{v}" for f in FAMILIES for v in variants_of(f)]
 EVAL_SETS = ("humaneval", "gsm8k")
 
 # The sizes every GPU scale shares: 4,000 GSM-Symbolic variants + 8,000 code prompts (all 1,054
@@ -335,6 +348,8 @@ def _plans(work: Path, scale: dict) -> dict[str, list[str]]:
         plans[f"{fam}_headonly"] = fam_common + [f"drafter.path={base_drafter}", "train.backbone=frozen",
                                              "train.lambda_start=0.0", f"train.max_steps={head_steps}",
                                              f"train.save_every={max(head_steps // 2, 1)}"]
+        for v, (like, extra) in EXTRA_VARIANTS.get(fam, {}).items():
+            plans[f"{fam}_{v}"] = plans[f"{fam}_{like}"] + extra
     return plans
 
 
@@ -350,8 +365,8 @@ def stage_train(work: Path, scale: dict, only: list[str]) -> dict:
     budgets = {}
     for name in only:
         target_steps = _steps(plans[name])
-        if name.endswith("_headonly"):  # grafts onto the finished base drafter, never a half-trained one
-            base = name.replace("_headonly", "_base")
+        if "_headonly" in name:  # grafts onto the finished base drafter, never a half-trained one
+            base = name.split("_")[0] + "_base"
             if _last_step(work / base) < _steps(plans[base]):
                 log(f"{name}: skipped: {base} has not finished training")
                 continue
@@ -443,7 +458,8 @@ def _write_environment(work: Path, run, rollout: str) -> None:
 def _modes(work: Path):
     """(label, run name, head on?) of every trained drafter — `<family>_base` is the equal-budget
     drafter without a head."""
-    return [(f"{f}_{v}", f"{f}_{v}", v != "base") for f in FAMILIES for v in VARIANTS if trained(work, f"{f}_{v}")]
+    return [(f"{f}_{v}", f"{f}_{v}", v != "base") for f in FAMILIES for v in variants_of(f)
+            if trained(work, f"{f}_{v}")]
 
 
 def _eval_items(max_per_set: int | None):
@@ -606,9 +622,9 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
     families = {}
     for fam in FAMILIES:
         # a variant whose training never finished is left out with its records (see `trained`)
-        variants = [v for v in VARIANTS if trained(work, f"{fam}_{v}")]
+        variants = [v for v in variants_of(fam) if trained(work, f"{fam}_{v}")]
         not_trained = {f"{fam}_{v}": f"no training_{fam}_{v}.json: its training never finished; its eval records "
-                                     "(if any) are ignored" for v in VARIANTS if v not in variants}
+                                     "(if any) are ignored" for v in variants_of(fam) if v not in variants}
         if not {"base", "domino"} <= set(variants):
             families[fam] = {"not_trained": not_trained}
             continue
@@ -623,6 +639,9 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
             entry = {
                 **{f"tau_{v}": g[v].tau() for v in variants},
                 "tau_ratio_domino_over_base": g["domino"].tau() / g["base"].tau(),
+                # a family with several graft modes: the best head variant at the base's budget
+                **({"best_domino_variant": max((v for v in variants if v.startswith("domino")),
+                                               key=lambda v: g[v].tau())} if fam in EXTRA_VARIANTS else {}),
                 "identical_to_target": all(x.identical for x in g.values()),
                 "num_prompts_greedy": min(x.prompts for x in g.values()),
                 "per_slot_acceptance": {v: g[v].per_slot() for v in variants},
