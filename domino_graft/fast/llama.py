@@ -394,11 +394,11 @@ def fuse_linears(mods: Sequence[torch.nn.Module], attr: str) -> Optional[torch.T
 
 
 def prepare_for_cuda_decoding(lm: "FastLM") -> "FastLM":
-    """The engine's CUDA setup of a FastLM (solo and batched targets alike): compiled pieces
-    around the Triton attention kernels under the graphs, 0.98 vs 1.17 ms (compiled per-layer
-    math, additive mask) per SmolLM2 step and 4.83 vs 5.30 ms per Qwen3-8B step on an H200
-    (bench/results/engine_h200.json: compiled_layer_triton vs compiled_layer_fmask); no kv bucket
-    reaches the compiled code, so each T compiles once. A head size the kernels do not take gets
+    """The engine's CUDA setup of a FastLM (solo and batched targets alike): the Triton attention
+    kernels under the graphs (with compiled pieces around them they took 0.98 vs 1.17 ms per SmolLM2
+    step and 4.83 vs 5.30 ms per Qwen3-8B step against the compiled per-layer math with an additive
+    mask, at 15aab6c: bench/results/engine_h200.json compiled_layer_triton vs compiled_layer_fmask); no
+    kv bucket reaches the compiled code, so each T compiles once. A head size the kernels do not take gets
     the compiled per-layer math with an additive mask. With the attention kernels every norm and
     projection runs as a kernel too (use_linears("triton"): 4.57 vs 4.88 ms per Qwen3-8B step and
     1.00 vs 1.05 ms per SmolLM2 step in the same H200 call, engine_h200.json *_linears), and a row's
