@@ -152,7 +152,28 @@ def check_kv(kv: str) -> str:
     return kv
 
 
-class StaticTarget:
+class GraphedSteps:
+    """What both static targets (StaticTarget here, ragged_static.StaticRaggedTarget for batches)
+    share: a graph runner per captured-layer tuple over `self.lm`, and the features a runner's
+    hidden states give."""
+
+    lm = None
+    _runner_cls = None
+    runners: dict
+
+    def _runner(self, capture: tuple[int, ...]):
+        runner = self.runners.get(capture)
+        if runner is None:
+            runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
+        return runner
+
+    @staticmethod
+    def _features(hidden: dict, capture: tuple[int, ...]):
+        """The captured layers' outputs concatenated along the last dim in the order given, or None."""
+        return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
+
+
+class StaticTarget(GraphedSteps):
     """The target on the fast engine (domino_graft.fast): its own forward sharing the HF
     weights, a static KV cache whose rollback is a length, and on CUDA graph replay of the
     fixed-shape steps (T = 1 decode, T = K + 1 verify; eager on a CPU).
@@ -201,9 +222,6 @@ class StaticTarget:
         self.reserve(length)
         self.lm.cache.reset()
 
-    def _features(self, hidden: dict, capture: tuple[int, ...]):
-        return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
-
     def prefill(self, ids: torch.Tensor, *, capture: tuple[int, ...] = (), logits_to_keep: int = 1):
         """The prompt at positions 0..n-1, right-padded to `prefill_length(n)` and run through
         the graph runner like a step: a handful of padded lengths, each compiled and captured
@@ -221,7 +239,7 @@ class StaticTarget:
         _, hidden = self._runner(need)(padded, 0, logits_to_keep=1)  # only hidden[-1]'s rows are read
         keep = n if logits_to_keep <= 0 else min(int(logits_to_keep), n)  # 0: every row, as FastLM.forward
         last = hidden[-1][:, n - keep: n]
-        logits = F.linear(last, self.lm.lm_head)
+        logits = self.lm.project_logits(last)
         feats = self._features(hidden, capture)
         self.rollback(n)
         return logits, None if feats is None else feats[:, :n]
@@ -232,12 +250,6 @@ class StaticTarget:
         capture = tuple(capture)
         logits, hidden = self._runner(capture)(ids, int(pos))
         return logits, self._features(hidden, capture)
-
-    def _runner(self, capture: tuple[int, ...]):
-        runner = self.runners.get(capture)
-        if runner is None:
-            runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
-        return runner
 
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` positions: the cache's length moves, nothing is copied."""

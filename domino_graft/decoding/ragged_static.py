@@ -28,10 +28,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
+
+from .common import GraphedSteps
 
 
-class StaticRaggedTarget:
+class StaticRaggedTarget(GraphedSteps):
     """Batched steps on one FastLM of `max_batch` rows; built by `create`, kept by the engine
     between decodes (its compiled shapes and captured graphs are reused while it has room)."""
 
@@ -92,7 +93,7 @@ class StaticRaggedTarget:
         # (the runner's logits are the padded batch's last column)
         need = capture if -1 in capture else capture + (-1,)
         _, hidden = self._runner(need)(ids, [0] * b, logits_to_keep=1)  # only hidden[-1]'s rows are read
-        last = F.linear(hidden[-1][torch.arange(b, device=dev), lens - 1], self.lm.lm_head)
+        last = self.lm.project_logits(hidden[-1][torch.arange(b, device=dev), lens - 1])
         feats = self._features(hidden, capture)
         cols = torch.arange(n, device=dev)
         real = cols[None] < lens[:, None]
@@ -106,17 +107,7 @@ class StaticRaggedTarget:
         logits, hidden = self._runner(capture)(seq, host_pos)
         return logits, self._features(hidden, capture)
 
-    def _runner(self, capture: tuple[int, ...]):
-        runner = self.runners.get(capture)
-        if runner is None:
-            runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
-        return runner
-
     def keep(self, kept: torch.Tensor, longest: int) -> torch.Tensor:
         """Row b keeps its first kept[b] new entries: nothing to do in the cache (the next step
         starts after them); -> valid [B, longest] of the new entries, for the drafter."""
         return torch.arange(longest, device=kept.device)[None] < kept[:, None]
-
-    @staticmethod
-    def _features(hidden: dict, capture: tuple[int, ...]):
-        return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None

@@ -601,6 +601,14 @@ class FastLM:
         self.kernels = name
         return self
 
+    def project_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head over final post-norm states h [..., H], through the same projection the
+        forward uses (small_linear under use_linears, so a row's logits stay independent of the
+        batch; F.linear otherwise): for callers that pick rows out of the hidden state first."""
+        if self.linears != "torch":
+            return linear_kernels(self.linears)[0](h, self.lm_head)
+        return F.linear(h, self.lm_head)
+
     def use_linears(self, name: str) -> "FastLM":
         """How the projections run. "torch" (the default): F.linear (cuBLAS) inside the compiled
         pieces. "triton": kernels/small_linear.py for every projection and the LM head at any

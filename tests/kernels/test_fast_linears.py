@@ -48,7 +48,11 @@ def test_fastlm_linears_equal_default_math(kind):
     ref = _forwards(FastLM.from_hf(model, max_batch=2, max_len=64))
     combos = [("reference", "reference")] + ([("triton", "triton")] if INTERPRETED else [])
     for kernels, linears in combos:
-        got = _forwards(FastLM.from_hf(model, max_batch=2, max_len=64).use_kernels(kernels).use_linears(linears))
+        lm = FastLM.from_hf(model, max_batch=2, max_len=64).use_kernels(kernels).use_linears(linears)
+        got = _forwards(lm)
+        # the prefill's logits from picked rows go through the forward's own LM-head projection
+        (logits, hidden), _ = got
+        _close(lm.project_logits(hidden[-1]), logits, 0.0, f"{kind} {linears} project_logits")
         for (la, ha), (lb, hb) in zip(ref, got):
             _close(lb, la, 1e-5, f"{kind} {linears} logits")
             assert ha.keys() == hb.keys()
