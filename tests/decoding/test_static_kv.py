@@ -20,7 +20,7 @@ from domino_graft.target import load_target
 from tests.conftest import REPO, randomize_head
 from tests.decoding.test_decoding import Oracle  # vocab=...: misses pushed to a wrong token
 
-FAMILIES = ["dflash", "medusa", "pard"]
+FAMILIES = ["dflash", "medusa", "pard", "dspark", "peagle"]
 PROMPTS = [[3, 4, 5], [7, 11, 2, 9, 13, 17], [5], [20, 30, 40, 50, 60, 70, 80, 2, 3, 4, 5]]
 
 
