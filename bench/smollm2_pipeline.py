@@ -158,7 +158,8 @@ SCALES = {
 
 
 # issue #29's pilot on the GPU time one session had left: gpu-block16's settings at a fifth of its
-# steps (bench/results/smollm2_h200_families_pilot.json; a pilot, not the issue's equal-budget rows)
+# steps (bench/results/smollm2_h200_families_pilot/: two DSpark drafters trained, no eval; a pilot,
+# not the issue's equal-budget rows)
 SCALES["gpu-block16-pilot"] = {**SCALES["gpu-block16"], "steps": 300, "head_steps": 100}
 
 
