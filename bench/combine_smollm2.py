@@ -49,6 +49,18 @@ BESIDE = {
 }
 # what must be identical across sources for their rows to share one table
 SHARED = (("data", "sha256"), ("target", "config_hash"), ("target", "asset_payload_sha256"), ("eval",))
+# Families whose source trained on another greedy regeneration of the table's prompts by the same
+# target: bench/results/shipped_drafter_h200/ (the responses the shipped DFlash drafter trained on, made
+# on the fast engine; the table's own, e5ea62..., were not committed). Their rows carry that "data"
+# block, and beside them the DFlash drafter trained on the same regeneration at the same budget (the
+# shipped one) with its head-only graft, from DFLASH_SAME_DATA.
+# Issue #29's rows go here once measured: {"dspark": "smollm2_h200_families.json", "peagle": ...}
+OTHER_REGEN: dict[str, str] = {}
+# what such a regeneration must share with the table's data: the prompts, the target, the length cap
+SAME_PROMPTS = (("data", "sequences"), ("data", "by_source"), ("data", "code_sources"), ("data", "target"),
+                ("data", "regen_max_new_tokens"))
+SHIPPED_DATA = "shipped_drafter_h200/data.json"
+DFLASH_SAME_DATA = "end_to_end_h200.json"
 
 
 def _get(d: dict, path: tuple):
@@ -181,7 +193,7 @@ def _read_sources(fam: str, names, results: Path) -> list[tuple[str, dict]]:
                                     "bench/smollm2_pipeline.py --stages report)")
         rep = json.loads(path.read_text())
         if fam not in rep:
-            have = sorted(k for k in rep if k in ("dflash", "medusa", "pard"))
+            have = sorted(k for k in rep if k in ("dflash", "medusa", "pard", "dspark", "peagle"))
             raise ValueError(f"{fam}: {name} has no '{fam}' section (it has: {', '.join(have) or 'none'})")
         reps.append((_display(path), rep))
     return reps
@@ -192,10 +204,44 @@ def _section(fam: str, reps: list[tuple[str, dict]]) -> dict:
     return reps[0][1][fam] if len(reps) == 1 else _average_seeds(fam, reps)
 
 
-def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = None) -> dict:
-    """The table from `table`'s sources, plus `beside`'s (family -> (what, sources)) next to it.
-    The committed file is combine(TABLE, RESULTS, BESIDE)."""
+def _dflash_same_data(results: Path) -> dict:
+    """The shipped DFlash drafter's tau (base, and with its head-only Domino graft) on both sets,
+    from the end-to-end run (bf16 engine)."""
+    path = results / DFLASH_SAME_DATA
+    e2e = json.loads(path.read_text())
+    rows = e2e["dtypes"]["bf16"]["dflash"]
+    return {"what": "the shipped DFlash drafter (gpu-block16, 1,500 steps, trained on this regeneration) and "
+                    "its head-only Domino graft (500 steps), greedy on the fast bf16 engine",
+            "file": _display(path), "git_sha": e2e["git_sha"],
+            **{s: {"tau_base": rows[s]["tau_base"], "tau_headonly": rows[s]["tau_domino"],
+                   "identical_to_target": rows[s]["identical_to_target"]} for s in ("gsm8k", "humaneval")}}
+
+
+def _other_regen_section(fam: str, name: str, rep: dict, first: dict, first_name: str, results: Path) -> dict:
+    """A family trained on another regeneration of the table's prompts (OTHER_REGEN): the same
+    target, eval and prompts as the table, and exactly the shipped drafter's responses."""
+    for key in tuple(k for k in SHARED if k[0] != "data") + SAME_PROMPTS:
+        if _get(rep, key) != _get(first, key):
+            raise ValueError(f"{fam}: {name} differs from {first_name} in {'.'.join(key)}: not a regeneration "
+                             "of the table's prompts by its target, evaluated the same way")
+    shipped = json.loads((results / SHIPPED_DATA).read_text())["sha256"]
+    if rep["data"]["sha256"] != shipped:
+        raise ValueError(f"{fam}: {name} trained on data {rep['data']['sha256'][:12]}..., not the shipped "
+                         f"drafter's ({shipped[:12]}..., {SHIPPED_DATA}): its DFlash comparison would not hold")
+    return {**rep[fam], "data": rep["data"],
+            "data_note": f"another greedy regeneration of the table's prompts by the same target ({SHIPPED_DATA}, "
+                         "the shipped DFlash drafter's data); the table's other rows trained on data "
+                         f"{first['data']['sha256'][:12]}...",
+            "dflash_same_data": _dflash_same_data(results)}
+
+
+def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = None,
+            other_regen: dict | None = None) -> dict:
+    """The table from `table`'s sources, plus `beside`'s (family -> (what, sources)) next to it and
+    `other_regen`'s families (trained on another regeneration). The committed file is
+    combine(TABLE, RESULTS, BESIDE, OTHER_REGEN)."""
     beside = beside or {}
+    other = {fam: _read_sources(fam, name, results)[0] for fam, name in (other_regen or {}).items()}
     sources = {fam: _read_sources(fam, names, results) for fam, names in table.items()}
     extra = {fam: (what, _read_sources(fam, names, results)) for fam, (what, names) in beside.items()}
     first_fam, ((first_name, first), *_) = next(iter(sources.items()))
@@ -210,8 +256,9 @@ def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = 
         "combined_from": {
             fam: (_provenance(*reps[0], fam) if len(reps) == 1 else [_provenance(n, r, fam) for n, r in reps])
             for fam, reps in sources.items()
-        },
+        } | {fam: _provenance(name, rep, fam) for fam, (name, rep) in other.items()},
         **{fam: _section(fam, reps) for fam, reps in sources.items()},
+        **{fam: _other_regen_section(fam, name, rep, first, first_name, results) for fam, (name, rep) in other.items()},
         **({"beside": {fam: {"what": what, "combined_from": [_provenance(n, r, fam) for n, r in reps],
                              **_section(fam, reps)} for fam, (what, reps) in extra.items()}} if extra else {}),
         "data": first["data"],
@@ -242,8 +289,9 @@ def main(argv=None) -> int:
     p.add_argument("--beside", action="append", default=[], metavar="FAMILY=FILE[,FILE...]",
                    help="with --source: the results shown beside a family's rows (BESIDE's families only)")
     args = p.parse_args(argv)
-    table, beside = TABLE, BESIDE
+    table, beside, other = TABLE, BESIDE, OTHER_REGEN
     if args.source:
+        other = {}
         table = dict(_family_files(p, "--source", item) for item in args.source)
         beside = {}
         for item in args.beside:
@@ -253,12 +301,13 @@ def main(argv=None) -> int:
             beside[fam] = (BESIDE[fam][0], names)
     elif args.beside:
         p.error("--beside goes with --source (without --source, TABLE and BESIDE are used)")
-    report = combine(table, args.results, beside)
+    report = combine(table, args.results, beside, other)
     text = json.dumps(report, indent=2) + "\n"
     out = Path(args.out)
     if args.check:
         same = out.is_file() and json.loads(out.read_text()) == report
-        names = [n for v in [*table.values(), *(f for _, f in beside.values())] for n in source_files(v)]
+        names = [n for v in [*table.values(), *(f for _, f in beside.values()), *set(other.values())]
+                 for n in source_files(v)]
         print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(names)}")
         return 0 if same else 1
     from domino_graft.checkpoint import atomic_write_text

@@ -166,3 +166,35 @@ def test_beside_rows_are_shown_next_to_the_table_rows_not_instead(tmp_path):
         comb.main(["--results", str(tmp_path), "--source", "dflash=long.json", "--beside", "medusa=s0.json"])
     with pytest.raises(SystemExit):  # --beside replaces BESIDE only together with --source
         comb.main(["--results", str(tmp_path), "--beside", "dflash=s0.json"])
+
+
+def _regen_source(tmp_path: Path, name: str, fam: str, data: dict) -> None:
+    (tmp_path / name).write_text(json.dumps({
+        "what": "w", fam: {"gsm8k": {"tau_base": 2.0}}, "data": data,
+        "target": {"config_hash": "c", "asset_payload_sha256": "p"}, "eval": {"sets": {}},
+        "git_sha": "abc", "command": "cmd", "recipes": {fam: f"recipes/{fam}.yaml"}, "rollout": "triton",
+        "hardware": {}, "versions": {}}))
+
+
+def test_a_family_on_another_regeneration_carries_its_data_and_the_same_data_dflash(tmp_path):
+    prompts = {"sequences": 4, "by_source": {"gsm": 4}, "code_sources": {}, "target": "t", "regen_max_new_tokens": 8}
+    _regen_source(tmp_path, "table.json", "dflash", {**prompts, "sha256": "table-data"})
+    _regen_source(tmp_path, "fam.json", "dspark", {**prompts, "sha256": "shipped-data"})
+    (tmp_path / "shipped_drafter_h200").mkdir()
+    (tmp_path / comb.SHIPPED_DATA).write_text(json.dumps({"sha256": "shipped-data"}))
+    rows = {s: {"tau_base": 2.4, "tau_domino": 2.7, "identical_to_target": True} for s in ("gsm8k", "humaneval")}
+    (tmp_path / comb.DFLASH_SAME_DATA).write_text(json.dumps({"git_sha": "e2e", "dtypes": {"bf16": {"dflash": rows}}}))
+    out = comb.combine({"dflash": "table.json"}, tmp_path, other_regen={"dspark": "fam.json"})
+    sec = out["dspark"]
+    assert sec["gsm8k"] == {"tau_base": 2.0} and sec["data"]["sha256"] == "shipped-data"
+    assert "table-data"[:12] in sec["data_note"] and out["data"]["sha256"] == "table-data"
+    assert sec["dflash_same_data"]["gsm8k"] == {"tau_base": 2.4, "tau_headonly": 2.7, "identical_to_target": True}
+    assert out["combined_from"]["dspark"]["file"].endswith("fam.json")
+    # other prompts are not a regeneration of the table's
+    _regen_source(tmp_path, "fam.json", "dspark", {**prompts, "by_source": {"gsm": 3}, "sha256": "shipped-data"})
+    with pytest.raises(ValueError, match=r"dspark: \S*/fam.json differs from \S*/table.json in data.by_source"):
+        comb.combine({"dflash": "table.json"}, tmp_path, other_regen={"dspark": "fam.json"})
+    # and responses other than the shipped drafter's leave its DFlash comparison without ground
+    _regen_source(tmp_path, "fam.json", "dspark", {**prompts, "sha256": "third-data"})
+    with pytest.raises(ValueError, match=r"dspark: \S*/fam.json trained on data third-data\.\.\., not the shipped"):
+        comb.combine({"dflash": "table.json"}, tmp_path, other_regen={"dspark": "fam.json"})
