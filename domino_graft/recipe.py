@@ -118,6 +118,9 @@ class Train(Strict):
     lora_rank: int = Field(16, ge=1)
     lora_alpha: float = Field(32.0, gt=0)  # LoRA scaling = lora_alpha / lora_rank
     loss_chunk: int = Field(1024, ge=1)  # rows of [blocks·K, V] logits at a time
+    # recompute each chunk's logits in backward (least memory); false keeps them until backward
+    # and skips the recompute: the same numbers, faster, ~2 × blocks·K × V × 4 bytes more memory
+    loss_checkpoint: bool = True
     lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"  # after warmup_steps, towards 0
     max_grad_norm: float = Field(1.0, ge=0)  # 0 disables clipping
     # online: target forward inside each step; offline: cache the target's captured features on

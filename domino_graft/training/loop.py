@@ -123,6 +123,12 @@ def _recipe(run_dir: Path, overrides: list[str], ckpt_state: Optional[dict]) -> 
     return parse_recipe(data, source=f"{run_dir}/recipe.resolved.json + overrides")
 
 
+def _all_zero(weight: torch.Tensor) -> bool:
+    """Whether every entry is 0 (a sharded DTensor is gathered first: every rank calls this)."""
+    full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+    return not bool(full.detach().any())
+
+
 def _setup_backbone(adapter, mode: str, cfg) -> Optional[float]:
     """Freeze / unfreeze / inject LoRA. Returns the LoRA scaling (None unless lora)."""
     backbone = adapter.backbone
@@ -240,7 +246,8 @@ class TrainingRun:
         for p in self.head.parameters():
             p.requires_grad_(True)
         self.objective = DominoObjective(self.adapter, self.head, gamma=cfg.gamma, loss_chunk=cfg.loss_chunk,
-                                         backbone_trainable=cfg.backbone != "frozen").to(info.device)
+                                         backbone_trainable=cfg.backbone != "frozen",
+                                         checkpoint_chunks=cfg.loss_checkpoint).to(info.device)
         shard(self.objective, info)
         named = [(n, p) for n, p in self.objective.named_parameters() if p.requires_grad]
         groups = [
@@ -285,6 +292,7 @@ class TrainingRun:
 
             atomic_write_text(self.metrics_path, "")
         info.barrier()
+        self.objective.head_is_identity = _all_zero(self.head.embed_proj[2].weight)
 
     def announce(self) -> None:
         cfg = self.cfg

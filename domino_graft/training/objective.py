@@ -9,7 +9,13 @@ does not depend on how the batch was split.
 Memory: [blocks·K, V] logits are never held at once. The GRU and W1 (rank r features) run
 on the whole batch; base logits, W2 and the cross-entropies run `loss_chunk` rows at a
 time under activation checkpointing, so each chunk's [rows, V] tensors are freed after its
-forward and recomputed during backward.
+forward and recomputed during backward. `train.loss_checkpoint: false` keeps them instead
+(about two [rows, V] fp32 tensors per chunk until backward) and skips the recompute, the
+same numbers for less time where memory allows (docs/design.md §1, Time).
+
+While the head is the identity and does not train (a `_base` run, a warm-up before the
+head starts: W2 = 0 so final == base bit for bit), CE(final) and its argmax are CE(base)
+and its argmax: neither they nor the head's GRU features are computed.
 """
 
 from __future__ import annotations
@@ -93,13 +99,18 @@ class DominoObjective(nn.Module):
     label weight once per optimizer step.
     """
 
-    def __init__(self, adapter, head, *, gamma: float, loss_chunk: int, backbone_trainable: bool):
+    def __init__(self, adapter, head, *, gamma: float, loss_chunk: int, backbone_trainable: bool,
+                 checkpoint_chunks: bool = True):
         super().__init__()
         self.adapter = adapter
         self.head = head
         self.gamma = gamma
         self.loss_chunk = loss_chunk
         self.backbone_trainable = backbone_trainable
+        self.checkpoint_chunks = checkpoint_chunks
+        # set by the trainer once the head's weights are final for the run's start (after any
+        # resume): W2 == 0, so the head adds exactly nothing while it does not train
+        self.head_is_identity = False
 
     def forward(self, features, input_ids, loss_mask, anchors, valid, lam: float, train_head: bool):
         grad = torch.is_grad_enabled()
@@ -108,8 +119,12 @@ class DominoObjective(nn.Module):
             blocks = self.adapter.training_blocks(features, input_ids, loss_mask, anchors)
         labels = blocks.labels.masked_fill(~valid.reshape(-1, 1), IGNORE)
         n, k = labels.shape
-        with torch.set_grad_enabled(grad and train_head):
-            feats = self.head.correction(blocks.hidden, blocks.prev_emb)  # [N, K, r]
+        same_as_base = self.head_is_identity and not train_head
+        if same_as_base:  # the head's features would only be multiplied by W2 = 0
+            feats = blocks.hidden.new_zeros(n, k, 1)
+        else:
+            with torch.set_grad_enabled(grad and train_head):
+                feats = self.head.correction(blocks.hidden, blocks.prev_emb)  # [N, K, r]
         w = slot_weights(k, self.gamma, labels.device)
         corrected = self.head.corrected_slots(k, labels.device)
         slot = torch.arange(k, device=labels.device).expand(n, k)
@@ -135,8 +150,9 @@ class DominoObjective(nn.Module):
         correct_f = torch.zeros_like(correct_b)
         for s in range(0, lab.numel(), self.loss_chunk):
             e = s + self.loss_chunk
-            args = (hid[s:e], fts[s:e], lab[s:e], wrow[s:e], corr[s:e], slot[s:e], lam, train_head and grad)
-            if grad and (hid.requires_grad or fts.requires_grad):
+            args = (hid[s:e], fts[s:e], lab[s:e], wrow[s:e], corr[s:e], slot[s:e], lam, train_head and grad,
+                    same_as_base)
+            if grad and self.checkpoint_chunks and (hid.requires_grad or fts.requires_grad):
                 out = checkpoint(self._chunk, *args, use_reentrant=False)
             else:
                 out = self._chunk(*args)
@@ -157,9 +173,14 @@ class DominoObjective(nn.Module):
             "count": count,
         }
 
-    def _chunk(self, hid, fts, lab, wrow, corr, slot, lam: float, head_grad: bool):
+    def _chunk(self, hid, fts, lab, wrow, corr, slot, lam: float, head_grad: bool, same_as_base: bool):
         # rows keep their slot: a family with one LM head per slot reads it
         base = self.adapter.slot_base_logits(hid, slot).float()  # [c, V]
+        if same_as_base:  # final == base exactly; the loss keeps its two terms' arithmetic
+            ce_b = F.cross_entropy(base, lab, reduction="none")
+            b_sum = (wrow * ce_b).sum()
+            ok_b = base.argmax(-1) == lab
+            return (1.0 - lam) * b_sum + lam * b_sum, b_sum.detach(), b_sum.detach(), ok_b, ok_b
         with torch.set_grad_enabled(torch.is_grad_enabled() and head_grad):
             delta = self.head.embed_proj[2](fts).float()
         final = base + delta * corr[:, None].to(delta.dtype)

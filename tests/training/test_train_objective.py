@@ -111,11 +111,7 @@ def test_tau_estimate():
     assert estimated_tau([0.5, None, 1.0]) == 1.5
 
 
-def test_chunked_loss_equals_direct_formula_and_gradients():
-    """loss = Σ_rows w_k [(1-λ) CE(final) + λ CE(base)], final = head.block(...) on full logits;
-    the chunked + checkpointed objective must give the same value and gradients."""
-    target, adapter, head = _build(True)
-    randomize_head(head, seed=1)
+def _batch(target, adapter):
     torch.manual_seed(0)
     x = torch.randint(3, 90, (2, 30))
     mask = torch.ones_like(x)
@@ -123,6 +119,15 @@ def test_chunked_loss_equals_direct_formula_and_gradients():
     anchors = torch.tensor([[10, 15, 26], [12, 20, 27]])
     valid = torch.tensor([[True, True, True], [True, False, True]])
     feats = target(x, capture=adapter.capture_layers())[1]
+    return feats, x, mask, anchors, valid
+
+
+def test_chunked_loss_equals_direct_formula_and_gradients():
+    """loss = Σ_rows w_k [(1-λ) CE(final) + λ CE(base)], final = head.block(...) on full logits;
+    the chunked + checkpointed objective must give the same value and gradients."""
+    target, adapter, head = _build(True)
+    randomize_head(head, seed=1)
+    feats, x, mask, anchors, valid = _batch(target, adapter)
     lam = 0.3
 
     def run(chunk):
@@ -154,6 +159,63 @@ def test_chunked_loss_equals_direct_formula_and_gradients():
     torch.testing.assert_close(small["weight_sum"], w[keep].sum())
     assert small["count"].tolist() == keep.sum(0).tolist()
     assert small["correct_final"].tolist() == ((final.argmax(-1) == labels) & keep).sum(0).tolist()
+
+
+def _loss_and_grads(obj, batch, lam, train_head):
+    obj.zero_grad()
+    out = obj(*batch, lam, train_head)
+    out["loss_sum"].backward()
+    return out, {n: p.grad.clone() for n, p in obj.named_parameters() if p.grad is not None}
+
+
+def _assert_bit_identical(a, b):
+    (out_a, g_a), (out_b, g_b) = a, b
+    for key in ("loss_sum", "ce_final_sum", "ce_base_sum", "weight_sum", "correct_base", "correct_final", "count"):
+        assert torch.equal(out_a[key], out_b[key]), key
+    assert g_a.keys() == g_b.keys() and g_a
+    for k in g_a:
+        assert torch.equal(g_a[k], g_b[k]), k
+
+
+@pytest.mark.parametrize("train_head,lam", [(True, 0.3), (False, 1.0)])
+def test_loss_checkpoint_off_gives_the_same_bits(train_head, lam):
+    """train.loss_checkpoint: false keeps each chunk's logits instead of recomputing them in
+    backward: the loss, the statistics and every gradient are the same bits."""
+    target, adapter, head = _build(True)
+    randomize_head(head, seed=1)
+    batch = _batch(target, adapter)
+    runs = [_loss_and_grads(DominoObjective(adapter, head, gamma=7.0, loss_chunk=4, backbone_trainable=True,
+                                            checkpoint_chunks=ckpt), batch, lam, train_head)
+            for ckpt in (True, False)]
+    _assert_bit_identical(*runs)
+
+
+@pytest.mark.parametrize("ckpt", [True, False])
+def test_an_identity_head_that_does_not_train_is_not_computed_but_changes_no_bit(ckpt):
+    """A `_base` run (W2 = 0, head frozen, λ = 1): CE(final) is CE(base), so the objective skips
+    the head's residual and the second cross-entropy; loss, statistics and gradients stay the
+    same bits as computing them."""
+    target, adapter, head = _build(True)
+    with torch.no_grad():
+        head.embed_proj[2].weight.zero_()
+    batch = _batch(target, adapter)
+    runs = []
+    for skip in (False, True):
+        obj = DominoObjective(adapter, head, gamma=7.0, loss_chunk=4, backbone_trainable=True, checkpoint_chunks=ckpt)
+        obj.head_is_identity = skip
+        runs.append(_loss_and_grads(obj, batch, 1.0, False))
+    _assert_bit_identical(*runs)
+
+
+def test_the_trainer_skips_only_a_head_that_is_exactly_zero():
+    """head_is_identity is read from the run's W2 after any resume: a fresh zero-init head is the
+    identity; a randomly initialised W2 (head.zero_init_w2: false) is not."""
+    from domino_graft.training.loop import _all_zero
+
+    _, _, head = _build(True)
+    assert _all_zero(head.embed_proj[2].weight)
+    randomize_head(head, seed=1)
+    assert not _all_zero(head.embed_proj[2].weight)
 
 
 def test_slot_weights():
