@@ -121,10 +121,14 @@ _GPU = dict(math_asset="gsm8k-symbolic-large", math_prompts=4000, code_prompts=8
 _DFLASH_DESIGN = ["head.rank=256", "drafter.block_size=16", "train.gamma=7", "drafter.num_layers=4"]
 # issue #29's rows at gpu-block16's budget: the same 15 proposals per block, γ and rank as DFlash's.
 # DSpark: sample_from_anchor, so block 15 gives 15 proposals; P-EAGLE: one EAGLE-3 layer, 15 slots.
-# Checkpoints every 150 steps: all of them train at once in 10-minute calls, resumed when cut.
+# Checkpoints every 50 steps: all of them train at once in 10-minute calls, resumed when cut (a cut
+# loses at most 50 steps each). The loss chunks are kept, not recomputed in backward (the same numbers
+# without a second forward of the vocabulary side, which holds most of a step's time:
+# bench/results/train_profile_h200/; the memory is there at SmolLM2's size).
+_FAST_LOSS = ["train.save_every=50", "train.loss_checkpoint=false"]
 _DSPARK_DESIGN = ["head.rank=256", "drafter.block_size=15", "train.gamma=7", "drafter.num_layers=4",
-                  "drafter.markov_rank=256", "train.save_every=150"]
-_PEAGLE_DESIGN = ["head.rank=256", "drafter.num_slots=15", "train.gamma=7", "train.save_every=150"]
+                  "drafter.markov_rank=256"] + _FAST_LOSS
+_PEAGLE_DESIGN = ["head.rank=256", "drafter.num_slots=15", "train.gamma=7"] + _FAST_LOSS
 # every DFlash seed 1 instead of the recipe's 0 (drafter init, head init, data order)
 _SEED1 = ["drafter.seed=1", "head.seed=1", "train.seed=1"]
 _SMOKE = dict(math_prompts=6, code_prompts=6, regen_tokens=24, regen_batch=6, steps=4,

@@ -49,3 +49,23 @@ def test_smollm2_pipeline_smoke(tmp_path):
     work = tmp_path / "work"
     prompt_ids = [json.loads(line)["id"] for line in (work / "train_prompts.jsonl").open()]
     assert [json.loads(line)["id"] for line in (work / "train.regen.jsonl").open()] == prompt_ids
+
+
+@pytest.mark.slow
+def test_profile_train_reports_step_times_and_ops(tmp_path):
+    """bench/profile_train.py at the smoke scale on the CPU: a pipeline drafter applied and stepped,
+    its step times, its busiest ops and the profiler's table written (opt-in: the real target)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"Count from {i}."},
+                                     {"role": "assistant", "content": " ".join(str(i + j) for j in range(40))}]})
+            for i in range(12)]
+    (work / "train.regen.jsonl").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "prof.json"
+    subprocess.run([sys.executable, str(REPO / "bench" / "profile_train.py"), "--work", str(work), "--scale", "smoke",
+                    "--names", "peagle_base", "--warmup", "0", "--steps", "2", "--profile", "1", "--out", str(out)],
+                   check=True, cwd=REPO, timeout=900)
+    d = json.loads(out.read_text())["drafters"]["peagle_base"]
+    assert len(d["step_s"]) == 2 and all(t > 0 for t in d["step_s"])
+    assert d["top_ops"] and d["top_ops"][0]["self_ms_per_step"] > 0 and d["time_kind"] == "self_cpu_time_total"
+    assert "aten::" in (work / "peagle_base.profile.txt").read_text()
