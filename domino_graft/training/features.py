@@ -20,15 +20,17 @@ import torch
 
 from ..checkpoint import atomic_write_json, save_tensors
 from ..progress import Progress
+from .attention import run_with_fallback
 
 SHARD_SIZE = 256  # sequences per file: few files, and one shard's build is cheap to redo
 
 
 @torch.no_grad()
 def target_features(target, input_ids: torch.Tensor, capture: tuple[int, ...]) -> torch.Tensor:
-    # logits_to_keep=1: the [B, T, V] logits are not needed, only the captured layers.
-    _, feats = target(input_ids.to(target.device), capture=capture, logits_to_keep=1)
-    return feats
+    # logits_to_keep=1: the [B, T, V] logits are not needed, only the captured layers. The attention
+    # runs with the KV heads repeated where SDPA would take its math path (training/attention.py).
+    ids = input_ids.to(target.device)
+    return run_with_fallback(target.model, lambda: target(ids, capture=capture, logits_to_keep=1)[1])
 
 
 class OnlineFeatures:
