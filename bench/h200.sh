@@ -38,8 +38,6 @@
 #          The run is a detached driver that trains, evaluates and reports across calls; each call waits for
 #          it (FAM_S), prints progress and brings back families.tgz (+ families_report.json once written).
 #          Calls must follow each other within 30 s (the machine is released when idle, with the runs).
-#          No time left for eval: PULL_PART=0, 1, ... bash bench/h200.sh pull (the trained runs, 7 pieces a
-#          call), then here: cat w.part.* | tar xz -C WORK, and the pipeline's eval + report stages on a CPU.
 #   profile  bench/profile_train.py: step times and a torch.profiler table of the families' drafters'
 #          training (staged like e2e): bash bench/h200.sh profile -> $OUT/train_profile_h200.json, profiles.tgz
 #   drafter  bench/drafter_speed.py alone (DRAFTER_ARGS="--variants graph,triton_compiled,triton_linears"),
@@ -51,7 +49,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|families-driver|pull|profile|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|families-driver|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -251,22 +249,6 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       (cd "$FW" && tar czf "$OUTDIR/eval.tgz" eval environment.json)
     fi
     grep -hv "Loading weights" "$OUTDIR"/logs/*.log | grep "trained to\|prompts in\|NOT IDENTICAL\|Error" | tail -n 20
-    ;;
-  pull)  # the trained families runs (no checkpoints) in 15 MB pieces, PULL_PART=k: pieces 7k..7k+6 and the sha256 into $OUT;
-    # here: cat w.part.* | tar xz -C bench/work/families, then the pipeline's eval and report stages (a CPU,
-    # or a later GPU session). Large: a P-EAGLE run carries its own embeddings and LM head (~240 MB at
-    # SmolLM2 smoke scale), a DSpark run ~75 MB; a smoke-scale copy, unpacked elsewhere, evaluated identical
-    FW=$WORK/families
-    if [ ! -f /tmp/pull/w.tgz ]; then  # gzip: a _base run's W2 is all zeros
-      mkdir -p /tmp/pull && (cd "$FW" && tar c --exclude=checkpoints --exclude=tensorboard --exclude=train.lock \
-        --exclude=features $(ls -d dspark_* peagle_* eval 2>/dev/null) training_*.json data.json | gzip -1 > /tmp/pull/w.tgz)
-      (cd /tmp/pull && split -b 15000000 -d -a 2 w.tgz w.part. && sha256sum w.tgz > w.tgz.sha256)
-    fi
-    ls /tmp/pull/w.part.* | wc -l
-    k=${PULL_PART:-0}
-    ls /tmp/pull/w.part.* | tail -n +$((7 * k + 1)) | head -n 7 | xargs -r cp -t "$OUTDIR"
-    cp /tmp/pull/w.tgz.sha256 "$OUTDIR/"
-    ls -la "$OUTDIR"
     ;;
   profile)  # bench/profile_train.py: where a families drafter's training step goes (PROF_NAMES, PROF_SCALE)
     PW=$WORK/prof

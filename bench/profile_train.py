@@ -18,7 +18,6 @@ ops hold it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -30,7 +29,7 @@ import smollm2_pipeline as pipeline  # noqa: E402
 
 
 def _session(run: Path):
-    """A TrainingRun set up exactly as `train` sets one up (model, data, optimizer), not started."""
+    """A TrainingRun prepared exactly as `train` prepares one (model, data, optimizer, fresh start), not started."""
     from domino_graft.device import pick_device
     from domino_graft.training.distributed import init_distributed
     from domino_graft.training.loop import TrainingRun, _recipe
@@ -38,10 +37,7 @@ def _session(run: Path):
     recipe = _recipe(run, [], None)
     info = init_distributed(pick_device(recipe.device))
     tr = TrainingRun(run, recipe, info, echo=lambda *a, **k: None, progress=False)
-    tr.setup_model()
-    tr.setup_data()
-    tr.setup_optimizer()
-    tr.autocast = contextlib.nullcontext()  # fp32 targets, as in the pipeline's runs (loop() sets it)
+    tr.prepare(None)
     return tr
 
 

@@ -61,12 +61,9 @@ def wanted(model) -> bool:
 
 
 @contextlib.contextmanager
-def repeated_kv_attention(model, *, force: bool = False):
-    """Within it, `model` (an HF causal LM) attends through `_sdpa_repeat_kv` where `wanted`
-    (or `force`: the tests, on a CPU); its own attention again afterwards."""
-    if not (force or wanted(model)):
-        yield
-        return
+def repeated_kv_attention(model):
+    """Within it, `model` (an HF causal LM) attends through `_sdpa_repeat_kv`; its own attention
+    again afterwards."""
     _register()
     cfg = model.config
     old = cfg._attn_implementation
@@ -78,12 +75,13 @@ def repeated_kv_attention(model, *, force: bool = False):
 
 
 def run_with_fallback(model, fn, *, echo=print, force: bool = False):
-    """fn() under repeated_kv_attention; if it raises there, once: a note, the attention stays
-    off for this process, and fn() runs again with the model's own attention."""
+    """fn() under repeated_kv_attention where `wanted` (or `force`: the tests, on a CPU); if it
+    raises there, once: a note, the attention stays off for this process, and fn() runs again
+    with the model's own attention."""
     if not (force or wanted(model)):
         return fn()
     try:
-        with repeated_kv_attention(model, force=True):
+        with repeated_kv_attention(model):
             return fn()
     except Exception as e:  # noqa: BLE001 - any failure of the swapped attention falls back to the model's own
         _state["failed"] = f"{type(e).__name__}: {e}"

@@ -177,13 +177,17 @@ class TrainingRun:
         self.start, self.tokens_seen = 0, 0
 
     def run(self, ckpt: Optional[Path]) -> TrainResult:
+        self.prepare(ckpt)
+        self.announce()
+        self.loop()
+        return self.finish()
+
+    def prepare(self, ckpt: Optional[Path]) -> None:
+        """Everything before the first step (bench/profile_train.py steps a run prepared this way)."""
         self.setup_model()
         self.setup_data()
         self.setup_optimizer()
         self.restore(ckpt)
-        self.announce()
-        self.loop()
-        return self.finish()
 
     # ------------------------------------------------------------------------- setup
     def setup_model(self) -> None:
@@ -213,6 +217,9 @@ class TrainingRun:
         # The family's native tensor set, taken before LoRA renames anything: what the final save
         # must contain, exactly (tied aliases and adapter tensors are dropped, missing ones fatal).
         self.native_shapes = {k: tuple(v.shape) for k, v in self.adapter.backbone_state_dict().items()}
+        target = self.target
+        self.autocast = (torch.autocast("cuda", dtype=target.dtype) if info.device.startswith("cuda")
+                         and target.dtype in (torch.bfloat16, torch.float16) else contextlib.nullcontext())
 
     def setup_data(self) -> None:
         """The training sequences, their fingerprint, the target features the drafter reads
@@ -308,12 +315,10 @@ class TrainingRun:
     # -------------------------------------------------------------------------- loop
     def loop(self) -> None:
         """Steps start..max_steps: each trains, logs and (every save_every, and at the end) checkpoints."""
-        target, info = self.target, self.info
+        info = self.info
         writer = _tensorboard(self.run_dir) if info.main else None
         bar = Progress(total=self.cfg.max_steps, initial=self.start, desc="train", unit="step", enabled=self.progress,
                        dynamic_ncols=True)
-        self.autocast = (torch.autocast("cuda", dtype=target.dtype) if info.device.startswith("cuda")
-                         and target.dtype in (torch.bfloat16, torch.float16) else contextlib.nullcontext())
         try:
             for step in range(self.start, self.cfg.max_steps):
                 rec = self.train_step(step)

@@ -44,7 +44,7 @@ def test_repeated_kv_features_equal_the_models_own(target, monkeypatch):
 
     monkeypatch.setattr(attention, "F", types.SimpleNamespace(scaled_dot_product_attention=spy))
     before = target.model.config._attn_implementation
-    with attention.repeated_kv_attention(target.model, force=True):
+    with attention.repeated_kv_attention(target.model):
         assert target.model.config._attn_implementation == attention.NAME
         mine = target(ids, capture=capture, logits_to_keep=1)[1]
     assert target.model.config._attn_implementation == before
