@@ -54,8 +54,8 @@ SHARED = (("data", "sha256"), ("target", "config_hash"), ("target", "asset_paylo
 # on the fast engine; the table's own, e5ea62..., were not committed). Their rows carry that "data"
 # block, and beside them the DFlash drafter trained on the same regeneration at the same budget (the
 # shipped one) with its head-only graft, from DFLASH_SAME_DATA.
-# Issue #29's rows go here once measured: {"dspark": "smollm2_h200_families.json", "peagle": ...}
-OTHER_REGEN: dict[str, str] = {}
+# Issue #29's rows (DSpark, P-EAGLE: bench/results/smollm2_h200_families/, measured 2026-12-02)
+OTHER_REGEN: dict[str, str] = {"dspark": "smollm2_h200_families.json", "peagle": "smollm2_h200_families.json"}
 # what such a regeneration must share with the table's data: the prompts, the target, the length cap
 SAME_PROMPTS = (("data", "sequences"), ("data", "by_source"), ("data", "code_sources"), ("data", "target"),
                 ("data", "regen_max_new_tokens"))

@@ -15,13 +15,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-VARIANTS = (("base", "base"), ("domino", "+ Domino (same budget)"), ("headonly", "base + head-only Domino"))
+VARIANTS = (("base", "base"), ("domino", "+ Domino (same budget)"), ("headonly", "base + head-only Domino"),
+            # DSpark's second graft mode (its "domino" is the head on top of the Markov correction)
+            ("domino-inplace", "+ Domino in place of the Markov head (same budget)"))
 SETS = ("humaneval", "gsm8k")
 
 
 def main(src: str, out: str) -> None:
     rep = json.load(open(src))
-    fams = [f for f in ("dflash", "medusa", "pard") if f in rep]
+    fams = [f for f in ("dflash", "medusa", "pard", "dspark", "peagle") if f in rep]
     fig, axes = plt.subplots(len(fams), 1 + len(SETS), figsize=(13, 3.6 * len(fams)), squeeze=False)
     width = 0.8 / len(VARIANTS)
     for row, fam in zip(axes, fams):
@@ -34,10 +36,12 @@ def main(src: str, out: str) -> None:
         for i, (v, label) in enumerate(variants):
             taus = [r[s][f"tau_{v}"] for s in SETS] + [r[s]["t1"][f"tau_{v}"] for s in t1_sets]
             row[0].bar([x + i * width for x in range(len(labels))], taus, width, label=label)
-        row[0].set_xticks([x + width for x in range(len(labels))], labels, fontsize=8)
+        row[0].set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(labels))], labels, fontsize=8)
         row[0].set_ylabel("tau (tokens per target forward)")
-        row[0].set_title(f"{fam}: tau" + (f" (not trained: {', '.join(r['not_trained'])})" if "not_trained" in r else ""))
-        row[0].legend(fontsize=7)
+        untrained = [n.removeprefix(f"{fam}_") for n in r.get("not_trained", {})]
+        row[0].set_title(f"{fam}: tau" + (f" (not trained: {', '.join(untrained)})" if untrained else ""), fontsize=10)
+        row[0].set_ylim(0, 1.75 * max(bar.get_height() for bar in row[0].patches))  # room for the legend above
+        row[0].legend(fontsize=7, loc="upper left")
         for ax, s in zip(row[1:], SETS):
             for v, label in variants:
                 acc = r[s]["per_slot_acceptance"][v]
@@ -53,9 +57,10 @@ def main(src: str, out: str) -> None:
         def name(src):  # one source, or seed repeats (their mean is plotted)
             files = [s["file"].split("/")[-1] for s in ([src] if isinstance(src, dict) else src)]
             return files[0] if len(files) == 1 else "mean of " + " + ".join(files)
-        title += "\n" + "; ".join(f"{f}: {name(src)}" for f, src in rep["combined_from"].items())
+        parts = [f"{f}: {name(src)}" for f, src in rep["combined_from"].items()]
+        title += "".join(("\n" if i % 3 == 0 else "; ") + p for i, p in enumerate(parts))
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=100)
 
 

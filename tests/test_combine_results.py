@@ -39,7 +39,7 @@ def fixture_reports(tmp_path):
     return tmp_path
 
 
-def test_the_table_copies_each_family_from_its_source_and_averages_the_seeds_beside(fixture_reports):
+def test_the_table_copies_each_family_from_its_source_and_averages_the_seeds_beside(fixture_reports, monkeypatch):
     table = comb.combine(comb.TABLE, fixture_reports, comb.BESIDE)
     src = {run: json.loads((fixture_reports / f"{run}.json").read_text()) for run in RUNS}
     # one source per family: its section copied, its provenance beside it
@@ -63,7 +63,9 @@ def test_the_table_copies_each_family_from_its_source_and_averages_the_seeds_bes
         assert table["dflash"][s]["tau_domino"] != beside[s]["tau_domino"]
     assert [c["git_sha"][:7] for c in beside["combined_from"]] == ["b68470c", "6e26e82"]
     assert table["data"]["sha256"].startswith("e5ea6289")
-    # and the CLI writes what --check then accepts
+    # and the CLI writes what --check then accepts (the fixtures rebuild the table's sources only:
+    # the families on another regeneration are checked against the committed files below)
+    monkeypatch.setattr(comb, "OTHER_REGEN", {})
     out = fixture_reports / "table.json"
     assert comb.main(["--results", str(fixture_reports), "--out", str(out)]) == 0
     assert json.loads(out.read_text()) == table
@@ -198,3 +200,14 @@ def test_a_family_on_another_regeneration_carries_its_data_and_the_same_data_dfl
     _regen_source(tmp_path, "fam.json", "dspark", {**prompts, "sha256": "third-data"})
     with pytest.raises(ValueError, match=r"dspark: \S*/fam.json trained on data third-data\.\.\., not the shipped"):
         comb.combine({"dflash": "table.json"}, tmp_path, other_regen={"dspark": "fam.json"})
+
+
+def test_the_committed_table_rebuilds_from_the_committed_reports():
+    """bench/results/smollm2_h200.json is exactly what combine_smollm2.py makes of the committed
+    source reports, issue #29's DSpark and P-EAGLE rows (OTHER_REGEN) included."""
+    assert set(comb.OTHER_REGEN) == {"dspark", "peagle"}
+    assert comb.main(["--out", str(comb.RESULTS / "smollm2_h200.json"), "--check"]) == 0
+    table = json.loads((comb.RESULTS / "smollm2_h200.json").read_text())
+    for fam in ("dspark", "peagle"):
+        assert table[fam]["data"]["sha256"] == json.loads((comb.RESULTS / comb.SHIPPED_DATA).read_text())["sha256"]
+        assert table[fam]["dflash_same_data"]["gsm8k"]["identical_to_target"] is True

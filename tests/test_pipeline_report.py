@@ -166,3 +166,30 @@ def test_git_sha_names_the_commit_given_for_code_outside_its_checkout(monkeypatc
     assert git_sha() == "621adf70df93733ee9fa122cbaaaf955fe1c86c7"
     monkeypatch.delenv("DG_GIT_SHA")
     assert git_sha() != "621adf70df93733ee9fa122cbaaaf955fe1c86c7"  # from git (or None without one)
+
+
+def test_the_committed_families_report_is_its_records_report(tmp_path):
+    """bench/results/smollm2_h200_families.json (issue #29: DSpark with both graft modes, P-EAGLE)
+    is what the report stage makes of the committed records and training summaries beside it; the
+    better DSpark graft mode is the Domino row, both modes kept."""
+    results = REPO / "bench" / "results"
+    committed = json.loads((results / "smollm2_h200_families.json").read_text())
+    saved = list(sp.FAMILIES)
+    try:
+        sp.set_families(["dspark", "peagle"])
+        report = sp.stage_report(results / "smollm2_h200_families", tmp_path / "r.json", max_new_tokens=96,
+                                 command=committed["command"])
+    finally:
+        sp.set_families(saved)
+    assert report == committed
+    recs = [json.loads(line) for path in sorted((results / "smollm2_h200_families" / "eval").glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
+    for s in sp.EVAL_SETS:
+        entry = report["dspark"][s]
+        taus = {v: _pooled(recs, "greedy", s, f"dspark_{v}")["tau"] for v in ("base", "domino", "domino-inplace")}
+        best = max(("domino", "domino-inplace"), key=taus.get)
+        assert entry["best_domino_variant"] == best
+        assert entry["tau_ratio_best_domino_over_base"] == pytest.approx(taus[best] / taus["base"])
+        for fam in ("dspark", "peagle"):
+            assert report[fam][s]["num_prompts_greedy"] == report[fam][s]["t1"]["num_prompts"] == (100 if s == "gsm8k" else 164)
+            assert report[fam][s]["identical_to_target"] is True
