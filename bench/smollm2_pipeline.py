@@ -655,8 +655,8 @@ def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) ->
             entry = {
                 **{f"tau_{v}": g[v].tau() for v in variants},
                 "tau_ratio_domino_over_base": g["domino"].tau() / g["base"].tau(),
-                **({"best_domino_variant": best, "tau_ratio_best_domino_over_base": g[best].tau() / g["base"].tau()}
-                   if fam in EXTRA_VARIANTS else {}),
+                **({"best_domino_variant": best, "tau_best_domino": g[best].tau(),
+                    "tau_ratio_best_domino_over_base": g[best].tau() / g["base"].tau()} if fam in EXTRA_VARIANTS else {}),
                 "identical_to_target": all(x.identical for x in g.values()),
                 "num_prompts_greedy": min(x.prompts for x in g.values()),
                 "per_slot_acceptance": {v: g[v].per_slot() for v in variants},

@@ -188,7 +188,7 @@ def test_the_committed_families_report_is_its_records_report(tmp_path):
         entry = report["dspark"][s]
         taus = {v: _pooled(recs, "greedy", s, f"dspark_{v}")["tau"] for v in ("base", "domino", "domino-inplace")}
         best = max(("domino", "domino-inplace"), key=taus.get)
-        assert entry["best_domino_variant"] == best
+        assert entry["best_domino_variant"] == best and entry["tau_best_domino"] == pytest.approx(taus[best])
         assert entry["tau_ratio_best_domino_over_base"] == pytest.approx(taus[best] / taus["base"])
         for fam in ("dspark", "peagle"):
             assert report[fam][s]["num_prompts_greedy"] == report[fam][s]["t1"]["num_prompts"] == (100 if s == "gsm8k" else 164)
