@@ -80,15 +80,18 @@ def read_items(loaded, path, limit: int) -> list[list[int]]:
     return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
 
 
-def decoders(engine, max_new: int, solo: bool):
-    """mode -> f(list of prompts) -> list[DecodeResult]."""
+def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0):
+    """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0)."""
+    from domino_graft.sampling import Sampling
+
+    kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
     if solo:
-        return {"target": lambda ps: [engine.target_only(p, max_new_tokens=max_new) for p in ps],
-                "base": lambda ps: [engine.speculative(p, max_new_tokens=max_new, use_head=False) for p in ps],
-                "domino": lambda ps: [engine.speculative(p, max_new_tokens=max_new, use_head=True) for p in ps]}
-    return {"target": lambda ps: engine.target_only_batch(ps, max_new_tokens=max_new),
-            "base": lambda ps: engine.speculative_batch(ps, max_new_tokens=max_new, use_head=False),
-            "domino": lambda ps: engine.speculative_batch(ps, max_new_tokens=max_new, use_head=True)}
+        return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
+                "base": lambda ps: [engine.speculative(p, **kw, use_head=False) for p in ps],
+                "domino": lambda ps: [engine.speculative(p, **kw, use_head=True) for p in ps]}
+    return {"target": lambda ps: engine.target_only_batch(ps, **kw),
+            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False),
+            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True)}
 
 
 def warm_up(runs, items: list[list[int]], b: int) -> None:
@@ -130,18 +133,20 @@ def path_of(engine, solo: bool, device: str, kv_paths: set) -> dict:
             else "eager, ragged batch"}
 
 
-def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write) -> dict:
+def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write,
+            temperature: float = 0.0) -> dict:
     import torch
 
     from domino_graft.decoding.divergence import first_divergence
 
-    runs = decoders(engine, max_new, solo)
+    runs = decoders(engine, max_new, solo, temperature)
+    sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
     warm_up(runs, items, b)
     if device == "cuda":
         torch.cuda.synchronize()
-    row = {"batch_size": b, "path": None, "warmup_s": round(time.perf_counter() - t0, 2), "complete": False,
-           "num_prompts": 0, "num_batches": 0}
+    row = {"batch_size": b, "temperature": temperature, "path": None,
+           "warmup_s": round(time.perf_counter() - t0, 2), "complete": False, "num_prompts": 0, "num_batches": 0}
     tokens = {m: 0 for m in MODES}
     wall = {m: 0.0 for m in MODES}
     rates = {m: [] for m in MODES}
@@ -167,7 +172,9 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                 if mode != "target":
                     steps[mode][0] += len(r.accepted)
                     steps[mode][1] += sum(a + 1 for a in r.accepted)
-                    bad_in_batch[mode] += r.tokens != batch_target[n]
+                    bad_in_batch[mode] += not sampled and r.tokens != batch_target[n]
+                if sampled:
+                    continue
                 ref = refs[start + n]
                 if ref is None:  # the solo target pass is the reference
                     refs[start + n] = ref = r.tokens
@@ -181,14 +188,14 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
         row["path"] = path_of(engine, solo, device, set().union(*kv.values()))
-        fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences)
+        fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
         write(row)
     row["complete"] = row["num_prompts"] == len(items)
-    fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences)
+    fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
     return row
 
 
-def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences) -> None:
+def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled: bool = False) -> None:
     """The row's figures. Two identities: `identical_to_target`, every row of every mode equal to
     its prompt's solo target-alone decode (needs the target's numerics not to depend on the batch
     size), and `identical_to_batch_target`, every speculative row equal to the target-alone row of
@@ -203,12 +210,29 @@ def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences) ->
         t = row["target_tokens_per_s"]
         row[f"speedup_{m}"] = row[f"{m}_tokens_per_s"] / t if t and row[f"{m}_tokens_per_s"] else None
     row["kv_path"] = {m: sorted(kv[m]) for m in MODES}
+    if sampled:  # sampled rows: equal to the target in distribution (the chi-square tests), not token for token
+        row["identical_to_target"] = row["identical_to_batch_target"] = None
+        return
     row["not_identical"] = dict(bad)
     row["identical_to_target"] = row["num_prompts"] > 0 and not any(bad.values())
     row["not_identical_to_batch_target"] = dict(bad_in_batch)
     row["identical_to_batch_target"] = row["num_prompts"] > 0 and not any(bad_in_batch.values())
     if divergences:
         row["divergences"] = divergences
+
+
+def by_batch(rows: dict) -> list[dict]:
+    """The issue's flat table: per batch size and temperature the three modes' tokens/s (B = 1:
+    the solo path's row), identity for greedy rows."""
+    out = []
+    for key, row in rows.items():
+        if key.startswith("1_batched"):
+            continue
+        out.append({"B": row["batch_size"], "temperature": row.get("temperature", 0.0),
+                    "target_tokens_per_s": row["target_tokens_per_s"], "drafter_tokens_per_s": row["base_tokens_per_s"],
+                    "domino_tokens_per_s": row["domino_tokens_per_s"], "tau_domino": row.get("tau_domino"),
+                    "identical_to_target": row["identical_to_target"], "complete": row["complete"]})
+    return sorted(out, key=lambda r: (r["temperature"], r["B"]))
 
 
 def main(argv=None) -> int:
@@ -219,7 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--head-steps", type=int, default=500)
     p.add_argument("--prompts", type=Path, help="a prompts JSONL instead of the GSM8K asset (the CPU smoke test)")
     p.add_argument("--num-prompts", type=int, default=64, help="N (a multiple of the largest batch size is best)")
-    p.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy (identity checked), > 0 sampled")
     p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -231,6 +256,12 @@ def main(argv=None) -> int:
     sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
     if not sizes or sizes[0] < 1:
         p.error(f"--batch-sizes {args.batch_sizes!r}: valid: positive integers, comma-separated")
+    try:
+        temps = [float(x) for x in args.temperatures.split(",") if x.strip()]
+    except ValueError:
+        temps = []
+    if not temps or any(not (t >= 0 and t < float("inf")) for t in temps):
+        p.error(f"--temperatures {args.temperatures!r}: valid: finite numbers >= 0, comma-separated")
     clock = Clock(args.deadline_s)
 
     import torch
@@ -253,8 +284,8 @@ def main(argv=None) -> int:
         p.error("no prompts")
     report = {
         "what": "throughput against batch size: N GSM8K prompts decoded B at a time by the target alone, the base "
-                "drafter and drafter + Domino, greedy; B = 1 on the solo path (as bench/end_to_end.py), B > 1 on "
-                "batched chains; tokens/s = generated tokens / wall seconds, prefill included",
+                "drafter and drafter + Domino, greedy (and sampled at each --temperatures); B = 1 on the solo path "
+                "(as bench/end_to_end.py), B > 1 on batched chains; tokens/s = generated tokens / wall seconds, prefill included",
         "run": str(run), "head_training": training, "num_prompts": len(items), "max_new_tokens": args.max_new_tokens,
         "batch_sizes": sizes, "dtype": args.dtype,
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
@@ -273,7 +304,9 @@ def main(argv=None) -> int:
     plan = [(str(b), b, b == 1) for b in sizes]
     if args.also_batched_1:
         plan.insert(1 if 1 in sizes else 0, ("1_batched", 1, False))
-    for key, b, solo in plan:
+    # greedy rows keep their plain keys ("8"), sampled ones say their temperature ("8@T1")
+    plan = [(key if t == 0 else f"{key}@T{t:g}", b, solo, t) for t in temps for key, b, solo in plan]
+    for key, b, solo, temperature in plan:
         if clock.over():
             report["stopped"] = f"deadline before batch size {key}: {clock.elapsed():.0f} s"
             break
@@ -283,8 +316,9 @@ def main(argv=None) -> int:
             report["rows"][key] = row
             write()
 
-        row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row)
+        row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature)
         write_row(row)
+        report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)
                 + f" tokens/s; tau {row['tau_base']}/{row['tau_domino']}; identical {row['identical_to_target']}")
     write()

@@ -1,11 +1,14 @@
-"""Triton kernels for ``y = x @ w.T`` with few rows (a decode step, M = 1; a verify of 16 tokens,
-M = 16): stream the weight once at the read bandwidth, with the bias and the residual add fused.
+"""Triton kernels for ``y = x @ w.T`` whose rows never depend on each other: a decode step
+(M = 1), a verify of 16 tokens (M = 16) and a batch of 64 verifies (M = 1,024) give a row the
+same bits, with the bias and the residual add fused.
 
 At batch 1 a decode step of an 8B model is a chain of matrix-vector products against bf16
 weights ``W [N, K]`` (K contiguous); each is bound by reading ``W`` from HBM. On an H200 cuBLAS
 runs several of Qwen3-8B's projections at 75-86 % of the read bandwidth and adds a split-K
 reduction launch to some (per layer: qkv 15.8 us against a 12.0 us floor, o 10.7 + 1.7 us
-against 8.0, down 28.0 + 1.7 us against 24.0). Here:
+against 8.0, down 28.0 + 1.7 us against 24.0); and cuBLAS picks its kernel (split-K or not) by M,
+so a row's bits change with the batch (bench/results/linear_rows_probe_h200.json: o and down rows
+differ between M <= 17 and M = 1,024). Here:
 
 * ``small_linear(x, w, bias, residual)``: ``x @ w.T (+ bias) (+ residual)``, fp32 accumulation,
   rounded once to x.dtype. The residual in the epilogue makes a layer's ``x + o_proj(attn)`` /
@@ -14,23 +17,32 @@ against 8.0, down 28.0 + 1.7 us against 24.0). Here:
   ``[2I, K]`` weight (gate rows, then up rows), the gate and up tiles of the same columns in one
   program, so the ``[M, 2I]`` intermediate never goes to memory.
 
-Kernel. A program computes a ``[16, BLOCK_N]`` output tile: the rows padded to 16 with masked
-loads (one MMA tile; M > 16 is tiled over 16-row tiles), a loop over its K range in BLOCK_K
-chunks with ``tl.dot`` into fp32. With ``SPLIT`` > 1 the K range of each n-block is cut into
-SPLIT disjoint fixed ranges (``K_PER_SPLIT``, a multiple of BLOCK_K), the programs write fp32
-partials to a workspace ``[SPLIT, M, N]`` and a second small kernel sums them in split order
-(fixed: deterministic, no atomics) and applies bias / residual / silu-mul / the cast; with
-SPLIT == 1 the epilogue is in the main kernel (one launch). Program ids run over the M tiles
-fastest, then the splits, then the n-blocks: the M tiles of one weight tile run side by side and
-all but the first read it from L2, not HBM.
+Kernel. A program computes a ``[BLOCK_M, BLOCK_N]`` output tile: masked row loads, a loop over
+its K range in BLOCK_K chunks with ``tl.dot`` into fp32. With ``SPLIT`` > 1 the K range of each
+n-block is cut into SPLIT disjoint fixed ranges (``K_PER_SPLIT``, a multiple of BLOCK_K), the
+programs write fp32 partials to a workspace ``[SPLIT, M, N]`` and a second small kernel sums them
+in split order (fixed: deterministic, no atomics) and applies bias / residual / silu-mul / the
+cast; with SPLIT == 1 the epilogue is in the main kernel (one launch). ``SPLIT_INLINE``: one
+program walks the SPLIT ranges itself, each summed from zero, added in split order: the same
+sum without the workspace, for many rows (where the partials would cost as much as the weight).
+Program ids run over the M tiles fastest, then the splits, then the n-blocks: the M tiles of one
+weight tile run side by side and all but the first read it from L2, not HBM.
 
-Bits. A row's output does not depend on the other rows of the call: its 16-row tile, K ranges
-and summation order depend on (N, K) and the config only, and the config is a function of
-(N, K) (the tuned table or ``default_config``), never of M; M is not specialized on
-(``do_not_specialize``), so M = 1 and M = 16 run the same compiled kernel. On a GPU a decode
-step and a verify then agree bit for bit on every row they share, which greedy speculative
-decoding relies on. (Triton's CPU interpreter computes a dot with numpy, which rounds a row by
-its place in the tile: there only closeness is checked.)
+Two tiers (``plan``). Few rows (M < ``WIDE_FROM_ROWS``): 16-row tiles (one MMA tile), the
+split-K configs that stream the weight at the read bandwidth. Many rows: 64-256-row tiles
+(Hopper's wgmma size), each weight tile read once per BLOCK_M rows instead of once per 16, with
+the few-row config's SPLIT and K ranges, inline.
+
+Bits. A row's output depends on its K ranges and their order only: each ``tl.dot`` adds its
+BLOCK_K products into the fp32 accumulator 16 at a time (one MMA k-step) in K order, whatever
+the tile's BLOCK_M / BLOCK_N / BLOCK_K and whichever MMA instruction runs it (mma.sync at 16
+rows, wgmma at 64+). The K ranges are a function of (N, K) and the few-row config only (the
+tuned table, the measured table or ``default_config``), never of M; M is not specialized on
+(``do_not_specialize``). Measured on an H200: every many-rows tile of
+bench/results/linear_rows_probe_h200.json gave the few-row tier's bits on all 1,024 rows, and
+tests/kernels/test_small_linear.py (``-m gpu``) checks a row's bits at M = 1 ... 1,024 through the
+engine's path. (Triton's CPU interpreter computes a dot with numpy, which rounds a row by its
+place in the tile: there only closeness is checked.)
 
 Rounding. Everything after the dot stays in fp32 and is rounded once: ``y = round(acc + b + r)``
 and ``silu(g) * u = round(g * sigmoid(g) * u)`` with g, u the fp32 sums (bias included). The
@@ -39,19 +51,21 @@ in bf16), so in bf16 the two differ by about an ulp; the references here are
 ``(x.float() @ w.float().T + b + r).to(dtype)`` and ``(F.silu(g.float()) * u.float()).to(dtype)``.
 
 Fallback rule (``supported``): x and w on a CUDA device (or anywhere under TRITON_INTERPRET=1),
-bf16 / fp16 / fp32 of the same dtype, ``w`` 2-D with unit stride along K, and at most
-``MAX_ROWS`` = 64 rows; otherwise the caller uses ``F.linear`` (at more rows cuBLAS's large
-tiles win: each 16-row tile here re-reads W from L2).
+bf16 / fp16 / fp32 of the same dtype, ``w`` 2-D with unit stride along K; otherwise the caller
+uses ``F.linear``.
 
-Configs (``Config``: BLOCK_N, BLOCK_K, SPLIT, num_warps, num_stages): an explicit ``config=``
-wins, then the table ``tune()`` fills (keyed by ``(N, K)``, ``(N, K, "swiglu")`` for the fused
-MLP, with N the weight's rows), then ``default_config``. ``tune`` times ``candidate_configs`` on the
-current GPU; call it once at engine setup, before any CUDA-graph capture (it synchronizes, and
-it compiles the winners so the capture does not).
+Configs (``Config``: BLOCK_N, BLOCK_K, SPLIT, num_warps, num_stages, BLOCK_M, SPLIT_INLINE): an
+explicit ``config=`` wins (its own K ranges), then ``plan``: the few-row config from the table
+``tune()`` fills (keyed by ``(N, K)``, ``(N, K, "swiglu")`` for the fused MLP, with N the
+weight's rows), the H200's ``MEASURED_SM90`` or ``default_config``; the many-rows tiles from
+``WIDE`` (``register_config(..., wide=True)``), ``MEASURED_WIDE_SM90`` or ``default_wide_config``.
+``tune`` times ``candidate_configs`` on the current GPU; call it once at engine setup, before any
+CUDA-graph capture (it synchronizes, and it compiles the winners so the capture does not).
 
 The reference is the torch math of ``small_linear_reference`` / ``small_linear_swiglu_reference``;
 tests/kernels/test_small_linear.py checks the kernels against it in fp32 under TRITON_INTERPRET=1
-on a CPU and in bf16 on a GPU; bench/linear_speed.py times them against cuBLAS.
+on a CPU and in bf16 on a GPU; bench/linear_speed.py times the few-row tier against cuBLAS,
+bench/linear_rows_probe.py the many-rows tier, bench/engine_batch.py the engine by batch size.
 """
 
 from __future__ import annotations
@@ -69,7 +83,6 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 16  # rows per program: one MMA tile, the same for a 1-token step and a 16-token verify
-MAX_ROWS = 64  # supported(): beyond this the caller should use F.linear
 REDUCE_BLOCK = 256  # columns per program of the split-K reduction
 DEFAULT_SMS = 132  # an H200's SM count, used when no CUDA device is visible
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -99,49 +112,82 @@ def _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym,
     tl.store(Y + rm[:, None] * s_ym + rn[None, :], y.to(Y.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _k_range(x_row, w_row, N, s_wn, lo, hi, mok, nok, rk, g, u,
+             BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr):
+    """g (u) += the tile's dot over K in [lo, hi), BLOCK_K at a time, in order."""
+    for k0 in range(lo, hi, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:  # every K step is whole: no mask along K (the same values, wider loads)
+            xt = tl.load(x_row + kk[None, :], mask=mok[:, None], other=0.0)
+            wt = tl.load(w_row + kk[None, :], mask=nok[:, None], other=0.0)
+        else:
+            kok = kk < hi
+            xt = tl.load(x_row + kk[None, :], mask=mok[:, None] & kok[None, :], other=0.0)
+            wt = tl.load(w_row + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
+        g = tl.dot(xt, tl.trans(wt), g, input_precision=PRECISION)
+        if SWIGLU:
+            if EVEN_K:
+                wu = tl.load(w_row + N * s_wn + kk[None, :], mask=nok[:, None], other=0.0)
+            else:
+                wu = tl.load(w_row + N * s_wn + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
+            u = tl.dot(xt, tl.trans(wu), u, input_precision=PRECISION)
+    return g, u
+
+
 @triton.jit(do_not_specialize=["M"])
 def _small_linear_kernel(X, W, B, R, Y, WS, M, N, K, s_xm, s_wn, s_rm, s_ym, K_PER_SPLIT,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                         SWIGLU: tl.constexpr, PRECISION: tl.constexpr):
+                         SWIGLU: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                         SPLIT_INLINE: tl.constexpr):
     # N: output columns (I for SWIGLU: gate rows n, up rows N + n of W)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m  # fastest: the M tiles of one weight tile run together (L2 reuse)
     rest = pid // num_m
-    split = rest % SPLIT
-    pid_n = rest // SPLIT
+    nsplit = 1 if SPLIT_INLINE else SPLIT  # inline: one program walks every split itself
+    split = rest % nsplit
+    pid_n = rest // nsplit
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mok = rm < M
     nok = rn < N
-    # this split's K range: fixed by (K, config), never by M
-    lo = split * K_PER_SPLIT
-    hi = tl.minimum(K, lo + K_PER_SPLIT)
-    g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_row = X + rm[:, None] * s_xm
     w_row = W + rn[:, None].to(tl.int64) * s_wn  # int64: N x K may pass 2**31 (a large vocabulary)
-    for k0 in range(lo, hi, BLOCK_K):
-        kk = k0 + rk
-        kok = kk < hi
-        xt = tl.load(x_row + kk[None, :], mask=mok[:, None] & kok[None, :], other=0.0)
-        wt = tl.load(w_row + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
-        g = tl.dot(xt, tl.trans(wt), g, input_precision=PRECISION)
-        if SWIGLU:
-            wu = tl.load(w_row + N * s_wn + kk[None, :], mask=nok[:, None] & kok[None, :], other=0.0)
-            u = tl.dot(xt, tl.trans(wu), u, input_precision=PRECISION)
-    if SPLIT == 1:
+    if SPLIT_INLINE:
+        # the split-K sum without the workspace: each K range summed from zero on its own, then the
+        # ranges added in split order, as _reduce_kernel adds the partials: the same bits
+        g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in range(0, SPLIT):
+            lo = s * K_PER_SPLIT
+            hi = tl.minimum(K, lo + K_PER_SPLIT)
+            pg, pu = _k_range(x_row, w_row, N, s_wn, lo, hi, mok, nok, rk,
+                              tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                              tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), BLOCK_K, SWIGLU, PRECISION, EVEN_K)
+            g += pg
+            if SWIGLU:
+                u += pu
         _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym, HAS_BIAS, HAS_RES, SWIGLU)
     else:
-        # partials [SPLIT, M, N] (SWIGLU: [SPLIT, M, 2N], gate columns then up columns), fp32
-        ws_n = 2 * N if SWIGLU else N
-        ok = mok[:, None] & nok[None, :]
-        part = WS + (split * M + rm[:, None]) * ws_n + rn[None, :]
-        tl.store(part, g, mask=ok)
-        if SWIGLU:
-            tl.store(part + N, u, mask=ok)
+        # this split's K range: fixed by (K, config), never by M
+        lo = split * K_PER_SPLIT
+        hi = tl.minimum(K, lo + K_PER_SPLIT)
+        g, u = _k_range(x_row, w_row, N, s_wn, lo, hi, mok, nok, rk,
+                        tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                        tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), BLOCK_K, SWIGLU, PRECISION, EVEN_K)
+        if SPLIT == 1:
+            _epilogue(g, u, rm, rn, M, N, B, R, Y, s_rm, s_ym, HAS_BIAS, HAS_RES, SWIGLU)
+        else:
+            # partials [SPLIT, M, N] (SWIGLU: [SPLIT, M, 2N], gate columns then up columns), fp32
+            ws_n = 2 * N if SWIGLU else N
+            ok = mok[:, None] & nok[None, :]
+            part = WS + (split * M + rm[:, None]) * ws_n + rn[None, :]
+            tl.store(part, g, mask=ok)
+            if SWIGLU:
+                tl.store(part + N, u, mask=ok)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -179,6 +225,8 @@ class Config:
     SPLIT: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    BLOCK_M: int = BLOCK_M  # rows per program: 16 for few rows; 64-256 for the many-rows tier
+    SPLIT_INLINE: bool = False  # SPLIT > 1: one program sums the K ranges in order (no workspace)
 
     def validate(self, who: str = "small_linear") -> Config:
         def pow2(v: int) -> bool:
@@ -189,6 +237,8 @@ class Config:
             if not (pow2(v) and 16 <= v <= 1024):
                 raise ValueError(f"{who}: config {name}={v!r} is not valid; valid: a power of two in 16..1024 "
                                  f"(tl.dot needs >= 16)")
+        if not (pow2(self.BLOCK_M) and 16 <= self.BLOCK_M <= 256):
+            raise ValueError(f"{who}: config BLOCK_M={self.BLOCK_M!r} is not valid; valid: a power of two in 16..256")
         if not (isinstance(self.SPLIT, int) and 1 <= self.SPLIT <= 64):
             raise ValueError(f"{who}: config SPLIT={self.SPLIT!r} is not valid; valid: an int in 1..64")
         if not (pow2(self.num_warps) and self.num_warps <= 16):
@@ -215,13 +265,15 @@ def _key(n: int, k: int, swiglu: bool) -> tuple:
     return (int(n), int(k), "swiglu") if swiglu else (int(n), int(k))
 
 
-def register_config(n: int, k: int, config: Config, *, swiglu: bool = False) -> None:
-    """Use ``config`` for weights [n, k] (n = 2I for the SwiGLU kernel) when no config is passed."""
-    TUNED[_key(n, k, swiglu)] = config.validate("register_config")
+def register_config(n: int, k: int, config: Config, *, swiglu: bool = False, wide: bool = False) -> None:
+    """Use ``config`` for weights [n, k] (n = 2I for the SwiGLU kernel) when no config is passed;
+    wide=True: as the many-rows tier's tiles (plan(); used only with the few-row config's SPLIT)."""
+    (WIDE if wide else TUNED)[_key(n, k, swiglu)] = config.validate("register_config")
 
 
 def clear_configs() -> None:
     TUNED.clear()
+    WIDE.clear()
 
 
 @functools.cache
@@ -302,6 +354,28 @@ MEASURED_SM90: dict[tuple, Config] = {
 }
 _measured: dict[tuple, Config] = {}  # MEASURED_SM90 once use_measured_configs() found a Hopper GPU
 
+# The many-rows tier (plan()): from this many rows on a call runs WIDE tiles. Its SPLIT and K ranges
+# are the few-row config's, so the bits do not change at the switch (GPU test: a row's bits at
+# M = 1..1024). WIDE: set by register_config(..., wide=True); MEASURED_WIDE_SM90: H200 winners.
+WIDE_FROM_ROWS = 64
+WIDE: dict[tuple, Config] = {}
+# bench/linear_rows_probe.py's winners on an H200 (bench/results/linear_rows_probe_h200.json, bf16): per
+# weight shape the least total time over M = 64 ... 1,024 among tiles that keep the few-row K ranges
+# (every candidate gave the few-row tier's bits on all 1,024 rows).
+MEASURED_WIDE_SM90: dict[tuple, Config] = {
+    (6144, 4096): Config(128, 64, 1, 8, 4, BLOCK_M=64),  # qkv: x1.535 of cuBLAS at M = 512
+    (4096, 4096): Config(128, 64, 4, 8, 4, BLOCK_M=64, SPLIT_INLINE=True),  # o: x1.435 of cuBLAS at M = 512
+    (24576, 4096, "swiglu"): Config(128, 64, 1, 8, 4, BLOCK_M=128),  # gate_up: x0.932 of cuBLAS at M = 512
+    (4096, 12288): Config(256, 64, 4, 8, 4, BLOCK_M=128),  # down: x1.334 of cuBLAS at M = 512
+    (151936, 4096): Config(256, 64, 1, 8, 4, BLOCK_M=128),  # lm_head: x1.243 of cuBLAS at M = 512
+    (960, 576): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_qkv: x1.061 of cuBLAS at M = 512
+    (576, 576): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_o: x0.904 of cuBLAS at M = 512
+    (3072, 576, "swiglu"): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_gate_up: x0.613 of cuBLAS at M = 512
+    (576, 1536): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_down: x1.178 of cuBLAS at M = 512
+    (49152, 576): Config(128, 64, 1, 8, 3, BLOCK_M=128),  # smollm2_lm_head: x1.322 of cuBLAS at M = 512
+}
+_measured_wide: dict[tuple, Config] = {}
+
 
 def use_measured_configs(device=None) -> bool:
     """Consult MEASURED_SM90 (for 16-bit weights) on a compute-capability-9.0 GPU; -> whether it applies."""
@@ -310,24 +384,55 @@ def use_measured_configs(device=None) -> bool:
     if torch.cuda.get_device_capability(device) != (9, 0):
         return False
     _measured.update(MEASURED_SM90)
+    _measured_wide.update(MEASURED_WIDE_SM90)
     return True
 
 
 def lookup_config(n: int, k: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16) -> Config:
-    """The config small_linear uses for weights [n, k] when none is passed: tuned, else measured on
-    this GPU's architecture (16-bit weights), else default."""
+    """The few-row config small_linear uses for weights [n, k] when none is passed: tuned, else
+    measured on this GPU's architecture (16-bit weights), else default. It fixes a row's bits
+    (its SPLIT and K ranges) at every number of rows."""
     key = _key(n, k, swiglu)
     found = TUNED.get(key) or (_measured.get(key) if dtype in (torch.bfloat16, torch.float16) else None)
     return found or default_config(n, k, swiglu=swiglu, dtype=dtype)
 
 
+def default_wide_config(base: Config, k: int, *, swiglu: bool = False) -> Config:
+    """The many-rows tiles for a weight whose few-row config is ``base``: BLOCK_M 128 (wgmma-sized),
+    BLOCK_N 128 (64 for SwiGLU: two accumulators), BLOCK_K 64 where it divides base's K range,
+    base's SPLIT (the K ranges, hence the bits, stay base's)."""
+    kps = base.k_per_split(k)
+    block_k = 64 if kps % 64 == 0 else base.BLOCK_K
+    return Config(BLOCK_N=64 if swiglu else 128, BLOCK_K=block_k, SPLIT=base.SPLIT, num_warps=8, num_stages=3,
+                  BLOCK_M=128, SPLIT_INLINE=True)
+
+
+def plan(n: int, k: int, rows: int, *, swiglu: bool = False, dtype: torch.dtype = torch.bfloat16,
+         who: str = "plan") -> tuple[Config, int]:
+    """(the tiles, the K range per split) for ``rows`` rows of weights [n, k].
+
+    The K ranges are always the few-row config's (``lookup_config``): a row's summation order, so
+    its bits, are the same at 1 row and at 1,024. From ``WIDE_FROM_ROWS`` rows on, the tiles are
+    the many-rows tier's (``WIDE`` / ``MEASURED_WIDE_SM90``, else ``default_wide_config``): a
+    weight tile is read once per BLOCK_M rows instead of once per 16."""
+    base = lookup_config(n, k, swiglu=swiglu, dtype=dtype).validate(f"{who} (tuned table)")
+    kps = base.k_per_split(k)
+    if rows < WIDE_FROM_ROWS:
+        return base, kps
+    key = _key(n, k, swiglu)
+    wide = WIDE.get(key) or (_measured_wide.get(key) if dtype in (torch.bfloat16, torch.float16) else None)
+    if wide is None or wide.SPLIT != base.SPLIT or kps % wide.BLOCK_K:
+        wide = default_wide_config(base, k, swiglu=swiglu)
+    return wide.validate(f"{who} (many-rows table)"), kps
+
+
 # ---------------------------------------------------------------------------------- wrappers
 
 
-def supported(x: torch.Tensor, w: torch.Tensor, *, max_rows: int = MAX_ROWS) -> bool:
-    """Whether small_linear should run (True) or the caller fall back to F.linear (False):
+def supported(x: torch.Tensor, w: torch.Tensor, *, max_rows: int | None = None) -> bool:
+    """Whether small_linear can run (True) or the caller falls back to F.linear (False):
     x, w on CUDA (any device under TRITON_INTERPRET=1), the same dtype among bf16/fp16/fp32, w 2-D
-    with unit stride along K matching x's last dim, and at most ``max_rows`` rows."""
+    with unit stride along K matching x's last dim, and at most ``max_rows`` rows (None: any)."""
     if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
         return False
     if not (INTERPRETED or (x.is_cuda and w.is_cuda)) or x.device != w.device:
@@ -336,7 +441,7 @@ def supported(x: torch.Tensor, w: torch.Tensor, *, max_rows: int = MAX_ROWS) -> 
         return False
     if x.shape[-1] != w.shape[1] or w.stride(1) != 1:
         return False
-    return x.numel() // max(1, x.shape[-1]) <= max_rows
+    return max_rows is None or x.numel() // max(1, x.shape[-1]) <= max_rows
 
 
 def _check(who: str, x, w, bias, residual, n_out: int, n_bias: int):
@@ -382,7 +487,10 @@ def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[0] == 0 else t.contiguous()
 
 
-def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int, swiglu: bool) -> torch.Tensor:
+def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int, swiglu: bool,
+            k_per_split: int | None = None) -> torch.Tensor:
+    """One call: cfg's tiles over k_per_split-wide K ranges (default: cfg's own, ``cfg.k_per_split``).
+    The K ranges and SPLIT alone fix a row's summation; the tiles only say who computes it."""
     m, k = x2.shape
     y = torch.empty((m, n_out), dtype=x2.dtype, device=x2.device)
     if m == 0 or n_out == 0:
@@ -393,17 +501,21 @@ def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int
     r = r2 if r2 is not None else y
     s_rm = r2.stride(0) if r2 is not None else 0
     split = cfg.SPLIT
-    ws = y if split == 1 else torch.empty((split, m, 2 * n_out if swiglu else n_out), dtype=torch.float32,
-                                          device=x2.device)
+    inline = split > 1 and cfg.SPLIT_INLINE
+    kps = cfg.k_per_split(k) if k_per_split is None else int(k_per_split)
+    ws = y if split == 1 or inline else torch.empty((split, m, 2 * n_out if swiglu else n_out), dtype=torch.float32,
+                                                    device=x2.device)
     flags = {"HAS_BIAS": bias is not None, "HAS_RES": r2 is not None, "SWIGLU": swiglu}
-    grid = (triton.cdiv(n_out, cfg.BLOCK_N) * split * triton.cdiv(m, BLOCK_M),)
+    grid = (triton.cdiv(n_out, cfg.BLOCK_N) * (1 if inline else split) * triton.cdiv(m, cfg.BLOCK_M),)
     _small_linear_kernel[grid](
-        x2, w, b, r, y, ws, m, n_out, k, x2.stride(0), w.stride(0), s_rm, y.stride(0), cfg.k_per_split(k),
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, SPLIT=split,
+        x2, w, b, r, y, ws, m, n_out, k, x2.stride(0), w.stride(0), s_rm, y.stride(0), kps,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, SPLIT=split,
         PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
+        # each K range whole BLOCK_K steps; the few-row tier keeps its masked loads (its measured configs)
+        EVEN_K=cfg.BLOCK_M > BLOCK_M and kps % cfg.BLOCK_K == 0 and k % cfg.BLOCK_K == 0,
+        SPLIT_INLINE=inline, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
     )
-    if split > 1:
+    if split > 1 and not inline:
         _reduce_kernel[(m * triton.cdiv(n_out, REDUCE_BLOCK),)](
             ws, b, r, y, m, n_out, s_rm, y.stride(0), BLOCK=REDUCE_BLOCK, SPLIT=split, num_warps=2, **flags)
     return y
@@ -413,15 +525,16 @@ def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
                  residual: torch.Tensor | None = None, *, config: Config | None = None) -> torch.Tensor:
     """x ``[..., K]``, w ``[N, K]`` (unit stride along K, x's dtype: bf16 / fp16 / fp32), bias
     ``[N]`` (x's dtype or fp32), residual ``[..., N]`` -> ``x @ w.T + bias + residual`` ``[..., N]``
-    in x.dtype: fp32 accumulation, one rounding. Any number of rows runs (16-row tiles); see
+    in x.dtype: fp32 accumulation, one rounding. Any number of rows runs (``plan``: two tiers); see
     ``supported`` for when it is worth it. config: None -> the tuned table, else default_config."""
     n = w.shape[0] if isinstance(w, torch.Tensor) and w.dim() == 2 else -1
     _check("small_linear", x, w, bias, residual, n, n)
-    cfg = (config.validate("small_linear") if config is not None
-           else lookup_config(n, w.shape[1], dtype=x.dtype).validate("small_linear (tuned table)"))
     k = x.shape[-1]
+    x2 = _rows(x, k)
+    cfg, kps = ((config.validate("small_linear"), None) if config is not None
+                else plan(n, k, x2.shape[0], dtype=x.dtype, who="small_linear"))
     r2 = _rows(residual, n) if residual is not None else None
-    y = _launch(_rows(x, k), w, bias, r2, cfg, n, swiglu=False)
+    y = _launch(x2, w, bias, r2, cfg, n, swiglu=False, k_per_split=kps)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -435,11 +548,11 @@ def small_linear_swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, bias: torch.Te
     if two_i % 2:
         raise ValueError(f"small_linear_swiglu: w_gate_up shape {tuple(w_gate_up.shape)} has an odd number of rows; "
                          f"valid: [2I, K] (gate rows, then up rows)")
-    cfg = (config.validate("small_linear_swiglu") if config is not None
-           else lookup_config(two_i, w_gate_up.shape[1], swiglu=True, dtype=x.dtype).validate(
-               "small_linear_swiglu (tuned table)"))
     k = x.shape[-1]
-    y = _launch(_rows(x, k), w_gate_up, bias, None, cfg, two_i // 2, swiglu=True)
+    x2 = _rows(x, k)
+    cfg, kps = ((config.validate("small_linear_swiglu"), None) if config is not None
+                else plan(two_i, k, x2.shape[0], swiglu=True, dtype=x.dtype, who="small_linear_swiglu"))
+    y = _launch(x2, w_gate_up, bias, None, cfg, two_i // 2, swiglu=True, k_per_split=kps)
     return y.reshape(*x.shape[:-1], two_i // 2)
 
 

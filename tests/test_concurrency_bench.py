@@ -33,13 +33,21 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
                                for n in (3, 17, 1, 9, 6)))
     out = tmp_path / "concurrency.json"
     args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "5", "--batch-sizes", "1,2",
-            "--max-new-tokens", "10", "--dtype", "fp32", "--device", "cpu", "--out", str(out)]
+            "--temperatures", "0,1", "--max-new-tokens", "10", "--dtype", "fp32", "--device", "cpu", "--out", str(out)]
     script = load_script()
     assert script.main(args) == 0
     rep = json.loads(out.read_text())
     assert rep["git_sha"] == "abc123" and rep["dtype"] == "fp32" and rep["device"] == "cpu"
     assert rep["torch"] and "--batch-sizes 1,2" in rep["command"] and rep["num_prompts"] == 5
-    assert set(rep["rows"]) == {"1", "2"}
+    assert set(rep["rows"]) == {"1", "2", "1@T1", "2@T1"}
+    # the flat table: greedy rows with their identity, sampled rows (T = 1) without one
+    assert [(r["B"], r["temperature"]) for r in rep["by_batch"]] == [(1, 0.0), (2, 0.0), (1, 1.0), (2, 1.0)]
+    for r in rep["by_batch"]:
+        assert r["target_tokens_per_s"] > 0 and r["drafter_tokens_per_s"] > 0 and r["domino_tokens_per_s"] > 0
+        assert r["identical_to_target"] is (True if r["temperature"] == 0 else None)
+    for key in ("1@T1", "2@T1"):
+        sampled = rep["rows"].pop(key)
+        assert sampled["complete"] and sampled["num_prompts"] == 5 and sampled["tau_domino"] >= 1.0
     for key, row in rep["rows"].items():
         for k in ROW_KEYS:
             assert row[k] is not None, (key, k)

@@ -613,8 +613,8 @@ class FastLM:
         """How the projections run. "torch" (the default): F.linear (cuBLAS) inside the compiled
         pieces. "triton": kernels/small_linear.py for every projection and the LM head at any
         number of rows, with the residual adds and SiLU·mul in their epilogues; a row's bits then
-        depend only on that row (16-row tiles, a config per weight shape), not on the batch size
-        or T, so a row decoded in a batch is the row decoded alone. "reference": the same forward
+        depend only on that row (its K ranges are fixed per weight shape: kernels/small_linear.py,
+        "Bits"), not on the batch size or T, so a row decoded in a batch is the row decoded alone. "reference": the same forward
         with the kernels' torch math (a CPU check). Needs use_kernels first (the split forward);
         call before compile()."""
         if name not in ("torch", "triton", "reference"):

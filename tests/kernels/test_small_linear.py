@@ -179,8 +179,8 @@ def test_supported_is_the_fallback_rule():
     w = torch.randn(N, K)
     assert S.supported(torch.randn(1, K), w)
     assert S.supported(torch.randn(4, 16, K), w)  # 64 rows
-    assert not S.supported(torch.randn(65, K), w)  # more rows: F.linear
-    assert S.supported(torch.randn(65, K), w, max_rows=128)
+    assert S.supported(torch.randn(4096, K), w)  # many rows: the many-rows tier
+    assert not S.supported(torch.randn(65, K), w, max_rows=64)  # a caller's own limit
     assert not S.supported(torch.randn(1, K).double(), w.double())
     assert not S.supported(torch.randn(1, K), w.half())
     assert not S.supported(torch.randn(1, K + 1), w)
@@ -213,6 +213,47 @@ def test_config_table_is_used_and_an_explicit_config_wins():
                 S.small_linear_swiglu(x, torch.randn(2 * n, k))
     finally:
         S.clear_configs()
+
+
+def test_plan_keeps_the_few_row_k_ranges_at_every_row_count():
+    """plan(): below WIDE_FROM_ROWS the few-row config; from there the many-rows tiles with the
+    few-row config's SPLIT and K range (what fixes a row's bits), a registered wide config only
+    when it keeps them."""
+    S.clear_configs()
+    try:
+        for n, k, sw in [(6144, 4096, False), (4096, 4096, False), (24576, 4096, True), (4096, 12288, False),
+                         (960, 576, False), (40, 72, False)]:
+            base = S.lookup_config(n, k, swiglu=sw)
+            for rows in (1, 16, S.WIDE_FROM_ROWS - 1, S.WIDE_FROM_ROWS, 1024):
+                cfg, kps = S.plan(n, k, rows, swiglu=sw)
+                assert kps == base.k_per_split(k) and cfg.SPLIT == base.SPLIT and kps % cfg.BLOCK_K == 0
+                assert (cfg == base) == (rows < S.WIDE_FROM_ROWS), (n, k, rows, cfg)
+        base = S.lookup_config(4096, 4096)
+        keeps = S.Config(BLOCK_N=64, BLOCK_K=64, SPLIT=base.SPLIT, num_warps=4, num_stages=3, BLOCK_M=64)
+        S.register_config(4096, 4096, keeps, wide=True)
+        assert S.plan(4096, 4096, 512)[0] == keeps
+        S.register_config(4096, 4096, S.Config(SPLIT=base.SPLIT * 2, BLOCK_M=64), wide=True)  # other K ranges
+        assert S.plan(4096, 4096, 512)[0] == S.default_wide_config(base, 4096)
+        with pytest.raises(ValueError, match="config BLOCK_M=8 is not valid; valid: a power of two in 16..256"):
+            S.register_config(4096, 4096, S.Config(BLOCK_M=8), wide=True)
+    finally:
+        S.clear_configs()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("m", [S.WIDE_FROM_ROWS - 1, S.WIDE_FROM_ROWS + 3])
+def test_many_rows_tier_equals_reference(m):
+    """Both tiers (either side of WIDE_FROM_ROWS) against the fp32 reference, plain + residual and
+    SwiGLU, K not a multiple of the blocks (masked K) and a multiple (EVEN_K)."""
+    for k in (K, 128):
+        x, w, b, r = _problem(m, N, k, seed=m + k)
+        _close(S.small_linear(x, w, b, r), S.small_linear_reference(x, w, b, r), what=f"m={m} k={k}")
+        # SPLIT_INLINE: one program sums the K ranges in order (the workspace path's sum, no workspace)
+        inline = S.Config(BLOCK_N=16, BLOCK_K=16, SPLIT=3, BLOCK_M=32, SPLIT_INLINE=True)
+        _close(S.small_linear(x, w, b, r, config=inline), S.small_linear_reference(x, w, b, r), what="inline")
+        wg = _problem(1, 2 * N, k, seed=5)[1]
+        _close(S.small_linear_swiglu(x, wg), S.small_linear_swiglu_reference(x, wg), what=f"swiglu m={m} k={k}")
+        _close(S.small_linear_swiglu(x, wg, config=inline), S.small_linear_swiglu_reference(x, wg), what="swiglu inline")
 
 
 def test_default_config_and_candidates_depend_on_the_shape_only():
@@ -379,6 +420,38 @@ def test_gpu_a_rows_bits_do_not_depend_on_m(split):
         one = S.small_linear(x[j:j + 1], w, b, r[j:j + 1], config=cfg)
         assert torch.equal(one[0], full[j]) and torch.equal(one[0], more[j]), f"row {j}: bits depend on M"
         assert torch.equal(S.small_linear_swiglu(x[j:j + 1], wg, config=cfg)[0], sfull[j]), f"swiglu row {j}"
+
+
+# M values the issue names: across the 16-row tile edges and the many-rows tier's switch
+BITS_MS = (1, 15, 16, 17, 63, 64, 65, 256, 512, 1024)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(6144, 4096, False, False), (4096, 4096, False, True),
+                                   (24576, 4096, True, False), (4096, 12288, False, True),
+                                   (151936, 4096, False, False), (960, 576, False, False)],
+                         ids=["qkv", "o", "gate_up", "down", "lm_head", "smollm2_qkv"])
+def test_gpu_a_rows_bits_are_the_same_at_every_m(shape):
+    """The engine's path (config=None: the few-row tier below WIDE_FROM_ROWS rows, the many-rows
+    tier from there) at Qwen3-8B's and SmolLM2's shapes with the H200's measured tables: rows 0,
+    7 and 14 (and the last row of each M) have the same bits at every M in BITS_MS as alone."""
+    n, k, swiglu, res = shape
+    dev = torch.device("cuda")
+    S.use_measured_configs(dev)
+    x, w, b, r = _problem(max(BITS_MS), n, k, seed=11, dtype=torch.bfloat16, device=dev)
+    op = (lambda x_, r_: S.small_linear_swiglu(x_, w)) if swiglu else (
+        lambda x_, r_: S.small_linear(x_, w, residual=r_[:, :n] if res else None))
+    if res:
+        r = torch.randn(max(BITS_MS), n, device=dev).bfloat16()
+    alone = {j: op(x[j:j + 1], r[j:j + 1])[0] for j in (0, 7, 14)}
+    for m in BITS_MS:
+        y = op(x[:m], r[:m])
+        for j, want in alone.items():
+            if j < m:
+                assert torch.equal(y[j], want), f"{shape}: row {j} at M = {m} differs from the row alone"
+        last = op(x[m - 1:m], r[m - 1:m])[0]
+        assert torch.equal(y[m - 1], last), f"{shape}: the last row of M = {m} differs from the row alone"
 
 
 @pytest.mark.gpu
