@@ -113,16 +113,16 @@ class VerifyCosts:
                              "or by_batch rows")
         if "by_batch" in data:
             return cls._from_rows(data["by_batch"], f"{where}: by_batch")
-        unknown = sorted(set(data) - {"step_ms", "propose_ms"})
+        unknown = sorted(set(data) - {"step_ms", "propose_ms", "source"})
         if unknown or "step_ms" not in data:
             what = f"unknown key {unknown[0]!r}" if unknown else "no step_ms"
             raise ValueError(f"{where}: {what}; valid keys: step_ms ({{B: {{T: ms}}}}), propose_ms ({{B: ms}}), "
-                             "or by_batch (rows)")
+                             "source, or by_batch (rows)")
         step = data["step_ms"]
         if not isinstance(step, dict) or not step:
             raise ValueError(f"{where}: step_ms is {step!r}; valid: {{B: {{T: ms}}}}, e.g. {{\"8\": {{\"1\": 4.8, "
                              "\"16\": 16.5}}")
-        costs = cls()
+        costs = cls(source=str(data.get("source") or "table"))
         for b, row in step.items():
             nb = _count(b, f"{where}: step_ms", "batch size")
             if not isinstance(row, dict) or not row:
