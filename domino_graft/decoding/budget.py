@@ -318,3 +318,16 @@ class BudgetRun:
         return {"mode": self.budget.label(), "batch": self.batch,
                 "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
                 "alpha": [round(a, 4) for a in self.alphas()]}
+
+
+def budget_option(text: str, costs_path: Optional[str], batch_size: int) -> Optional[VerifyBudget]:
+    """`--verify-budget` / `--verify-costs` of generate and bench: None for "full" (today's decode),
+    else the budget. Only batched chains take a budget (decoding/batched.py)."""
+    costs = VerifyCosts.load(costs_path) if costs_path else None
+    budget = VerifyBudget.parse(text, costs)
+    if budget.mode == "full":
+        return None
+    if batch_size < 2:
+        raise ValueError(f"--verify-budget: {text!r} needs batched decoding; valid: --batch-size N >= 2 with it, "
+                         "or full at batch size 1")
+    return budget

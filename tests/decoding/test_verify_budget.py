@@ -270,3 +270,62 @@ def test_static_drafter_takes_short_blocks_and_blocks_without_a_propose():
                 adapter.observe(fe, at)
             want = adapter.propose(torch.zeros(1, dtype=torch.long), pos[r])
             torch.testing.assert_close(got.base_logits[r: r + 1], want.base_logits, atol=2e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------- CLI
+def test_bench_and_generate_take_a_budget(tiny_run, tmp_path, capsys):
+    from tests.decoding.test_batched_generate import PROMPTS as GEN_PROMPTS
+    from tests.decoding.test_batched_generate import answers
+    from tests.decoding.test_decoding import run_command
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": ids}) + "\n"
+                               for ids in ([5, 9, 13], [7], [3, 14, 15, 9, 26, 5, 35], [8, 8, 2], [11, 4])))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(CPU_COSTS))
+    out = tmp_path / "bench.json"
+    base = [str(tiny_run), "--prompts", str(prompts), "--batch-size", "3", "--temperature", "0",
+            "--max-new-tokens", "8", "--json", str(out), "--force"]
+    assert run_command("bench", base + ["--verify-budget", "2"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["identical_to_target"] is True and rep["base"]["identical_to_target"] is True
+    vb = rep["verify_budget"]
+    assert vb["mode"] == "2" and sorted(vb["by_batch_size"]) == ["2", "3"]  # batches of 3, then 2
+    assert all(set(h) == {"2"} for modes in vb["by_batch_size"].values() for h in modes.values())
+    assert rep["slot_reached"][2:] == [0] * 5  # K = 7: slots past the budget never verified
+    assert "verify budget 2, batch 3: K' chosen (K' x steps): base 2x" in capsys.readouterr().out
+    assert run_command("bench", base + ["--verify-budget", "auto", "--verify-costs", str(costs)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["identical_to_target"] is True and rep["verify_budget"]["mode"] == "auto"
+    assert rep["verify_budget"]["costs"]["step_ms"]["3"]["16"] == 6.0
+    assert sum(rep["verify_budget"]["by_batch_size"]["3"]["domino"].values()) > 0
+    capsys.readouterr()
+
+    many = [a for ids in GEN_PROMPTS for a in ("--prompt-ids", ids)]
+    want = None
+    for budget in ("full", "0", "3"):
+        assert run_command("generate", [str(tiny_run), *many, "--max-new-tokens", "7", "--batch-size", "3",
+                                        "--verify-budget", budget]) == 0
+        cap = capsys.readouterr()
+        want = want or answers(cap.out)
+        assert answers(cap.out) == want, budget
+        assert (f"verify budget K': steps {{'{budget}'" in cap.err) == (budget != "full"), cap.err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt-ids", "5", "--verify-budget", "2"],
+     "--verify-budget: '2' needs batched decoding; valid: --batch-size N >= 2 with it, or full at batch size 1"),
+    (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "often"],
+     "--verify-budget: 'often' is not a budget; valid: full, auto, or an integer N with 0 <= N <= K"),
+    (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "99"],
+     "--verify-budget: 99 exceeds the drafter's K = 7 drafts per step; valid: full, auto, or an integer 0..7"),
+    (["bench", "--batch-size", "2", "--verify-budget", "auto"],
+     "--verify-budget: auto on cpu needs a cost table with step_ms and propose_ms (--verify-costs FILE.json"),
+    (["bench", "--batch-size", "2", "--verify-budget", "auto", "--verify-costs", "nope.json"],
+     "--verify-costs 'nope.json': no such file"),
+])
+def test_budget_flags_name_the_value(tiny_run, capsys, argv, message):
+    from tests.decoding.test_decoding import run_command
+
+    assert run_command(argv[0], [str(tiny_run), *argv[1:]]) == 1
+    assert message in capsys.readouterr().err
