@@ -329,3 +329,40 @@ def test_budget_flags_name_the_value(tiny_run, capsys, argv, message):
 
     assert run_command(argv[0], [str(tiny_run), *argv[1:]]) == 1
     assert message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- GPU (opt-in: -m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_budgets_replay_graphs_and_measure_costs():
+    """On CUDA: every budget's batch equals the target alone through the graphed target and the
+    static drafter (its Triton kernels: head_dim 16); auto with no table measures the target's
+    cost of each candidate length at the batch size before its first step and the drafter's cost
+    during its first steps, into the budget's table (reused by the next decode)."""
+    from tests.decoding.test_batched_static_drafter import StaticRowOracle
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2, extra=("target.random.head_dim=16",))
+    for module in (target.model, adapter, head):
+        module.to("cuda")
+    k, vocab, stops = adapter.num_slots, target.shape.vocab_size, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9], [40, 41]]
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    refs = [plain.target_only(p, max_new_tokens=40).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    nudged = Engine(target, StaticRowOracle(adapter, full, [0, 1, 2, 3], 0.8, 0, vocab), head, stop_ids=stops)
+    auto = VerifyBudget.parse("auto")
+    for spec in ("0", "1", str(k), "auto"):
+        budget = auto if spec == "auto" else VerifyBudget.parse(spec)
+        for engine in (plain, nudged):
+            got = engine.speculative_batch(prompts, max_new_tokens=40, budget=budget)
+            assert [r.tokens for r in got] == refs, (spec, engine.last_budget)
+            print(spec, engine.last_budget)
+    costs = auto.costs
+    assert costs.source == "measured" and set(costs.step_ms[4]) == {kk + 1 for kk in candidate_budgets(k)}
+    assert costs.propose_ms[4] > 0 and all(ms > 0 for ms in costs.step_ms[4].values())
+    print(costs.to_dict())
+    graphs = {key[:2] for runner in plain._ragged_static.runners.values() for key in runner.graphs}
+    assert {(4, 1), (4, 2), (4, k + 1)} <= graphs, graphs
+    got = plain.speculative_batch(prompts, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=0),
+                                  budget=auto)  # T > 0 runs (its law: the CPU chi-square above)
+    assert all(1 <= len(r.tokens) <= 40 for r in got)
