@@ -43,6 +43,11 @@ verifier's uniforms [B, K], then the [B] corrections / bonuses. Finished rows st
 results are dropped), so a batch with the same prompts, order and seed reproduces its samples;
 a row's samples depend on the batch it sits in, not only on its prompt (rows are not
 bit-reproducible against their solo decode at T > 0, only equal in distribution).
+
+A verify budget (`budget=`, decoding/budget.py) makes a step verify only the first K' <= K drafts
+(the rollout runs over K' slots, the verify over [x_0, d_1..d_K'], the drafter observes K' + 1
+positions), or none: K' = 0 is a plain target step, the next token the target's own `pick`. K' is
+the same for every row and chosen before the step's draws, so every row stays lossless.
 """
 
 from __future__ import annotations
@@ -232,6 +237,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         raise ValueError("use_head=True but no Domino head is loaded")
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
+    run = None if budget is None else budget.start(k, b, dev.type)  # refused before any forward
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
     stops = stop_set(engine.stop_ids, stop_ids)
@@ -256,7 +262,6 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     pos = torch.tensor(pos_h, device=dev)
     live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
     offs = torch.arange(k + 1, device=dev)
-    run = None if budget is None else budget.start(k, b, dev.type)
     if run is not None and dev.type == "cuda":  # the target's cost of each candidate length not known yet
         run.add_measured(_time_steps(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
     while any(live):
@@ -310,8 +315,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         anchor = torch.where(kept > 0, nxt, anchor)
         pos = pos + kept
         pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, live)]
-    if run is not None:
-        engine.last_budget = run.finish()
+    engine.last_budget = None if run is None else run.finish()
     return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot, kv_path=target.kv_path)
             for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]
 
