@@ -195,6 +195,13 @@ class VerifyBudget:
     costs: Optional[VerifyCosts] = None
     lengths: tuple[int, ...] = CANDIDATE_LENGTHS
 
+    def __post_init__(self):
+        if self.mode not in (*MODES, "fixed"):
+            raise ValueError(f"verify budget mode: {self.mode!r} is not a mode; valid: full, fixed, auto")
+        if self.mode == "fixed" and (isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 0):
+            raise ValueError(f"verify budget: fixed needs n, the drafts verified per step; got {self.n!r}; "
+                             "valid: an integer >= 0")
+
     @classmethod
     def parse(cls, text, costs: Optional[VerifyCosts] = None, flag: str = "--verify-budget") -> "VerifyBudget":
         """"full", "auto", "N" or "fixed:N" (N drafts verified per step)."""

@@ -131,6 +131,10 @@ def test_budget_refusals_at_decode_start():
                                          r"propose_ms \(--verify-costs FILE.json"):
         VerifyBudget.parse("auto").check(3, "cpu")
     VerifyBudget.parse("auto").check(3, "cuda")  # measured there
+    with pytest.raises(ValueError, match=r"verify budget mode: 'always' is not a mode; valid: full, fixed, auto"):
+        VerifyBudget("always")
+    with pytest.raises(ValueError, match=r"verify budget: fixed needs n, .* got None; valid: an integer >= 0"):
+        VerifyBudget("fixed")
 
 
 @pytest.mark.parametrize("data,match", [
