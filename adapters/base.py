@@ -183,8 +183,10 @@ class DrafterAdapter(nn.Module):
     def static_batch_drafter(self, max_len: int, batch: int):
         """As `static_drafter`, for ragged batches of up to `batch` rows (decoding/batched.py):
         ``prefill(right-padded features [B, n, F], n)``, ``propose(anchor [B], positions)`` and
-        ``observe_block(features [B, K+1, F], positions)``, positions as B host ints; row b's
-        context in cache row b. None (the default): batches observe/propose eagerly."""
+        ``observe_block(features [B, T, F], positions)``, positions as B host ints; row b's
+        context in cache row b. Under a verify budget (decoding/budget.py) T may be any 1..K+1 and
+        two observe_blocks may come without a propose between them (a step that verified no
+        drafts): both must reach the context. None (the default): batches observe/propose eagerly."""
         return None
 
     # ---- training

@@ -214,10 +214,12 @@ def run_bench(
     warmup: bool = True,
     kv: str = "auto",
     batch_size: int = 1,
+    verify_budget=None,
 ) -> dict:
     """batch_size > 1: the prompts decode `batch_size` at a time (decoding/batched.py: chains, on the
     fast engine's static cache where the target supports it, any device; kv="dynamic" forces the
-    HF cache); tokens/s are then the batch's totals, per-request tokens/s each request's own."""
+    HF cache); tokens/s are then the batch's totals, per-request tokens/s each request's own.
+    verify_budget: a decoding.budget.VerifyBudget for the batched chains (None: verify all K)."""
     from .progress import Progress
     from .provenance import hardware, versions
 
@@ -235,16 +237,30 @@ def run_bench(
     }
     if batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
+    if verify_budget is not None:  # before any decode
+        if batch_size < 2:
+            raise ValueError(f"--verify-budget: {verify_budget.label()!r} needs batched decoding; valid: "
+                             "--batch-size N >= 2 with it, or full at batch size 1")
+        verify_budget.check(k, str(target.device).split(":")[0])
+    budget_hist: dict = {}  # batch size -> mode -> K' -> steps
     if batch_size > 1:
         from .decoding.batched import batched_chain, batched_target_only
 
         # at T > 0: seed + the batch's first index
         kw = dict(max_new_tokens=max_new_tokens, sampling=sampling, kv="dynamic" if kv == "dynamic" else "auto")
-        runs = {
-            "target": lambda chunk, i: batched_target_only(engine, chunk, seed_offset=i, **kw),
-            "base": lambda chunk, i: batched_chain(engine, chunk, use_head=False, seed_offset=i, **kw),
-            "domino": lambda chunk, i: batched_chain(engine, chunk, use_head=True, seed_offset=i, **kw),
-        }
+        def chain(mode):
+            def decode(chunk, i):
+                out = batched_chain(engine, chunk, use_head=mode == "domino", seed_offset=i, budget=verify_budget,
+                                    **kw)
+                if verify_budget is not None and i >= 0:  # the K' chosen, by batch size (not the warm-up's)
+                    hist = budget_hist.setdefault(str(len(chunk)), {}).setdefault(mode, {})
+                    for kk, n in engine.last_budget["k_hist"].items():
+                        hist[kk] = hist.get(kk, 0) + n
+                return out
+            return decode
+
+        runs = {"target": lambda chunk, i: batched_target_only(engine, chunk, seed_offset=i, **kw),
+                "base": chain("base"), "domino": chain("domino")}
     tallies = {m: Tally(k) for m in MODES}
     identical = {"base": True, "domino": True}
     per_prompt = []
@@ -349,6 +365,11 @@ def run_bench(
         "new_tokens": {m: tallies[m].tokens for m in MODES},
         "target_forwards": {m: tallies[m].steps + len(encoded) for m in MODES},
         "rollout": choice,
+        # the drafts verified per step (decoding/budget.py): K' -> steps, by batch size and mode; the
+        # costs it chose by (measured on CUDA where the table had none: reusable as --verify-costs)
+        "verify_budget": None if verify_budget is None else {
+            "mode": verify_budget.label(), "by_batch_size": budget_hist,
+            "costs": None if verify_budget.costs is None else verify_budget.costs.to_dict()},
         "training_tau_estimate": estimate,
         "tau_collapse": collapsed,
         "run": {
@@ -412,6 +433,12 @@ def format_report(rep: dict) -> str:
                      f"{_f(rep['target_per_request_tokens_per_s'], '.1f')}, base "
                      f"{_f(rep['base_per_request_tokens_per_s'], '.1f')}, domino "
                      f"{_f(rep['per_request_tokens_per_s'], '.1f')}")
+    vb = rep.get("verify_budget")
+    if vb:
+        for size, modes in vb["by_batch_size"].items():
+            lines.append(f"  verify budget {vb['mode']}, batch {size}: K' chosen (K' x steps): " + "; ".join(
+                f"{m} " + " ".join(f"{kk}x{n}" for kk, n in sorted(h.items(), key=lambda e: int(e[0])))
+                for m, h in modes.items()))
     if timing:
         import textwrap
 

@@ -182,9 +182,12 @@ class StaticDFlashDrafter:
         self._pending = None
 
     def observe_block(self, feats: torch.Tensor, pos) -> None:
-        """The verify's features [B, K+1, F] of x_0, d_1..d_K at pos..pos+K of each row (pos: an
-        int or B host ints), written with the next propose (inside its graph); only those before
-        each row's next anchor are ever read."""
+        """The verify's features [B, T, F] of x_0, d_1..d_{T-1} at pos..pos+T-1 of each row (pos: an
+        int or B host ints; T = K+1, or fewer under a verify budget), written with the next propose
+        (inside its graph); only those before each row's next anchor are ever read. A block still
+        pending (a step that proposed nothing: decoding/budget.py's K' = 0) is written first."""
+        if self._pending is not None:
+            self._write(*self._pending_start())
         self._pending = (feats, host_ints(pos, feats.shape[0]))
 
     # ------------------------------------------------------------------ propose

@@ -17,6 +17,10 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="decode N prompts at a time (greedy chains; tokens/s are then the batch's total, with "
                         "per-request tokens/s beside them); default 1")
+    p.add_argument("--verify-budget", default="full", metavar="{full,auto,N}",
+                   help="drafts verified per batched step: full (all K, default), N, or auto (by measured costs); "
+                        "the report's verify_budget counts the K' chosen by batch size")
+    p.add_argument("--verify-costs", metavar="FILE.json", help="costs for --verify-budget auto (needed off CUDA)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (atomically); never over another file, "
                    "nor over an earlier bench report without --force")
     p.add_argument("--force", action="store_true", help="--json may replace an existing bench report")
@@ -61,6 +65,7 @@ def run(args) -> int:
     from ..benchmark import check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts, run_bench
     from ..checkpoint import atomic_write_json
     from ..decoding import Sampling, check_rollout_name, rollout_choice
+    from ..decoding.budget import budget_option
     from ..device import pick_device
     from ..loading import load_run_or_bundle
 
@@ -68,6 +73,7 @@ def run(args) -> int:
         raise ValueError(f"--limit: {args.limit!r} is invalid; valid: an integer >= 1")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: {args.batch_size!r} is invalid; valid: an integer >= 1")
+    budget = budget_option(args.verify_budget, args.verify_costs, args.batch_size)
     if args.json:
         check_json_destination(args.json, args.force)  # before minutes of decoding, not after
     if args.plot:
@@ -88,7 +94,7 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
     report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
-                       progress=not args.no_progress, kv=args.kv, batch_size=args.batch_size)
+                       progress=not args.no_progress, kv=args.kv, batch_size=args.batch_size, verify_budget=budget)
     print(format_report(report))
     if args.json:
         check_json_destination(args.json, args.force)  # again: the decode took a while

@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="decode N prompts at a time as one batch (chain drafters that take ragged batches; default 1: "
                         "one after another)")
+    p.add_argument("--verify-budget", default="full", metavar="{full,auto,N}",
+                   help="drafts verified per batched step: full (all K, default), N, or auto (by measured costs)")
+    p.add_argument("--verify-costs", metavar="FILE.json", help="costs for --verify-budget auto (needed off CUDA)")
     p.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -121,6 +124,7 @@ def run(args) -> int:
 
     loading("generate")
     from ..decoding import Engine, Sampling, check_rollout_name, encode_prompt, rollout_choice, stop_token_ids
+    from ..decoding.budget import budget_option
     from ..device import pick_device
     from ..loading import load_run_or_bundle
 
@@ -129,6 +133,7 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens: {args.max_new_tokens!r} is invalid; valid: an integer >= 1")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: {args.batch_size!r} is invalid; valid: an integer >= 1")
+    budget = budget_option(args.verify_budget, args.verify_costs, args.batch_size)
     sources = _sources(args)  # bad ids or a bad prompt file fail before the models load
     if args.rollout is not None:
         check_rollout_name(args.rollout)  # before minutes of loading
@@ -155,9 +160,11 @@ def run(args) -> int:
                       file=sys.stderr)
     engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, args.rollout),
                     stop_ids=stop_token_ids(target, args.stop_id), kv=args.kv)
+    if budget is not None:
+        budget.check(loaded.adapter.num_slots, str(target.device).split(":")[0])  # before any decode
     mode = "target alone" if args.target_only else ("base drafter" if args.no_head else "domino drafter")
     kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
-    if len(encoded) == 1:  # one prompt: streamed, unlabelled
+    if len(encoded) == 1 and budget is None:  # one prompt: streamed, unlabelled
         stream = _Streamer(target)
         if args.target_only:
             res = engine.target_only(encoded[0], on_tokens=stream, **kw)
@@ -186,7 +193,8 @@ def run(args) -> int:
         if args.target_only:
             results = engine.target_only_batch(chunk, seed_offset=start, **kw)
         else:
-            results = engine.speculative_batch(chunk, use_head=not args.no_head, seed_offset=start, **kw)
+            results = engine.speculative_batch(chunk, use_head=not args.no_head, seed_offset=start, budget=budget,
+                                               **kw)
         wall = time.perf_counter() - t0
         for res, label in zip(results, labels[start:]):
             stream = _Streamer(target)
@@ -195,6 +203,7 @@ def run(args) -> int:
             stream.close()
             _report(res, mode, label)
         total = sum(len(r.tokens) for r in results)
+        chosen = "" if budget is None or args.target_only else f", verify budget K': steps {engine.last_budget['k_hist']}"
         print(f"batch of {len(chunk)} (prompts {start + 1}..{start + len(chunk)}): {total} tokens in {wall:.2f} s, "
-              f"{total / wall if wall > 0 else float('nan'):.1f} tokens/s in total", file=sys.stderr)
+              f"{total / wall if wall > 0 else float('nan'):.1f} tokens/s in total{chosen}", file=sys.stderr)
     return 0

@@ -43,16 +43,23 @@ verifier's uniforms [B, K], then the [B] corrections / bonuses. Finished rows st
 results are dropped), so a batch with the same prompts, order and seed reproduces its samples;
 a row's samples depend on the batch it sits in, not only on its prompt (rows are not
 bit-reproducible against their solo decode at T > 0, only equal in distribution).
+
+A verify budget (`budget=`, decoding/budget.py) makes a step verify only the first K' <= K drafts
+(the rollout runs over K' slots, the verify over [x_0, d_1..d_K'], the drafter observes K' + 1
+positions), or none: K' = 0 is a plain target step, the next token the target's own `pick`. K' is
+the same for every row and chosen before the step's draws, so every row stays lossless.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterable, Sequence
+from dataclasses import replace
+from typing import Iterable, Optional, Sequence
 
 import torch
 
 from ..sampling import Sampling, pick
+from .budget import VerifyBudget
 from .common import DecodeResult, Output, check_kv, check_prompt, new_cache, rollback, stop_set
 from .ragged_static import StaticRaggedTarget
 from .verify import verify_chain
@@ -212,10 +219,12 @@ def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[
 @torch.inference_mode()
 def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                   stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0,
-                  kv: str = "auto") -> list[DecodeResult]:
+                  kv: str = "auto", budget: Optional[VerifyBudget] = None) -> list[DecodeResult]:
     """Chain speculative decoding of every prompt at once (module docstring); row b's output is
     `engine.speculative(prompts[b])`'s: token for token (greedy), in distribution (T > 0).
-    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`)."""
+    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`).
+    budget: how many drafts each step verifies (decoding/budget.py); None = all K. What it chose
+    is left in `engine.last_budget` (budget.BudgetRun.report)."""
     sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
@@ -228,6 +237,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         raise ValueError("use_head=True but no Domino head is loaded")
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
+    run = None if budget is None else budget.start(k, b, dev.type)  # refused before any forward
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
     stops = stop_set(engine.stop_ids, stop_ids)
@@ -252,25 +262,44 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     pos = torch.tensor(pos_h, device=dev)
     live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
     offs = torch.arange(k + 1, device=dev)
+    if run is not None and dev.type == "cuda":  # the target's cost of each candidate length not known yet
+        run.add_measured(_time_steps(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
     while any(live):
-        block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
-        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
-                                   top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
-        seq = torch.cat([anchor[:, None], drafts], dim=1)
-        logits, feats = target.step(seq, pos, capture, pos_h)
-        n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
+        kk = k if run is None else run.choose()  # K': the drafts this step verifies
+        timer = _propose_timer(run, dev) if kk else None
+        if kk == 0:  # a plain target step: the anchor alone, the next token the target's own pick
+            seq = anchor[:, None]
+            logits, feats = target.step(seq, pos, capture, pos_h)
+            nxt = pick(logits[:, 0], sampling, gen)
+            n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
+        else:
+            block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
+            if kk < k:  # only the first K' slots are rolled out (slot j reads slots < j only)
+                block = replace(block, hidden=block.hidden[:, :kk].contiguous(),
+                                base_logits=block.base_logits[:, :kk].contiguous())
+            drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
+                                       top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
+            if timer is not None:
+                timer[1].record()
+            seq = torch.cat([anchor[:, None], drafts], dim=1)
+            logits, feats = target.step(seq, pos, capture, pos_h)
+            n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        if timer is not None:
+            run.propose_samples.append(timer[0].elapsed_time(timer[1]))
         chunks = []
         for r in range(b):
             a = n_acc_h[r]
-            chunks.append(drafts_h[r * k: r * k + a] + [nxt_h[r]])
+            chunks.append(drafts_h[r * kk: r * kk + a] + [nxt_h[r]])
             if live[r]:
                 forwards[r] += 1
                 accepted[r].append(a)
-                for j in range(min(a + 1, k)):
+                for j in range(min(a + 1, kk)):
                     reached[r][j] += 1
                     accepted_slot[r][j] += j < a
+        if run is not None:
+            run.observe(kk, [a for a, on in zip(n_acc_h, live) if on])
         live = _push_each(outs, chunks, live, seconds, t0)
         if not any(live):
             break
@@ -278,7 +307,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
         longest = max(n + 1 for n, on in zip(n_acc_h, live) if on)
         new = target.keep(kept, longest)
-        if drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
+        if drafter is not None:  # all K'+1 of every row, finished ones too (at their last position)
             drafter.observe_block(feats, pos_h)
         else:
             adapter.observe(None if feats is None else feats[:, :longest],
@@ -286,5 +315,41 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         anchor = torch.where(kept > 0, nxt, anchor)
         pos = pos + kept
         pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, live)]
+    engine.last_budget = None if run is None else run.finish()
     return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot, kv_path=target.kv_path)
             for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]
+
+
+def _time_steps(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,
+                lengths: list[int], repeats: int = 5) -> dict[int, float]:
+    """ms of the target's forward of T tokens per row at this batch and these positions, for each T
+    in `lengths` (CUDA events; the median of `repeats` after a first call, which may compile and
+    capture the graph). Nothing stays: the static cache is overwritten by the next step before any
+    query reads it (ragged_static.py), the dynamic one is cropped back."""
+    out = {}
+    none_kept = torch.zeros_like(pos)
+    for t in lengths:
+        seq = anchor[:, None].expand(-1, t).contiguous()
+        events = []
+        for i in range(repeats + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.step(seq, pos, capture, pos_h)
+            end.record()
+            target.keep(none_kept, 0)
+            if i:
+                events.append((start, end))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in events)
+        out[t] = ms[len(ms) // 2]
+    return out
+
+
+def _propose_timer(run, dev):
+    """CUDA events around this step's propose + rollout, while the auto budget has no propose cost
+    for this batch size (read after the step's sync, so they cost no extra sync); else None."""
+    if run is None or not run.times_propose(dev.type):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end

@@ -24,6 +24,7 @@ import torch
 
 from ..sampling import Sampling, pick
 from .batched import batched_chain, batched_target_only
+from .budget import VerifyBudget
 from .chain import chain_speculative
 from .common import (DecodeResult, OnTokens, Output, StaticTarget, check_kv, check_prompt, new_cache, positions,
                      stop_set)
@@ -57,6 +58,7 @@ class Engine:
         self._ragged_static = None  # batched.py's static target, kept between batch decodes
         self.batch_kv_note: Optional[str] = None  # why the last batch ran on the dynamic cache
         self.batch_drafter_path: Optional[str] = None  # "static" / "eager": the last batched chain's drafter
+        self.last_budget: Optional[dict] = None  # the last budgeted batch's choices (budget.BudgetRun.report)
         if self.kv == "static":
             self._static, self.kv_note = StaticTarget.create(target)
         self.target = target
@@ -147,14 +149,15 @@ class Engine:
                                    seed_offset=seed_offset, kv=self._batch_kv())
 
     def speculative_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                          stop_ids: Iterable[int] = (), use_head: bool = True,
-                          seed_offset: int = 0) -> list[DecodeResult]:
+                          stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0,
+                          budget: Optional[VerifyBudget] = None) -> list[DecodeResult]:
         """Every prompt at once, chains (decoding/batched.py); row b == `speculative(prompts[b])`
-        (greedy: token for token; T > 0: in distribution, by per-row speculative sampling)."""
+        (greedy: token for token; T > 0: in distribution, by per-row speculative sampling).
+        budget: the drafts verified per step (decoding/budget.py); None = all K."""
         if self.adapter is None:
             raise ValueError("speculative decoding needs a drafter adapter")
         return batched_chain(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                             use_head=use_head, seed_offset=seed_offset, kv=self._batch_kv())
+                             use_head=use_head, seed_offset=seed_offset, kv=self._batch_kv(), budget=budget)
 
     def _batch_kv(self) -> str:
         return "dynamic" if self.kv_requested == "dynamic" else "auto"

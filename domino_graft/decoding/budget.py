@@ -1,0 +1,340 @@
+"""The verify budget: how many of the K drafted tokens a batched chain step verifies (docs/design.md
+§5, "Verify budget").
+
+A step that verifies K' drafts (0 <= K' <= K) costs the drafter's propose and rollout plus one target
+forward of T = K' + 1 tokens per row; K' = 0 is a plain target decode step (no propose, T = 1). With
+alpha_i the running acceptance of slot i given slot i was reached, the tokens a row gains are
+
+    E(K') = 1 + sum_{j=1..K'} prod_{i<=j} alpha_i
+
+and the budget picks, among a few candidates (so that CUDA graphs stay few), the K' maximising
+E(K') / cost(K'). At a large batch a long verify costs several decode steps (issue #39's table:
+6.2 steps for T = 16 at B = 16 with the default kernels), so a low acceptance makes K' = 0 (the target
+alone) the best choice: a speculative batch is then never slower than the target.
+
+Every K' is lossless (the verify of the first K' drafts is the same rule: decoding/verify.py), so the
+policy only moves speed. This module is plain Python: the engine feeds it acceptance counts and, where
+it measures them, costs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+MODES = ("full", "auto")
+# verify lengths T = K' + 1 the auto policy chooses among (clipped to K + 1): four graph shapes
+CANDIDATE_LENGTHS = (1, 4, 8, 16)
+# the first steps of a decode verify everything: every slot's acceptance gets seen (and on CUDA the
+# drafter's cost measured) before the estimate decides anything
+WARMUP_STEPS = 2
+# the acceptance estimate: counts decay per step (a half-life of ~14 steps) toward a prior of
+# PRIOR_ALPHA worth PRIOR_COUNT rows, so a slot that stops being verified (K' below it, or K' = 0)
+# drifts back to the optimistic prior and gets verified again: the budget keeps probing
+DECAY = 0.95
+PRIOR_ALPHA = 0.8
+PRIOR_COUNT = 2.0
+VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
+
+
+def expected_tokens(alphas: Iterable[float], k: int) -> float:
+    """Tokens a row gains from a step verifying k drafts: 1 + sum_j prod_{i<=j} alpha_i."""
+    total, reach = 1.0, 1.0
+    for a in list(alphas)[:k]:
+        reach *= a
+        total += reach
+    return total
+
+
+def best_budget(alphas: list[float], candidates: Iterable[int], cost_ms: Callable[[int], float]) -> int:
+    """The candidate K' with the most expected tokens per millisecond; a tie goes to the larger K'
+    (fewer target forwards for the same rate)."""
+    best, best_rate = None, -1.0
+    for kk in sorted(set(candidates)):
+        rate = expected_tokens(alphas, kk) / max(cost_ms(kk), 1e-9)
+        if rate >= best_rate:
+            best, best_rate = kk, rate
+    return best
+
+
+def candidate_budgets(k: int, lengths: Iterable[int] = CANDIDATE_LENGTHS) -> list[int]:
+    """K' candidates: T - 1 for each verify length, clipped to K, and K itself."""
+    return sorted({min(t - 1, k) for t in lengths} | {k})
+
+
+# ------------------------------------------------------------------------ costs
+def _interp(x: float, points: dict[int, float]) -> float:
+    """Piecewise linear through the measured points, extended along the end segments (never below 0)."""
+    xs = sorted(points)
+    if x in points:
+        return points[x]
+    if len(xs) == 1:
+        return points[xs[0]]
+    lo, hi = (xs[0], xs[1]) if x < xs[0] else (xs[-2], xs[-1]) if x > xs[-1] else next(
+        (a, b) for a, b in zip(xs, xs[1:]) if a < x < b)
+    y = points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
+    return max(y, 0.0)
+
+
+def _positive_ms(v, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"{where}: {v!r} is not a time; valid: milliseconds > 0")
+    return float(v)
+
+
+def _count(v, where: str, what: str) -> int:
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        n = None
+    if n is None or isinstance(v, bool) or str(n) != str(v).strip() or n < 1:
+        raise ValueError(f"{where}: key {v!r} is not a {what}; valid: integers >= 1")
+    return n
+
+
+@dataclass
+class VerifyCosts:
+    """Milliseconds of the target's forward by (batch size B, tokens per row T), and of the drafter's
+    propose + rollout by B. A (B, T) not in the table is interpolated linearly (B, then T)."""
+
+    step_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> T -> ms
+    propose_ms: dict[int, float] = field(default_factory=dict)  # B -> ms
+    source: str = "table"  # "table" (given) | "measured" (on CUDA, by the engine) | "table+measured"
+
+    @classmethod
+    def from_dict(cls, data, where: str = "verify costs") -> "VerifyCosts":
+        """{"step_ms": {B: {T: ms}}, "propose_ms": {B: ms}} (JSON keys as strings), or one shape's
+        rows of bench/results/engine_batch_h200.json: {"by_batch": [{"B", "T", "default_ms" (or
+        "ms"), "propose_ms"?}, ...]}."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: a {type(data).__name__}; valid: an object with step_ms and propose_ms, "
+                             "or by_batch rows")
+        if "by_batch" in data:
+            return cls._from_rows(data["by_batch"], f"{where}: by_batch")
+        unknown = sorted(set(data) - {"step_ms", "propose_ms", "source"})
+        if unknown or "step_ms" not in data:
+            what = f"unknown key {unknown[0]!r}" if unknown else "no step_ms"
+            raise ValueError(f"{where}: {what}; valid keys: step_ms ({{B: {{T: ms}}}}), propose_ms ({{B: ms}}), "
+                             "source, or by_batch (rows)")
+        step = data["step_ms"]
+        if not isinstance(step, dict) or not step:
+            raise ValueError(f"{where}: step_ms is {step!r}; valid: {{B: {{T: ms}}}}, e.g. {{\"8\": {{\"1\": 4.8, "
+                             "\"16\": 16.5}}")
+        costs = cls(source=str(data.get("source") or "table"))
+        for b, row in step.items():
+            nb = _count(b, f"{where}: step_ms", "batch size")
+            if not isinstance(row, dict) or not row:
+                raise ValueError(f"{where}: step_ms[{b!r}] is {row!r}; valid: {{T: ms}}, e.g. {{\"1\": 4.8}}")
+            costs.step_ms[nb] = {_count(t, f"{where}: step_ms[{b!r}]", "verify length T"):
+                                 _positive_ms(ms, f"{where}: step_ms[{b!r}][{t!r}]") for t, ms in row.items()}
+        prop = data.get("propose_ms", {})
+        if not isinstance(prop, dict):
+            raise ValueError(f"{where}: propose_ms is {prop!r}; valid: {{B: ms}}")
+        costs.propose_ms = {_count(b, f"{where}: propose_ms", "batch size"):
+                            _positive_ms(ms, f"{where}: propose_ms[{b!r}]") for b, ms in prop.items()}
+        return costs
+
+    @classmethod
+    def _from_rows(cls, rows, where: str) -> "VerifyCosts":
+        if not isinstance(rows, list) or not rows:
+            raise ValueError(f"{where}: {rows!r}; valid: a list of {{\"B\", \"T\", \"default_ms\"}} rows")
+        costs = cls()
+        for n, r in enumerate(rows):
+            at = f"{where}[{n}]"
+            ms_key = "default_ms" if isinstance(r, dict) and "default_ms" in r else "ms"
+            if not isinstance(r, dict) or not {"B", "T", ms_key} <= set(r):
+                raise ValueError(f"{at}: {r!r}; valid: an object with B, T and default_ms (or ms)")
+            b, t = _count(r["B"], f"{at}.B", "batch size"), _count(r["T"], f"{at}.T", "verify length")
+            costs.step_ms.setdefault(b, {})[t] = _positive_ms(r[ms_key], f"{at}.{ms_key}")
+            if r.get("propose_ms") is not None:
+                costs.propose_ms[b] = _positive_ms(r["propose_ms"], f"{at}.propose_ms")
+        return costs
+
+    @classmethod
+    def load(cls, path) -> "VerifyCosts":
+        p = Path(path)
+        where = f"--verify-costs {str(p)!r}"
+        if not p.is_file():
+            raise FileNotFoundError(f"{where}: no such file; valid: a JSON file of measured costs")
+        try:
+            data = json.loads(p.read_text())
+        except ValueError as e:
+            raise ValueError(f"{where}: not valid JSON ({e})") from None
+        return cls.from_dict(data, where)
+
+    def has(self, b: int, t: int) -> bool:
+        return t in self.step_ms.get(b, {})
+
+    def step(self, b: int, t: int) -> float:
+        """ms of the target's forward of t tokens per row at batch b."""
+        if not self.step_ms:
+            raise ValueError("verify costs: the table is empty; valid: step_ms by batch size and verify length")
+        by_b = {nb: _interp(t, row) for nb, row in self.step_ms.items()}
+        return _interp(b, by_b)
+
+    def propose(self, b: int) -> Optional[float]:
+        return _interp(b, self.propose_ms) if self.propose_ms else None
+
+    def to_dict(self) -> dict:
+        return {"step_ms": {str(b): {str(t): ms for t, ms in sorted(row.items())}
+                            for b, row in sorted(self.step_ms.items())},
+                "propose_ms": {str(b): ms for b, ms in sorted(self.propose_ms.items())}, "source": self.source}
+
+
+# ----------------------------------------------------------------------- policy
+@dataclass
+class VerifyBudget:
+    """What a batched chain verifies per step: "full" (all K: the default), "fixed" (always `n`) or
+    "auto" (the cost model of the module docstring, over `costs`). Kept across decodes: costs the
+    engine measures (CUDA) are added to `costs`, so they are measured once per (B, T)."""
+
+    mode: str = "full"
+    n: Optional[int] = None
+    costs: Optional[VerifyCosts] = None
+    lengths: tuple[int, ...] = CANDIDATE_LENGTHS
+
+    def __post_init__(self):
+        if self.mode not in (*MODES, "fixed"):
+            raise ValueError(f"verify budget mode: {self.mode!r} is not a mode; valid: full, fixed, auto")
+        if self.mode == "fixed" and (isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 0):
+            raise ValueError(f"verify budget: fixed needs n, the drafts verified per step; got {self.n!r}; "
+                             "valid: an integer >= 0")
+
+    @classmethod
+    def parse(cls, text, costs: Optional[VerifyCosts] = None, flag: str = "--verify-budget") -> "VerifyBudget":
+        """"full", "auto", "N" or "fixed:N" (N drafts verified per step)."""
+        s = str(text).strip()
+        if s in MODES:
+            return cls(mode=s, costs=costs)
+        num = s[len("fixed:"):] if s.startswith("fixed:") else s
+        try:
+            n = int(num)
+        except ValueError:
+            raise ValueError(f"{flag}: {text!r} is not a budget; valid: {VALID}") from None
+        if n < 0:
+            raise ValueError(f"{flag}: {n} is negative; valid: {VALID}")
+        return cls(mode="fixed", n=n, costs=costs)
+
+    def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
+        """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
+        if self.mode == "fixed" and self.n > k:
+            raise ValueError(f"{flag}: {self.n} exceeds the drafter's K = {k} drafts per step; valid: full, auto, "
+                             f"or an integer 0..{k}")
+        if self.mode == "auto" and device_type != "cuda" and not self._table_complete():
+            raise ValueError(f"{flag}: auto on {device_type} needs a cost table with step_ms and propose_ms "
+                             "(--verify-costs FILE.json; costs are measured only on CUDA); valid there: full or N")
+
+    def _table_complete(self) -> bool:
+        return self.costs is not None and bool(self.costs.step_ms) and bool(self.costs.propose_ms)
+
+    def label(self) -> str:
+        return str(self.n) if self.mode == "fixed" else self.mode
+
+    def start(self, k: int, batch: int, device_type: str) -> "BudgetRun":
+        """The state of one batched decode of `batch` rows with a drafter of `k` slots."""
+        self.check(k, device_type)
+        return BudgetRun(self, k, batch)
+
+
+class BudgetRun:
+    """One decode's choices: the running acceptance and a histogram of the K' chosen."""
+
+    def __init__(self, budget: VerifyBudget, k: int, batch: int):
+        self.budget, self.k, self.batch = budget, k, batch
+        self.candidates = candidate_budgets(k, budget.lengths)
+        self.reached = [0.0] * k
+        self.accepted = [0.0] * k
+        self.steps = 0
+        self.chosen: dict[int, int] = {}
+        self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
+
+    def lengths_to_measure(self) -> list[int]:
+        """Verify lengths whose target cost at this batch size is unknown (auto only)."""
+        if self.budget.mode != "auto":
+            return []
+        costs = self.budget.costs
+        return [kk + 1 for kk in self.candidates if costs is None or not costs.has(self.batch, kk + 1)]
+
+    def add_measured(self, step_ms: dict[int, float]) -> None:
+        """Target costs the engine measured at this batch size (T -> ms) into the budget's table."""
+        if not step_ms:
+            return
+        b = self.budget
+        if b.costs is None:
+            b.costs = VerifyCosts(source="measured")
+        elif "measured" not in b.costs.source:
+            b.costs.source += "+measured"
+        b.costs.step_ms.setdefault(self.batch, {}).update(step_ms)
+
+    def times_propose(self, device_type: str) -> bool:
+        """Whether the engine should time this step's propose: auto on CUDA without a propose cost
+        for this batch size, a handful of samples."""
+        costs = self.budget.costs
+        return (self.budget.mode == "auto" and device_type == "cuda" and len(self.propose_samples) < 8
+                and (costs is None or self.batch not in costs.propose_ms))
+
+    def finish(self) -> dict:
+        """The decode's report; its propose measurements go into the budget's table (as its target
+        costs did), so the next decode at this batch size starts with them."""
+        if self.propose_samples and self.budget.costs is not None:
+            s = sorted(self.propose_samples)
+            self.budget.costs.propose_ms[self.batch] = s[len(s) // 2]
+        return self.report()
+
+    def alphas(self) -> list[float]:
+        return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
+
+    def cost_ms(self, kk: int) -> float:
+        costs = self.budget.costs
+        if kk == 0:
+            return costs.step(self.batch, 1)
+        if self.propose_samples and self.batch not in costs.propose_ms:  # this decode's own (CUDA)
+            propose = sorted(self.propose_samples)[len(self.propose_samples) // 2]
+        else:
+            propose = costs.propose(self.batch) or 0.0
+        return propose + costs.step(self.batch, kk + 1)
+
+    def choose(self) -> int:
+        """K' for the next step."""
+        b = self.budget
+        if b.mode == "full":
+            kk = self.k
+        elif b.mode == "fixed":
+            kk = b.n
+        elif self.steps < WARMUP_STEPS:
+            kk = self.k
+        else:
+            kk = best_budget(self.alphas(), self.candidates, self.cost_ms)
+        self.chosen[kk] = self.chosen.get(kk, 0) + 1
+        return kk
+
+    def observe(self, kk: int, accepted: Iterable[int]) -> None:
+        """A step that verified kk drafts; `accepted`: each live row's accepted count."""
+        self.steps += 1
+        self.reached = [n * DECAY for n in self.reached]
+        self.accepted = [a * DECAY for a in self.accepted]
+        for a in accepted:
+            for j in range(min(a + 1, kk)):
+                self.reached[j] += 1
+                self.accepted[j] += j < a
+
+    def report(self) -> dict:
+        """{"mode", "batch", "k_hist": {K': steps}, "alpha": the final estimate}."""
+        return {"mode": self.budget.label(), "batch": self.batch,
+                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
+                "alpha": [round(a, 4) for a in self.alphas()]}
+
+
+def budget_option(text: str, costs_path: Optional[str], batch_size: int) -> Optional[VerifyBudget]:
+    """`--verify-budget` / `--verify-costs` of generate and bench: None for "full" (today's decode),
+    else the budget. Only batched chains take a budget (decoding/batched.py)."""
+    costs = VerifyCosts.load(costs_path) if costs_path else None
+    budget = VerifyBudget.parse(text, costs)
+    if budget.mode == "full":
+        return None
+    if batch_size < 2:
+        raise ValueError(f"--verify-budget: {text!r} needs batched decoding; valid: --batch-size N >= 2 with it, "
+                         "or full at batch size 1")
+    return budget

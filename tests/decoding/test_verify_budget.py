@@ -1,0 +1,372 @@
+"""The verify budget (decoding/budget.py, batched_chain(budget=)): a step verifies K' <= K drafts.
+
+- the policy alone (no models): plain decoding when a verify costs many steps and acceptance is low,
+  the full K when acceptance is high and a verify costs about a step, choices monotone in acceptance
+  and in cost, probing again after plain steps, and one clear error per bad input;
+- greedy: every fixed budget (0, 1, K-1, K) and auto gives the target-alone output token for token,
+  at batch sizes 1 and 3, for DFlash (its static batch drafter, and nudged through the eager path),
+  Medusa and DSpark (eager), with nudged drafters so rows accept ragged counts;
+- T > 0: the first three tokens of every row under budgets 1 and 3 follow the target's exact joint
+  law (chi-square, as test_batched_sampling.py), and the wrong-q control is rejected;
+- DFlash's static drafter given blocks of any length, some with no propose between them (K' = 0),
+  proposes what the eager adapter proposes from the same verified context.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from domino_graft.decoding import Engine, Sampling, stop_token_ids
+from domino_graft.decoding.budget import (BudgetRun, VerifyBudget, VerifyCosts, best_budget, candidate_budgets,
+                                          expected_tokens)
+from tests.decoding.test_batched import RowOracle
+from tests.decoding.test_batched_sampling import PROMPTS, row_pvalues, wrong_q
+from tests.decoding.test_sampling import ALPHA, build
+from tests.decoding.test_static_kv import graft
+from tests.decoding.test_tree_sampling import exact_tables
+
+# issue #39's Qwen3-8B-shape table (default kernels, H200): step and 16-token verify by batch size
+H200 = VerifyCosts.from_dict({"step_ms": {"1": {"1": 4.67, "16": 4.87}, "8": {"1": 4.79, "16": 16.47},
+                                          "32": {"1": 6.34, "16": 58.14}},
+                              "propose_ms": {"1": 1.1, "8": 1.6, "32": 3.0}})
+
+
+def run_with(costs: VerifyCosts, k: int, batch: int, accept_prob: float, steps: int = 12) -> BudgetRun:
+    """A budget run fed `steps` steps in which each of `batch` rows accepts each reached slot with
+    probability ~accept_prob (deterministic: a row accepts round(p * K') of the K' verified)."""
+    run = VerifyBudget("auto", costs=costs).start(k, batch, "cpu")
+    for _ in range(steps):
+        kk = run.choose()
+        run.observe(kk, [int(round(accept_prob * kk))] * batch)
+    return run
+
+
+# ------------------------------------------------------------------- the policy
+def test_expected_tokens_and_candidates():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1.75)
+    assert expected_tokens([1.0] * 15, 15) == 16.0
+    assert candidate_budgets(15) == [0, 3, 7, 15]
+    assert candidate_budgets(5) == [0, 3, 5]  # clipped to K, and K itself is always a candidate
+    assert candidate_budgets(20) == [0, 3, 7, 15, 20]
+    # a tie goes to the larger K' (fewer forwards for the same rate)
+    assert best_budget([0.0] * 3, [0, 3], lambda kk: 1.0) == 3
+
+
+def test_policy_plain_decoding_when_verify_is_dear_and_acceptance_low():
+    run = run_with(H200, k=15, batch=32, accept_prob=0.2)
+    assert run.choose() == 0
+    assert run.cost_ms(0) == pytest.approx(6.34) and run.cost_ms(15) == pytest.approx(3.0 + 58.14)
+    # the first steps verify everything (WARMUP_STEPS), then the estimate takes over
+    assert run.report()["k_hist"]["15"] >= 2 and run.report()["k_hist"]["0"] >= 8
+
+
+def test_policy_full_k_when_acceptance_is_high_and_verify_costs_a_step():
+    run = run_with(H200, k=15, batch=1, accept_prob=1.0)
+    assert run.choose() == 15
+    assert set(run.report()["k_hist"]) == {"15"}
+
+
+def test_policy_is_monotone_in_acceptance_and_in_cost():
+    for batch in (1, 8, 32):
+        chosen = [run_with(H200, 15, batch, p).choose() for p in (0.0, 0.2, 0.5, 0.8, 1.0)]
+        assert chosen == sorted(chosen), (batch, chosen)
+    # at one acceptance, a dearer verify never buys a longer one
+    chosen = [run_with(H200, 15, b, 0.8).choose() for b in (1, 8, 32)]
+    assert chosen == sorted(chosen, reverse=True), chosen
+    assert chosen[0] == 15 and chosen[-1] < 15
+
+
+def test_policy_probes_again_after_plain_steps():
+    """After K' = 0 nothing is observed; the decayed counts drift back to the optimistic prior, so a
+    later step verifies drafts again (a batch whose drafter improves is not stuck at 0)."""
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 1.8, "8": 2.5, "16": 4.0}},
+                                   "propose_ms": {"4": 0.2}})
+    run = run_with(costs, k=15, batch=4, accept_prob=0.0, steps=6)
+    assert run.choose() == 0
+    for _ in range(60):
+        kk = run.choose()
+        run.observe(kk, [0] * 4 if kk else [])
+        if kk:
+            break
+    assert kk > 0, run.report()
+
+
+def test_fixed_and_full_ignore_costs():
+    assert VerifyBudget.parse("full").start(7, 3, "cpu").choose() == 7
+    run = VerifyBudget.parse("fixed:2").start(7, 3, "cpu")
+    assert [run.choose() for _ in range(3)] == [2, 2, 2] and run.report()["k_hist"] == {"2": 3}
+    assert VerifyBudget.parse(" 0 ").start(7, 3, "cpu").choose() == 0
+
+
+def test_costs_interpolate_in_batch_and_length():
+    assert H200.step(8, 1) == 4.79 and H200.step(8, 16) == 16.47
+    assert H200.step(8, 4) == pytest.approx(4.79 + (16.47 - 4.79) * 3 / 15)  # between T = 1 and 16
+    assert H200.step(16, 16) == pytest.approx(16.47 + (58.14 - 16.47) * 8 / 24)  # between B = 8 and 32
+    assert H200.step(64, 16) > H200.step(32, 16)  # past the table: along its last segment
+    rows = VerifyCosts.from_dict({"by_batch": [{"B": 2, "T": 1, "default_ms": 4.7, "cublas_ms": 5.1,
+                                                "propose_ms": 1.2}, {"B": 2, "T": 16, "default_ms": 6.0}]})
+    assert rows.step(2, 16) == 6.0 and rows.propose(2) == 1.2
+    assert VerifyCosts.from_dict(H200.to_dict()).to_dict() == H200.to_dict()  # a report's costs read back
+
+
+@pytest.mark.parametrize("text,match", [
+    ("-1", r"--verify-budget: -1 is negative; valid: full, auto, or an integer N with 0 <= N <= K"),
+    ("sometimes", r"--verify-budget: 'sometimes' is not a budget; valid: full, auto, or an integer N"),
+    ("fixed:x", r"--verify-budget: 'fixed:x' is not a budget; valid: full, auto"),
+])
+def test_bad_budgets_name_the_value(text, match):
+    with pytest.raises(ValueError, match=match):
+        VerifyBudget.parse(text)
+
+
+def test_budget_refusals_at_decode_start():
+    with pytest.raises(ValueError, match=r"--verify-budget: 9 exceeds the drafter's K = 3 drafts per step; "
+                                         r"valid: full, auto, or an integer 0..3"):
+        VerifyBudget.parse("9").start(3, 2, "cpu")
+    with pytest.raises(ValueError, match=r"--verify-budget: auto on cpu needs a cost table with step_ms and "
+                                         r"propose_ms \(--verify-costs FILE.json"):
+        VerifyBudget.parse("auto").check(3, "cpu")
+    VerifyBudget.parse("auto").check(3, "cuda")  # measured there
+    with pytest.raises(ValueError, match=r"verify budget mode: 'always' is not a mode; valid: full, fixed, auto"):
+        VerifyBudget("always")
+    with pytest.raises(ValueError, match=r"verify budget: fixed needs n, .* got None; valid: an integer >= 0"):
+        VerifyBudget("fixed")
+
+
+@pytest.mark.parametrize("data,match", [
+    ([1, 2], r"verify costs: a list; valid: an object with step_ms and propose_ms"),
+    ({"stepms": {}}, r"verify costs: unknown key 'stepms'; valid keys: step_ms"),
+    ({"propose_ms": {"1": 1.0}}, r"verify costs: no step_ms; valid keys"),
+    ({"step_ms": {}}, r"verify costs: step_ms is \{\}; valid: \{B: \{T: ms\}\}"),
+    ({"step_ms": {"x": {"1": 1.0}}}, r"verify costs: step_ms: key 'x' is not a batch size; valid: integers >= 1"),
+    ({"step_ms": {"4": {"0": 1.0}}}, r"step_ms\['4'\]: key '0' is not a verify length T; valid: integers >= 1"),
+    ({"step_ms": {"4": {"1": -2}}}, r"step_ms\['4'\]\['1'\]: -2 is not a time; valid: milliseconds > 0"),
+    ({"step_ms": {"4": [1.0]}}, r"step_ms\['4'\] is \[1.0\]; valid: \{T: ms\}"),
+    ({"step_ms": {"4": {"1": 1.0}}, "propose_ms": {"4": "fast"}},
+     r"propose_ms\['4'\]: 'fast' is not a time; valid: milliseconds > 0"),
+    ({"by_batch": [{"B": 1, "T": 4}]}, r"by_batch\[0\]: .*; valid: an object with B, T and default_ms \(or ms\)"),
+])
+def test_malformed_cost_tables_name_the_field(data, match):
+    with pytest.raises(ValueError, match=match):
+        VerifyCosts.from_dict(data)
+
+
+def test_cost_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"--verify-costs '.*nope.json': no such file"):
+        VerifyCosts.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{step_ms")
+    with pytest.raises(ValueError, match=r"--verify-costs '.*bad.json': not valid JSON"):
+        VerifyCosts.load(bad)
+    good = tmp_path / "costs.json"
+    good.write_text(json.dumps(H200.to_dict()))
+    assert VerifyCosts.load(good).to_dict() == H200.to_dict()
+
+
+# ------------------------------------------------------------- greedy identity
+# verify is dear at B = 3 (T = 16 costs 6 steps), cheap at B = 1: auto moves between K' values
+CPU_COSTS = {"step_ms": {"1": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}, "3": {"1": 1.0, "4": 2.2, "8": 3.5, "16": 6.0}},
+             "propose_ms": {"1": 0.2, "3": 0.4}}
+FAMILIES = [("dflash", "qwen3"), ("medusa", "llama"), ("dspark", "qwen3")]
+
+
+@pytest.mark.parametrize("family,arch", FAMILIES)
+def test_greedy_every_budget_equals_target_alone(family, arch):
+    from tests.decoding.test_batched_static_drafter import StaticRowOracle
+
+    target, adapter, head = graft(family, arch, seed=2)
+    k, vocab, stops = adapter.num_slots, target.shape.vocab_size, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    refs = [plain.target_only(p, max_new_tokens=16).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    nudge = StaticRowOracle if family == "dflash" else RowOracle  # DFlash: nudged on its static drafter too
+    engines = {"plain": plain, "nudged": Engine(target, nudge(adapter, full, [0, 1, 2], 0.8, 1, vocab), head,
+                                                 stop_ids=stops)}
+    chosen = set()
+    for spec in ("0", "1", str(k - 1), str(k), "auto"):
+        budget = VerifyBudget.parse(spec, VerifyCosts.from_dict(CPU_COSTS))
+        for name, engine in engines.items():
+            for rows in ([0], [0, 1, 2]):
+                got = engine.speculative_batch([prompts[r] for r in rows], max_new_tokens=16, budget=budget)
+                where = f"{family} budget {spec} {name} rows {rows}"
+                assert [r.tokens for r in got] == [refs[r] for r in rows], where
+                hist = engine.last_budget["k_hist"]
+                chosen |= {int(kk) for kk in hist}
+                if spec != "auto":
+                    assert set(hist) == {spec}, where
+                    n = int(spec)  # slots past the budget are never verified
+                    assert all(r.slot_reached[n:] == [0] * (k - n) for r in got), where
+    assert {0, k} <= chosen and len(chosen) >= 3, chosen  # auto chose between several K'
+
+
+# ------------------------------------------------------------- T > 0: in law
+@pytest.mark.parametrize("spec", ["1", "3"])
+def test_budgeted_sampling_matches_target_distribution(spec):
+    """K = 4 (block 5): the budget verifies 1 or 3 of them; the same chi-square as the full verify's
+    (test_batched_sampling.py), the wrong-q control rejected."""
+    rows_per_prompt, seed = 2000, 0
+    target, adapter, head = build(seed, vocab=8, ppl=0, block_size=5, head_scale=2.0)
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(15.0)  # peaked, as test_batched_sampling.peaked
+    warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
+    sampling = Sampling(seed=seed, **warp_)
+    with torch.inference_mode():
+        joints = []
+        for prompt in PROMPTS:
+            p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), 8, warp_)
+            joints.append(p1[:, None, None] * p2[:, :, None] * p3)
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * rows_per_prompt)]
+    engine = Engine(target, adapter, head)
+    budget = VerifyBudget.parse(spec)
+    results = engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling, budget=budget)
+    assert engine.last_budget["k_hist"].keys() == {spec}
+    assert max(a for r in results for a in r.accepted) == int(spec)  # some rows took all K' drafts
+    right = row_pvalues(results, joints)
+    engine.rollout = wrong_q
+    wrong = row_pvalues(engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling, budget=budget), joints)
+    assert min(right) > ALPHA, f"budget {spec}: a row deviates from the target: {right}"
+    assert max(wrong) < ALPHA, f"budget {spec}: the test cannot tell a wrong q from the right one: {wrong}"
+
+
+# ------------------------------------------------- DFlash's static drafter
+def test_static_drafter_takes_short_blocks_and_blocks_without_a_propose():
+    """Blocks of T = 1..K+1 verified features, two of them (K' = 0 steps) with no propose between:
+    every row's next block equals the eager adapter's over the same kept context."""
+    from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
+
+    target, adapter, _ = graft("dflash", "qwen3", seed=3)
+    k, f = adapter.num_slots, adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
+    g = torch.Generator().manual_seed(0)
+    lens = [4, 9]
+    # per step: the verify's length T (K' + 1) and each row's accepted count (< T)
+    steps = [(k + 1, [1, k]), (1, [0, 0]), (1, [0, 0]), (3, [2, 0]), (1, [0, 0]), (k + 1, [k, 0])]
+    drafter = StaticDFlashDrafter(adapter, 128, max_batch=2)
+    feats = torch.randn(2, max(lens), f, generator=g)
+    kept = [[(feats[r: r + 1, :n], torch.arange(n))] for r, n in enumerate(lens)]  # each row's verified context
+    pos = list(lens)
+    with torch.inference_mode():
+        drafter.prefill(feats, max(lens))
+        for i, (t, accepts) in enumerate(steps):
+            anchor = torch.randint(0, target.shape.vocab_size, (2,), generator=g)
+            if t > 1:  # a step with drafts proposes first; a K' = 0 step does not
+                got = drafter.propose(anchor, pos)
+                for r in range(2):
+                    adapter.reset(1)
+                    for fe, at in kept[r]:
+                        adapter.observe(fe, at)
+                    want = adapter.propose(anchor[r: r + 1], pos[r])
+                    torch.testing.assert_close(got.base_logits[r: r + 1], want.base_logits, atol=2e-5, rtol=1e-4,
+                                               msg=f"step {i} row {r}")
+            verified = torch.randn(2, t, f, generator=g)
+            drafter.observe_block(verified, pos)
+            for r, a in enumerate(accepts):
+                kept[r].append((verified[r: r + 1, : a + 1], torch.arange(pos[r], pos[r] + a + 1)))
+                pos[r] += a + 1
+        got = drafter.propose(torch.zeros(2, dtype=torch.long), pos)  # after the last block
+        for r in range(2):
+            adapter.reset(1)
+            for fe, at in kept[r]:
+                adapter.observe(fe, at)
+            want = adapter.propose(torch.zeros(1, dtype=torch.long), pos[r])
+            torch.testing.assert_close(got.base_logits[r: r + 1], want.base_logits, atol=2e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------- CLI
+def test_bench_and_generate_take_a_budget(tiny_run, tmp_path, capsys):
+    from tests.decoding.test_batched_generate import PROMPTS as GEN_PROMPTS
+    from tests.decoding.test_batched_generate import answers
+    from tests.decoding.test_decoding import run_command
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": ids}) + "\n"
+                               for ids in ([5, 9, 13], [7], [3, 14, 15, 9, 26, 5, 35], [8, 8, 2], [11, 4])))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(CPU_COSTS))
+    out = tmp_path / "bench.json"
+    base = [str(tiny_run), "--prompts", str(prompts), "--batch-size", "3", "--temperature", "0",
+            "--max-new-tokens", "8", "--json", str(out), "--force"]
+    assert run_command("bench", base + ["--verify-budget", "2"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["identical_to_target"] is True and rep["base"]["identical_to_target"] is True
+    vb = rep["verify_budget"]
+    assert vb["mode"] == "2" and sorted(vb["by_batch_size"]) == ["2", "3"]  # batches of 3, then 2
+    assert all(set(h) == {"2"} for modes in vb["by_batch_size"].values() for h in modes.values())
+    assert rep["slot_reached"][2:] == [0] * 5  # K = 7: slots past the budget never verified
+    assert "verify budget 2, batch 3: K' chosen (K' x steps): base 2x" in capsys.readouterr().out
+    assert run_command("bench", base + ["--verify-budget", "auto", "--verify-costs", str(costs)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["identical_to_target"] is True and rep["verify_budget"]["mode"] == "auto"
+    assert rep["verify_budget"]["costs"]["step_ms"]["3"]["16"] == 6.0
+    assert sum(rep["verify_budget"]["by_batch_size"]["3"]["domino"].values()) > 0
+    capsys.readouterr()
+
+    many = [a for ids in GEN_PROMPTS for a in ("--prompt-ids", ids)]
+    want = None
+    for budget in ("full", "0", "3"):
+        assert run_command("generate", [str(tiny_run), *many, "--max-new-tokens", "7", "--batch-size", "3",
+                                        "--verify-budget", budget]) == 0
+        cap = capsys.readouterr()
+        want = want or answers(cap.out)
+        assert answers(cap.out) == want, budget
+        assert (f"verify budget K': steps {{'{budget}'" in cap.err) == (budget != "full"), cap.err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt-ids", "5", "--verify-budget", "2"],
+     "--verify-budget: '2' needs batched decoding; valid: --batch-size N >= 2 with it, or full at batch size 1"),
+    (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "often"],
+     "--verify-budget: 'often' is not a budget; valid: full, auto, or an integer N with 0 <= N <= K"),
+    (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "99"],
+     "--verify-budget: 99 exceeds the drafter's K = 7 drafts per step; valid: full, auto, or an integer 0..7"),
+    (["bench", "--batch-size", "2", "--verify-budget", "auto"],
+     "--verify-budget: auto on cpu needs a cost table with step_ms and propose_ms (--verify-costs FILE.json"),
+    (["bench", "--batch-size", "2", "--verify-budget", "auto", "--verify-costs", "nope.json"],
+     "--verify-costs 'nope.json': no such file"),
+])
+def test_budget_flags_name_the_value(tiny_run, capsys, argv, message):
+    from tests.decoding.test_decoding import run_command
+
+    assert run_command(argv[0], [str(tiny_run), *argv[1:]]) == 1
+    assert message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- GPU (opt-in: -m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_budgets_replay_graphs_and_measure_costs():
+    """On CUDA: every budget's batch equals the target alone through the graphed target and the
+    static drafter (its Triton kernels: head_dim 16); auto with no table measures the target's
+    cost of each candidate length at the batch size before its first step and the drafter's cost
+    during its first steps, into the budget's table (reused by the next decode)."""
+    from tests.decoding.test_batched_static_drafter import StaticRowOracle
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2, extra=("target.random.head_dim=16",))
+    for module in (target.model, adapter, head):
+        module.to("cuda")
+    k, vocab, stops = adapter.num_slots, target.shape.vocab_size, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9], [40, 41]]
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    refs = [plain.target_only(p, max_new_tokens=40).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    nudged = Engine(target, StaticRowOracle(adapter, full, [0, 1, 2, 3], 0.8, 0, vocab), head, stop_ids=stops)
+    auto = VerifyBudget.parse("auto")
+    for spec in ("0", "1", str(k), "auto"):
+        budget = auto if spec == "auto" else VerifyBudget.parse(spec)
+        for engine in (plain, nudged):
+            got = engine.speculative_batch(prompts, max_new_tokens=40, budget=budget)
+            assert [r.tokens for r in got] == refs, (spec, engine.last_budget)
+            print(spec, engine.last_budget)
+    costs = auto.costs
+    assert costs.source == "measured" and set(costs.step_ms[4]) == {kk + 1 for kk in candidate_budgets(k)}
+    assert costs.propose_ms[4] > 0 and all(ms > 0 for ms in costs.step_ms[4].values())
+    print(costs.to_dict())
+    graphs = {key[:2] for runner in plain._ragged_static.runners.values() for key in runner.graphs}
+    assert {(4, 1), (4, 2), (4, k + 1)} <= graphs, graphs
+    got = plain.speculative_batch(prompts, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=0),
+                                  budget=auto)  # T > 0 runs (its law: the CPU chi-square above)
+    assert all(1 <= len(r.tokens) <= 40 for r in got)
