@@ -80,8 +80,9 @@ def read_items(loaded, path, limit: int) -> list[list[int]]:
     return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
 
 
-def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0):
-    """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0)."""
+def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None):
+    """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0); budget:
+    the batched chains' verify budget (decoding/budget.py; None = every draft verified)."""
     from domino_graft.sampling import Sampling
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
@@ -90,8 +91,8 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0):
                 "base": lambda ps: [engine.speculative(p, **kw, use_head=False) for p in ps],
                 "domino": lambda ps: [engine.speculative(p, **kw, use_head=True) for p in ps]}
     return {"target": lambda ps: engine.target_only_batch(ps, **kw),
-            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False),
-            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True)}
+            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False, budget=budget),
+            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True, budget=budget)}
 
 
 def warm_up(runs, items: list[list[int]], b: int) -> None:
@@ -134,12 +135,12 @@ def path_of(engine, solo: bool, device: str, kv_paths: set) -> dict:
 
 
 def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write,
-            temperature: float = 0.0) -> dict:
+            temperature: float = 0.0, budget=None) -> dict:
     import torch
 
     from domino_graft.decoding.divergence import first_divergence
 
-    runs = decoders(engine, max_new, solo, temperature)
+    runs = decoders(engine, max_new, solo, temperature, None if solo else budget)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
     warm_up(runs, items, b)
@@ -152,6 +153,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     rates = {m: [] for m in MODES}
     steps = {m: [0, 0] for m in ("base", "domino")}  # [verify steps, tokens those steps gave]
     kv = {m: set() for m in MODES}
+    chosen = {m: {} for m in ("base", "domino")}  # the verify budget's K' -> steps, over the timed batches
     bad = {m: 0 for m in MODES}
     bad_in_batch = {m: 0 for m in ("base", "domino")}  # against the same batch's target-alone rows
     divergences = []
@@ -185,10 +187,15 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                         divergences.append({"mode": mode, "prompt": start + n, **(div or {})})
             if mode == "target":
                 batch_target = [r.tokens for r in results]
+            elif getattr(engine, "last_budget", None):
+                for kk, n in engine.last_budget["k_hist"].items():
+                    chosen[mode][str(kk)] = chosen[mode].get(str(kk), 0) + n
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
         row["path"] = path_of(engine, solo, device, set().union(*kv.values()))
         fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
+        if any(chosen.values()):
+            row["verify_budget_k"] = chosen
         write(row)
     row["complete"] = row["num_prompts"] == len(items)
     fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
@@ -245,6 +252,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-prompts", type=int, default=64, help="N (a multiple of the largest batch size is best)")
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
     p.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy (identity checked), > 0 sampled")
+    p.add_argument("--verify-budget", default="full", help="batched chains: full, auto or N (decoding/budget.py)")
+    p.add_argument("--verify-costs", default=None, help="a cost table for --verify-budget auto (else measured on CUDA)")
     p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -263,6 +272,14 @@ def main(argv=None) -> int:
     if not temps or any(not (t >= 0 and t < float("inf")) for t in temps):
         p.error(f"--temperatures {args.temperatures!r}: valid: finite numbers >= 0, comma-separated")
     clock = Clock(args.deadline_s)
+    from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
+
+    try:
+        costs = VerifyCosts.load(args.verify_costs) if args.verify_costs else None
+        budget = VerifyBudget.parse(args.verify_budget, costs)
+    except ValueError as e:
+        p.error(str(e))
+    budget = None if budget.mode == "full" else budget
 
     import torch
 
@@ -292,7 +309,8 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "git_sha": os.environ.get("DG_GIT_SHA") or git_sha(),
         "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench/concurrency.py",
                              *(sys.argv[1:] if argv is None else argv)]),
-        "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note, "rows": {},
+        "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note,
+        "verify_budget": args.verify_budget, "rows": {},
     }
     def write():
         atomic_write_json(args.out, {**report, "elapsed_s": round(clock.elapsed(), 1)})
@@ -316,7 +334,8 @@ def main(argv=None) -> int:
             report["rows"][key] = row
             write()
 
-        row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature)
+        row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
+                      budget)
         write_row(row)
         report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)

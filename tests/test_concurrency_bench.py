@@ -70,3 +70,23 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     assert script.main(args[:-1] + [str(late), "--deadline-s", "0"]) == 0
     rep = json.loads(late.read_text())
     assert rep["rows"] == {} and rep["stopped"].startswith("deadline")
+
+
+def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
+    """--verify-budget N: the batched rows verify N drafts a step (the K' histogram in the row) and
+    stay identical to the target alone; a bad budget is refused by name before any decode."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": list(range(2, 2 + n))}) + "\n" for n in (5, 11, 3)))
+    out = tmp_path / "c.json"
+    args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "3", "--batch-sizes", "3",
+            "--max-new-tokens", "8", "--dtype", "fp32", "--device", "cpu", "--verify-budget", "1", "--out", str(out)]
+    script = load_script()
+    assert script.main(args) == 0
+    rep = json.loads(out.read_text())
+    row = rep["rows"]["3"]
+    assert rep["verify_budget"] == "1" and row["identical_to_target"] is True
+    assert set(row["verify_budget_k"]["domino"]) == {"1"} and row["verify_budget_k"]["domino"]["1"] > 0
+    import pytest
+
+    with pytest.raises(SystemExit):
+        script.main(args[:-4] + ["--verify-budget", "-2", "--out", str(out)])

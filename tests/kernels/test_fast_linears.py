@@ -83,8 +83,8 @@ def test_gemma3_refuses_linears():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs CUDA")
 def test_gpu_rows_do_not_depend_on_the_batch_or_t():
-    """bf16: row 0's logits alone (B=1) and inside a batch of 8 other prompts, as a 1-token step
-    and as one row of a 16-token verify, bit for bit; greedy through graphs = eager."""
+    """bf16: row 0's logits alone (B=1) and inside a batch of 8 (and of 64) other prompts, as a
+    1-token step and as one row of a 16-token verify, bit for bit; greedy through graphs = eager."""
     dev = torch.device("cuda")
     model = build("qwen3_untied").to(dev, torch.bfloat16)
     g = torch.Generator().manual_seed(3)
@@ -104,6 +104,14 @@ def test_gpu_rows_do_not_depend_on_the_batch_or_t():
         solo.cache.set_lengths(24)
         sstep, _ = solo.forward(prompts[:1, 24:25], 24)
         assert torch.equal(sstep[0], bstep[0]), "step row 0: alone != inside a batch of 8"
+        # a batch of 64 (its prefill 1,536 rows, its 16-token verify 1,024: the many-rows tier of
+        # kernels/small_linear.py) gives row 0 the bits of the 16-row verify alone
+        many = torch.randint(0, 97, (64, 40), generator=g).to(dev)
+        many[0] = prompts[0]
+        big = FastLM.from_hf(model, max_batch=64, max_len=128).use_kernels("triton").use_linears("triton")
+        big.forward(many[:, :24], 0)
+        v64, _ = big.forward(many[:, 24:40], [24] * 64)
+        assert torch.equal(v64[0], verify[0]), "verify row 0: alone != inside a batch of 64"
     prompt = prompts[:1, :9]
     eager = FastLM.from_hf(model, max_len=256).use_kernels("triton").use_linears("triton")
     graphed = FastLM.from_hf(model, max_len=256).use_kernels("triton").use_linears("triton").compile()

@@ -1,0 +1,89 @@
+"""A PROJECTION of decoding tokens/s by batch size at the Qwen3-8B shape, from measured components
+(issue #39): no Qwen3-8B drafter was trained or run; the acceptance is SmolLM2's.
+
+    python bench/batch_projection.py --out bench/results/batch_projection_h200.json
+
+Components (all committed, all one H200, bf16, random weights at real shapes, CUDA graphs):
+  step(B, T)   the target's forward of T tokens per row, the engine's default (batch-invariant) kernels:
+               bench/results/engine_batch_h200.json rows.qwen3_8b.by_batch[].default_ms (T = 1, 4, 8, 16)
+  propose(B)   z-lab's 5-layer DFlash drafter (1.05 B parameters), block 16: the same file's propose_ms
+  head(B)      the fused exact Domino rollout: bench/results/head_latency_h200.json (B = 1, 4, 16, 32;
+               other B interpolated, B = 64 extended linearly from 16 -> 32)
+  acceptance   the per-slot acceptance of the SmolLM2 DFlash drafters, base and + Domino, GSM8K greedy:
+               bench/results/smollm2_h200.json (the README's τ table)
+
+Per B: the target alone makes B / step(B, 1) tokens a ms; a speculative step verifying K' drafts makes
+B · E(K') / (step(B, K' + 1) + propose(B) + head(B)), E(K') = 1 + Σ_j Π_{i<=j} α_i
+(decoding/budget.py's formula); "full" is K' = K, "budget" the best of K' ∈ {0, 3, 7, 15}
+(K' = 0: the target's own step, no propose), as `--verify-budget auto` chooses. Host time is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def interp(x: float, pts: dict[int, float]) -> float:
+    xs = sorted(pts)
+    if x in pts:
+        return pts[x]
+    lo, hi = (xs[-2], xs[-1]) if x > xs[-1] else next((a, b) for a, b in zip(xs, xs[1:]) if a < x < b)
+    return pts[lo] + (pts[hi] - pts[lo]) * (x - lo) / (hi - lo)
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    from domino_graft.decoding.budget import candidate_budgets, expected_tokens
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    eng = json.loads((REPO / "bench/results/engine_batch_h200.json").read_text())["rows"]["qwen3_8b"]
+    heads = json.loads((REPO / "bench/results/head_latency_h200.json").read_text())["shapes"]["qwen3_8b"]["batches"]
+    head = {int(b): v["fused_full_ms"] for b, v in heads.items()}
+    sm = json.loads((REPO / "bench/results/smollm2_h200.json").read_text())["dflash"]["gsm8k"]
+    step = {}
+    for r in eng["by_batch"]:
+        step.setdefault(r["B"], {})[r["T"]] = r["default_ms"]
+    propose = {int(b): ms for b, ms in eng["propose_ms_by_batch"].items()}
+    out = {"kind": "PROJECTION from measured components (not a decode of a Qwen3-8B drafter)",
+           "command": "python bench/batch_projection.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "sources": {"step_and_propose": "bench/results/engine_batch_h200.json rows.qwen3_8b",
+                       "head": "bench/results/head_latency_h200.json shapes.qwen3_8b.batches.*.fused_full_ms",
+                       "acceptance": "bench/results/smollm2_h200.json dflash.gsm8k.per_slot_acceptance"},
+           "by_batch": []}
+    for variant in ("base", "domino"):
+        alphas = sm["per_slot_acceptance"][variant]
+        k = len(alphas)
+        for b in sorted(step):
+            if 1 not in step[b] or b not in propose:
+                continue
+            target = b / step[b][1]
+            extra = propose[b] + (interp(b, head) if variant == "domino" else 0.0)
+
+            def rate(kk, b=b, extra=extra, alphas=alphas):
+                if kk == 0:
+                    return b / step[b][1]
+                return b * expected_tokens(alphas, kk) / (interp(kk + 1, step[b]) + extra)
+
+            full = rate(k)
+            cands = candidate_budgets(k)
+            best = max(cands, key=rate)
+            out["by_batch"].append({
+                "variant": variant, "B": b, "target_tokens_per_s": round(1e3 * target, 1),
+                "full_tokens_per_s": round(1e3 * full, 1), "full_speedup": round(full / target, 3),
+                "budget_k": best, "budget_tokens_per_s": round(1e3 * rate(best), 1),
+                "budget_speedup": round(rate(best) / target, 3), "tau_full": round(expected_tokens(alphas, k), 3)})
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    for r in out["by_batch"]:
+        print(r)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
