@@ -28,8 +28,8 @@
 #          call 3 (models/ back in place):  DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh e2e
 #          $OUT: end_to_end_h200.json, the per-decode records, the logs, the -m gpu test log.
 #   concurrency  bench/concurrency.py: GSM8K prompts at batch sizes 1..64, target alone / drafter / + Domino
-#          (issue #39's run: CONC_N=64 CONC_ARGS="--temperatures 0,1" without --also-batched-1, the graft and
-#          the decode in two calls of one warm machine; the exact commands are in concurrency_h200.json)
+#          (CONC_ARGS adds arguments, e.g. "--temperatures 0,1"; issue #39's run called the script directly,
+#          the graft and the decode in two calls of one warm machine: its command is in concurrency_h200.json)
 #          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash bench/h200.sh concurrency  -> $OUT/concurrency_h200.json;
 #          then python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
