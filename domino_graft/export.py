@@ -69,6 +69,11 @@ def resolve_format(family, recipe, *, format: Optional[str], engine: Optional[st
     spec = None
     if engine is not None:
         spec = engine_spec(family, engine)
+        if engine == "vllm" and recipe.target.random is not None and getattr(family, "names_verifier", False):
+            raise ValueError(f"export --engine vllm: the recipe's target is random (target.random, seed "
+                             f"{recipe.target.random.seed}), so the {family.display_name} drafter's "
+                             "speculators_config.verifier.name_or_path is null and vLLM cannot load its verifier; "
+                             "valid: a run whose target.path names a model folder or hub checkpoint")
         if spec.refused:
             raise ValueError(f"export --engine {engine}: {ENGINE_NAMES[engine]} cannot serve {family.display_name} "
                              f"drafters: {spec.refused}")
