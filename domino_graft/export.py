@@ -359,6 +359,38 @@ def _kernel_choice(recipe_dict: dict) -> Optional[dict]:
     return found or None
 
 
+def _random_target_config(identity: dict, target) -> dict:
+    """{"hf_config": ...} for a random target: its transformers config, so the card can say how to
+    rebuild it from its seed with transformers alone (a random target exists nowhere else)."""
+    if identity.get("kind") != "random":
+        return {}
+    drop = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")  # the card casts explicitly
+    return {"hf_config": {k: v for k, v in target.model.config.to_dict().items() if k not in drop}}
+
+
+def random_target_rebuild(manifest: dict, bundle: str) -> list[str]:
+    """The card's lines rebuilding a random target without domino_graft (transformers + torch)."""
+    t = manifest["target"]
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
+        ((manifest.get("recipe") or {}).get("target") or {}).get("dtype"), "float32")
+    return [
+        f"The target is a random test model (seed {t.get('seed')}), which `domino_graft.bundle.load_bundle` rebuilds "
+        "from its seed. Without domino_graft, with the transformers and torch versions in manifest.json's `versions`:",
+        "",
+        "```python",
+        "import json, torch, transformers",
+        f"t = json.load(open({(bundle + '/manifest.json')!r}))[\"target\"]",
+        "config = transformers.AutoConfig.for_model(**t[\"hf_config\"])",
+        "torch.manual_seed(t[\"seed\"])",
+        f"target = transformers.AutoModelForCausalLM.from_config(config).to(torch.{dtype})",
+        "```",
+        "",
+        f"(its config hash, sha256 of the sorted config JSON without its version and path keys: `{t.get('config_hash')}`).",
+        "The serving commands below show the shape of a real deployment.",
+        "",
+    ]
+
+
 def _bench_results(run_dir: Path) -> list[dict]:
     """τ-like numbers from RUN/bench*.json, with the key path they came from (no guessing)."""
     keys = ("tau", "mean_accepted_length", "acceptance_length", "speedup", "tokens_per_s", "target_tokens_per_s",
@@ -440,6 +472,9 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
                                   recipe_source=f"{run_dir}/recipe.resolved.json", manifest_source="manifest.json")
     family = get_family(recipe.drafter.family)
     format, dtype, spec = resolve_format(family, recipe, format=format, engine=engine, dtype=dtype)
+    if engine == "sglang":  # a bench of this bundle drafts from SGLang's candidates (kernels/reference.py)
+        recipe = recipe.model_copy(update={"bench": recipe.bench.model_copy(
+            update={"head_kernel": "triton_pool", "pool_select": "block_shared"})})
     out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)
     option = "-o" if out else "-o (default bundles/<run>-<format>-<dtype>)"
     replacing = check_destination(out_dir, kind="bundle", option=option, force=force)  # before loading
@@ -473,7 +508,8 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         },
         "recipe": recipe_to_dict(recipe),
         "target": {**run_manifest["target"], "architecture": target.shape.architecture,
-                   "vocab_size": target.shape.vocab_size, "hidden_size": target.shape.hidden_size},
+                   "vocab_size": target.shape.vocab_size, "hidden_size": target.shape.hidden_size,
+                   **_random_target_config(run_manifest["target"], target)},
         "drafter": _drafter_summary(family, adapter, main_config),
         "head": head.spec.to_dict(),
         "kernel": _kernel_choice(recipe_to_dict(recipe)),
@@ -599,8 +635,11 @@ def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
         lines.append(f"\n`domino-graft inspect {bundle}` lists every rule and its source.")
     lines += ["", "## Serve", ""]
     if random_target:
-        lines += ["The target is a random test model (rebuilt from its seed by `load_bundle`): the commands below "
-                  "show the shape of a real deployment.", ""]
+        lines += random_target_rebuild(manifest, bundle)
+        if getattr(family, "names_verifier", False):
+            lines += [f"This {name} drafter's `speculators_config.verifier.name_or_path` is null: a random target has "
+                      "no folder or hub name, so no engine can load its verifier by name (`export --engine vllm` "
+                      "refuses it).", ""]
     lines += family.card_serve_lines(manifest, bundle=bundle, target_ref=target_ref)
     lines += ["", "## How it was made", ""]
     training = (manifest.get("source_run") or {}).get("training")
