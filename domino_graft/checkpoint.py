@@ -301,10 +301,12 @@ def torch_load(path: str | os.PathLike):
     try:  # weights_only: a .pt from the internet must never run code on load
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch / pickle raise many types for damaged files
-        if "Weights only load failed" in str(e):  # torch's text would advise weights_only=False: never
-            raise CheckpointError(f"{path}: holds pickled Python objects beyond tensors, which could run code on "
-                                  "load; refused without running any of it; valid: a safetensors file or a torch "
-                                  "file of plain tensors") from None
+        text = " ".join(str(e).split())
+        if "Weights only load failed" in text:  # torch's own text would advise weights_only=False: never
+            why = text.split("WeightsUnpickler error:", 1)[-1].split(" Check the documentation", 1)[0].strip()
+            raise CheckpointError(f"{path}: not a readable torch file of plain tensors (the weights-only unpickler "
+                                  f"stopped: {why[:120]}); nothing in it was run; valid: a safetensors file or a "
+                                  "torch file of plain tensors") from None
         raise CheckpointError(f"{path}: not a readable torch file ({type(e).__name__}: {_first_line(e)})") from None
 
 

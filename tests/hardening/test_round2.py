@@ -228,6 +228,19 @@ CASES = [
          ["--max-new-tokens: 0 is invalid; valid: an integer >= 1"]),
     Case("gen-prompt-ids-empty", "decode", ["generate", "{dflash}", "--prompt-ids", ""],
          ["--prompt-ids: '' holds no ids"]),
+    Case("bench-engine-sglang-medusa-refused", "decode", ["bench", "{medusa}", "--engine", "sglang", "--prompts",
+                                                          "p.jsonl"],
+         ["bench --engine sglang: SGLang cannot serve Medusa-1 drafters"], {"p.jsonl": P3}),
+    Case("bench-engine-sglang-sampling-refused", "decode", ["bench", "{dflash}", "--engine", "sglang", "--prompts",
+                                                            "p.jsonl", "--temperature", "0.5"],
+         ["--temperature: 0.5 with --engine sglang: its Domino runtime is greedy only; valid: 0"], {"p.jsonl": P3}),
+    Case("bench-engine-sglang-contradicts-rollout", "decode", ["bench", "{dflash}", "--engine", "sglang", "--rollout",
+                                                               "torch", "--prompts", "p.jsonl"],
+         ["--rollout torch contradicts --engine sglang"], {"p.jsonl": P3}),
+    Case("bench-engine-sglang-block-shared", "decode", ["bench", "{dflash}", "--engine", "sglang", "--prompts",
+                                                        "p.jsonl", "--max-new-tokens", "4", "--no-progress", "--json",
+                                                        "b.json"],
+         ["domino drafts from SGLang's candidates: one block_shared pool of 2048 per block"], {"p.jsonl": P3}, rc=0),
     # --------------------------------------------------------------------- export and inspect
     *[Case(f"export-dry-{fam}-{eng}", "export-inspect", ["export", "{" + fam + "}", "--dry-run", "--engine", eng],
            expect, rc=rc, absent=("engines module", "no entry there"))
@@ -278,7 +291,7 @@ CASES = [
          seconds=10),
     Case("inspect-pickle-never-runs", "export-inspect", ["inspect", "pick"], [], setup=_evil_pickle, rc=0),
     Case("apply-pickle-drafter-refused-unrun", "export-inspect", ["apply", "m.yaml", "-o", "out"],
-         ["pick/medusa_lm_head.pt: holds pickled Python objects beyond tensors", "refused without running any of it"],
+         ["pick/medusa_lm_head.pt: not a readable torch file of plain tensors", "nothing in it was run"],
          {"m.yaml": f"target:\n  random: {TARGET}\ndrafter: {{family: medusa, path: pick}}\n"
                     "head: {gru_hidden_dim: 8, rank: 4}\n"}, setup=_evil_pickle, absent=("weights_only` set to `False",)),
     Case("inspect-swapped-py-with-resigned-manifest", "export-inspect", ["inspect", "b"],
@@ -593,3 +606,26 @@ def test_read_only_run_dir(command, runs, tmp_path, monkeypatch, capsys):
         assert rc == 0, capsys.readouterr().err
         assert (tmp_path / "b" / "manifest.json").is_file()
     assert _tree(run) == before
+
+
+@pytest.mark.parametrize("sig,rc,said", [("SIGTERM", 143, "terminated (SIGTERM)"), ("SIGINT", 130, "interrupted")])
+def test_signal_during_export_leaves_nothing(sig, rc, said, runs, tmp_path, monkeypatch, capsys):
+    """TERM or INT while the bundle is being written (the signal arrives during its self-check,
+    which runs in the temporary folder): the command unwinds, the temporary folder is removed,
+    no bundle appears. (kill -9 cannot be caught: its temporary folder stays, hidden, and a new
+    export to the same -o is unaffected.)"""
+    import signal
+
+    from domino_graft import export
+
+    def signalled(*a, **k):
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(30)  # the handler raises before this returns
+        raise AssertionError("the signal did not stop the export")
+
+    monkeypatch.setattr(export, "self_check", signalled)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(runs["dflash"]), "-o", "b", "--dtype", "fp32"]) == rc
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
