@@ -18,7 +18,7 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 
 # Upper bounds on sizes, so that a typo (10^9 layers, a rank of 10^9) is refused by name before
 # planning builds per-layer tables or apply allocates; each sits far above any drafter or target
-# shipped or published (Qwen3-235B: 94 layers, hidden 4,096; Gemma-3 vocab 262,144; DFlash block 16).
+# shipped or published (Qwen3-235B: 94 layers, hidden 4,096; Gemma-3 vocab 262,144; drafter blocks of 16).
 MAX_LAYERS = 512
 MAX_SLOTS = 1024  # block_size / num_slots / num_heads: proposals per drafter forward
 MAX_WIDTH = 131_072  # a hidden, intermediate, GRU or rank width

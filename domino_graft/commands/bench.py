@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
     p.add_argument("--engine", choices=("sglang",), help="measure tau as that engine serves the drafter: sglang = "
                    "its Domino runtime's candidates (the triton_pool rollout with block_shared pools of bench.pool_size, "
-                   "SGLang's --speculative-domino-candidate-pool-size), greedy only, DFlash only")
+                   "SGLang's --speculative-domino-candidate-pool-size), greedy only, families SGLang serves")
     p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"),
                    help="target KV cache: auto (default: static on a CUDA device, dynamic elsewhere), dynamic "
                         "(HF forward and DynamicCache) or static (the fast engine where the target supports it, "

@@ -549,21 +549,33 @@ def test_full_disk_during_export_leaves_nothing(runs, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
 
 
-def test_two_exports_to_one_destination(runs, tmp_path):
-    """Two exports racing to one -o: one writes the bundle; the other refuses, replacing nothing; the
-    bundle verifies."""
+def test_two_exports_to_one_destination(runs, tmp_path, monkeypatch, capsys):
+    """Two exports racing to one -o (two threads, both past the destination check before either
+    renames): one writes the bundle; the other refuses, replacing nothing; the bundle verifies."""
+    import threading
+
+    from domino_graft import export
     from domino_graft.bundle import verify_bundle
 
-    args = [sys.executable, "-m", "domino_graft", "export", str(runs["dflash"]), "-o", "b", "--dtype", "fp32"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
-    assert sorted(rc for rc, _ in results) == [0, 1], results
-    err = next(e for rc, e in results if rc)
-    assert "Traceback" not in err
-    assert ("appeared while it was being written; nothing replaced" in err
-            or "is an existing domino-graft bundle" in err), err
+    both_checked = threading.Barrier(2, timeout=60)
+    real = export.self_check
+
+    def after_the_other(*a, **k):  # each waits here, its bundle written in its temporary folder
+        both_checked.wait()
+        return real(*a, **k)
+
+    monkeypatch.setattr(export, "self_check", after_the_other)
+    monkeypatch.chdir(tmp_path)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(main(["export", str(runs["dflash"]), "-o", "b",
+                                                                      "--dtype", "fp32"]))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    err = capsys.readouterr().err
+    assert sorted(results) == [0, 1], err
+    assert "Traceback" not in err and "b: appeared while it was being written; nothing replaced" in err, err
     verify_bundle(tmp_path / "b")
     assert [p.name for p in tmp_path.iterdir()] == ["b"]
 
