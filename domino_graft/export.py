@@ -359,6 +359,18 @@ def _kernel_choice(recipe_dict: dict) -> Optional[dict]:
     return found or None
 
 
+def _check_not_training(run_dir: Path) -> None:
+    """A run being trained rewrites its drafter and head files when training ends, one file after
+    the other: an export reading them then could pair a new head with an old drafter, and would
+    self-check that pair against itself. Read-only: the lock is looked at, not taken."""
+    from .training.lock import RunLockedError, held_by
+
+    owner = held_by(run_dir)
+    if owner:
+        raise RunLockedError(f"export: {run_dir} is being trained ({owner}); its weights are rewritten when "
+                             "training ends; export it after that")
+
+
 def _random_target_config(identity: dict, target) -> dict:
     """{"hf_config": ...} for a random target: its transformers config, so the card can say how to
     rebuild it from its seed with transformers alone (a random target exists nowhere else)."""
@@ -466,6 +478,7 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
     from .rundir import check_recipe_matches_manifest, load_run, read_run_manifest, resolve_run, run_recipe
 
     run_dir = resolve_run(run)
+    _check_not_training(run_dir)
     recipe = run_recipe(run_dir)
     # the manifest and the recipe the bundle will record must describe the same weights
     check_recipe_matches_manifest(recipe_to_dict(recipe), read_run_manifest(run_dir),

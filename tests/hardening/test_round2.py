@@ -580,6 +580,22 @@ def test_two_exports_to_one_destination(runs, tmp_path, monkeypatch, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["b"]
 
 
+def test_export_refuses_a_run_being_trained(runs, tmp_path, monkeypatch, capsys):
+    """`export` while `train` holds the run (its lock, taken by a live process): refused at once,
+    naming the run and the trainer; nothing written, the run untouched."""
+    from domino_graft.training.lock import RunLock
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["dflash"], run)
+    monkeypatch.chdir(tmp_path)
+    with RunLock(run, echo=lambda *a: None):
+        before = _tree(run)
+        assert main(["export", str(run), "-o", "b", "--dtype", "fp32"]) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and _tree(run) == before
+    err = capsys.readouterr().err
+    assert f"export: {run} is being trained (pid {os.getpid()}" in err and "export it after that" in err, err
+
+
 @pytest.mark.parametrize("command", ["train", "export"])
 def test_read_only_run_dir(command, runs, tmp_path, monkeypatch, capsys):
     """A run on a read-only file system (simulated: root ignores permission bits): `train` fails at
