@@ -47,6 +47,9 @@ class Family:
     # Integer/bool tensors of the drafter, {name: dtype} where present: they keep that dtype in
     # runs and bundles (only floating-point tensors take the export dtype; docs/design.md §3).
     exact_dtypes: ClassVar[dict[str, str]] = {}
+    # The drafter's config names its target (speculators' verifier.name_or_path): engines that load
+    # the verifier by that name cannot serve a drafter of a random target (export --engine vllm).
+    names_verifier: ClassVar[bool] = False
     # The module (import path) whose `plan(drafter, tshape)` and `build(drafter, target)` the
     # defaults below call; imported on first use, so the family's torch code loads only then.
     model_module: ClassVar[str]

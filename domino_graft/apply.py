@@ -7,6 +7,7 @@ from typing import Optional
 
 from .device import pick_device
 from .graft import GraftPlan, plan_graft
+from .memory import check_fits
 from .recipe import load_recipe
 
 
@@ -21,6 +22,7 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
     if not dry_run:
         # before the plan and minutes of loading; an existing run is work, replaced only on request
         replacing = check_run_destination(out_dir, force=force, option="-o" if out else "-o (default runs/<recipe>)")
+        check_fits(plan, random_target=recipe.target.random is not None)  # before gigabytes are asked for
     echo(plan.format())
     if dry_run:
         return plan, None

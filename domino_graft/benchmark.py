@@ -428,6 +428,10 @@ def format_report(rep: dict) -> str:
         ident = {True: "yes", False: "NO", None: "n/a"}[d["identical_to_target"]]
         sp = _f(d["speedup"], ".2f") + "x" if d["speedup"] is not None else "-"
         lines.append(f"  {label:<16}{_f(d['tau'], '.2f'):>7}{_f(d['tokens_per_s'], '.1f'):>11}{sp:>9}{ident:>11}")
+    choice = rep.get("rollout") or {}
+    if choice.get("pool_select") == "block_shared":  # say which tau this is: SGLang's, not a per-slot pool's
+        lines.append(f"  domino drafts from SGLang's candidates: one block_shared pool of {choice.get('pool_size')} "
+                     "per block (--speculative-domino-candidate-pool-size)")
     if rep.get("batch_size", 1) > 1:
         lines.append(f"  batch size {rep['batch_size']}: tokens/s are the batch's total; per request: target "
                      f"{_f(rep['target_per_request_tokens_per_s'], '.1f')}, base "

@@ -119,9 +119,24 @@ def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
             got = sha256_file(path / f) if (path / f).is_file() else "missing"
             if got != want:
                 bad.append(f"{f} has sha256 {got[:12]}…, the manifest records {want[:12]}…")
+    bad += _foreign_code(path, family.bundle_code_files(manifest.get("format")))
     if bad:
         raise CheckpointError(f"{path}: modified after export: " + "; ".join(bad) + "; re-export the run")
     return manifest, config
+
+
+def _foreign_code(path: Path, shipped: dict) -> list[str]:
+    """Python files transformers would run (trust_remote_code) that are not the code this
+    domino-graft ships: a re-signed manifest makes a swapped file pass the checksums, so each
+    .py is compared with its source instead. Nothing here imports or runs the file."""
+    bad = []
+    for f in sorted(p.name for p in path.glob("*.py")):
+        src = shipped.get(f)
+        if src is None:
+            bad.append(f"{f} is Python code domino-graft never writes (it writes: {', '.join(shipped) or 'none'})")
+        elif sha256_file(path / f) != sha256_file(src):
+            bad.append(f"{f} differs from the remote code this domino-graft ships ({src.name}); transformers would run it")
+    return bad
 
 
 def _load_target_for(recipe, target, device):

@@ -180,14 +180,30 @@ def staged_writes() -> Iterator[Callable[[str | os.PathLike, bytes], None]]:
                 os.unlink(tmp)
 
 
+# A config.json, manifest.json or resolved recipe is kilobytes (a 1,000-tensor manifest: ~300 KB);
+# a bigger one is not one of them, and parsing it would cost seconds and memory for nothing.
+MAX_JSON_BYTES = 16 * 2**20
+
+
 def read_json(path: str | os.PathLike, *, missing: str = "file not found", what: str = "JSON object") -> dict:
     """A JSON file of an artifact: FileNotFoundError / CheckpointError naming the file."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder, expected a JSON file")
     if not path.is_file():
+        if path.is_symlink():  # a dangling link or a loop (ELOOP): say so, not "not found"
+            path.stat()  # raises the OSError that names the path and the reason
         raise FileNotFoundError(f"{path}: {missing}")
+    return parse_json_file(path, what=what)
+
+
+def parse_json_file(path: Path, *, what: str = "JSON object") -> dict:
+    """An existing regular file's JSON object, size- and depth-checked; CheckpointError naming it."""
     try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path}: {size:,} bytes; valid: a JSON {what.removeprefix('JSON ')} of at most "
+                                  f"{MAX_JSON_BYTES:,} bytes")
         text = path.read_bytes().decode()
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
@@ -197,6 +213,8 @@ def read_json(path: str | os.PathLike, *, missing: str = "file not found", what:
         data = json.loads(text)
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # "[[[[...": Python's parser gives up; no config nests that deep
+        raise CheckpointError(f"{path}: JSON nested too deeply to read; valid: a {what}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a {what}, got {type(data).__name__}")
     return data
@@ -280,9 +298,15 @@ def torch_load(path: str | os.PathLike):
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
-    try:
+    try:  # weights_only: a .pt from the internet must never run code on load
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch / pickle raise many types for damaged files
+        text = " ".join(str(e).split())
+        if "Weights only load failed" in text:  # torch's own text would advise weights_only=False: never
+            why = text.split("WeightsUnpickler error:", 1)[-1].split(" Check the documentation", 1)[0].strip()
+            raise CheckpointError(f"{path}: not a readable torch file of plain tensors (the weights-only unpickler "
+                                  f"stopped: {why[:120]}); nothing in it was run; valid: a safetensors file or a "
+                                  "torch file of plain tensors") from None
         raise CheckpointError(f"{path}: not a readable torch file ({type(e).__name__}: {_first_line(e)})") from None
 
 

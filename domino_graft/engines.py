@@ -200,14 +200,20 @@ def describe(folder, families) -> Optional[tuple[object, Description]]:
 
 
 def read_json_object(path: Path) -> Optional[dict]:
-    """A JSON object file, or None when it is missing or not one (recognising a folder)."""
-    import json
+    """A JSON object file, or None when it is missing or not one (recognising a folder). A file
+    no config can be (too big, nested too deeply, a symlink loop) is refused by name instead:
+    "no family recognises it" would hide the reason."""
+    from .checkpoint import CheckpointError, parse_json_file
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    path = Path(path)
+    if not path.is_file() and not path.is_symlink():
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        return parse_json_file(path)
+    except CheckpointError as e:
+        if "not valid JSON (" in str(e) or "expected a JSON object" in str(e):
+            return None
+        raise
 
 
 def tensors_fact(view: CheckpointView, files: list[str]) -> str:

@@ -12,6 +12,7 @@ read through checkpoint.read_json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -52,19 +53,46 @@ def format_error(e: BaseException) -> str:
     return " ".join(part.strip() for part in msg.splitlines() if part.strip())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so it unwinds as Ctrl-C does: a half-written bundle
+    or run folder is removed (checkpoint.atomic_dir) instead of left beside the destination."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """SIGTERM raises Terminated for the duration (main thread only: signals go there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_with_clean_errors(fn, args, *, debug: bool = False) -> int:
     from .checkpoint import CheckpointError
     from .recipe import RecipeError
 
     expected = (RecipeError, CheckpointError, OSError, ValueError, RuntimeError, KeyError)
     try:
-        rc = fn(args)
+        with sigterm_unwinds():
+            rc = fn(args)
         return 0 if rc is None else int(rc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug_enabled(debug):
             raise
-        print("interrupted", file=sys.stderr)
-        return 130
+        terminated = isinstance(e, Terminated)
+        print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        return 143 if terminated else 130
     except expected as e:
         if debug_enabled(debug):
             raise

@@ -69,6 +69,11 @@ def resolve_format(family, recipe, *, format: Optional[str], engine: Optional[st
     spec = None
     if engine is not None:
         spec = engine_spec(family, engine)
+        if engine == "vllm" and recipe.target.random is not None and getattr(family, "names_verifier", False):
+            raise ValueError(f"export --engine vllm: the recipe's target is random (target.random, seed "
+                             f"{recipe.target.random.seed}), so the {family.display_name} drafter's "
+                             "speculators_config.verifier.name_or_path is null and vLLM cannot load its verifier; "
+                             "valid: a run whose target.path names a model folder or hub checkpoint")
         if spec.refused:
             raise ValueError(f"export --engine {engine}: {ENGINE_NAMES[engine]} cannot serve {family.display_name} "
                              f"drafters: {spec.refused}")
@@ -354,6 +359,50 @@ def _kernel_choice(recipe_dict: dict) -> Optional[dict]:
     return found or None
 
 
+def _check_not_training(run_dir: Path) -> None:
+    """A run being trained rewrites its drafter and head files when training ends, one file after
+    the other: an export reading them then could pair a new head with an old drafter, and would
+    self-check that pair against itself. Read-only: the lock is looked at, not taken."""
+    from .training.lock import RunLockedError, held_by
+
+    owner = held_by(run_dir)
+    if owner:
+        raise RunLockedError(f"export: {run_dir} is being trained ({owner}); its weights are rewritten when "
+                             "training ends; export it after that")
+
+
+def _random_target_config(identity: dict, target) -> dict:
+    """{"hf_config": ...} for a random target: its transformers config, so the card can say how to
+    rebuild it from its seed with transformers alone (a random target exists nowhere else)."""
+    if identity.get("kind") != "random":
+        return {}
+    drop = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")  # the card casts explicitly
+    return {"hf_config": {k: v for k, v in target.model.config.to_dict().items() if k not in drop}}
+
+
+def random_target_rebuild(manifest: dict, bundle: str) -> list[str]:
+    """The card's lines rebuilding a random target without domino_graft (transformers + torch)."""
+    t = manifest["target"]
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(
+        ((manifest.get("recipe") or {}).get("target") or {}).get("dtype"), "float32")
+    return [
+        f"The target is a random test model (seed {t.get('seed')}), which `domino_graft.bundle.load_bundle` rebuilds "
+        "from its seed. Without domino_graft, with the transformers and torch versions in manifest.json's `versions`:",
+        "",
+        "```python",
+        "import json, torch, transformers",
+        f"t = json.load(open({(bundle + '/manifest.json')!r}))[\"target\"]",
+        "config = transformers.AutoConfig.for_model(**t[\"hf_config\"])",
+        "torch.manual_seed(t[\"seed\"])",
+        f"target = transformers.AutoModelForCausalLM.from_config(config).to(torch.{dtype})",
+        "```",
+        "",
+        f"(its config hash, sha256 of the sorted config JSON without its version and path keys: `{t.get('config_hash')}`).",
+        "The serving commands below show the shape of a real deployment.",
+        "",
+    ]
+
+
 def _bench_results(run_dir: Path) -> list[dict]:
     """τ-like numbers from RUN/bench*.json, with the key path they came from (no guessing)."""
     keys = ("tau", "mean_accepted_length", "acceptance_length", "speedup", "tokens_per_s", "target_tokens_per_s",
@@ -429,12 +478,16 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
     from .rundir import check_recipe_matches_manifest, load_run, read_run_manifest, resolve_run, run_recipe
 
     run_dir = resolve_run(run)
+    _check_not_training(run_dir)
     recipe = run_recipe(run_dir)
     # the manifest and the recipe the bundle will record must describe the same weights
     check_recipe_matches_manifest(recipe_to_dict(recipe), read_run_manifest(run_dir),
                                   recipe_source=f"{run_dir}/recipe.resolved.json", manifest_source="manifest.json")
     family = get_family(recipe.drafter.family)
     format, dtype, spec = resolve_format(family, recipe, format=format, engine=engine, dtype=dtype)
+    if engine == "sglang":  # a bench of this bundle drafts from SGLang's candidates (kernels/reference.py)
+        recipe = recipe.model_copy(update={"bench": recipe.bench.model_copy(
+            update={"head_kernel": "triton_pool", "pool_select": "block_shared"})})
     out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)
     option = "-o" if out else "-o (default bundles/<run>-<format>-<dtype>)"
     replacing = check_destination(out_dir, kind="bundle", option=option, force=force)  # before loading
@@ -468,7 +521,8 @@ def export_run(run: Optional[str] = None, out: Optional[str] = None, *, format: 
         },
         "recipe": recipe_to_dict(recipe),
         "target": {**run_manifest["target"], "architecture": target.shape.architecture,
-                   "vocab_size": target.shape.vocab_size, "hidden_size": target.shape.hidden_size},
+                   "vocab_size": target.shape.vocab_size, "hidden_size": target.shape.hidden_size,
+                   **_random_target_config(run_manifest["target"], target)},
         "drafter": _drafter_summary(family, adapter, main_config),
         "head": head.spec.to_dict(),
         "kernel": _kernel_choice(recipe_to_dict(recipe)),
@@ -594,8 +648,11 @@ def model_card(manifest: dict, config: dict, *, bundle: str = "BUNDLE") -> str:
         lines.append(f"\n`domino-graft inspect {bundle}` lists every rule and its source.")
     lines += ["", "## Serve", ""]
     if random_target:
-        lines += ["The target is a random test model (rebuilt from its seed by `load_bundle`): the commands below "
-                  "show the shape of a real deployment.", ""]
+        lines += random_target_rebuild(manifest, bundle)
+        if getattr(family, "names_verifier", False):
+            lines += [f"This {name} drafter's `speculators_config.verifier.name_or_path` is null: a random target has "
+                      "no folder or hub name, so no engine can load its verifier by name (`export --engine vllm` "
+                      "refuses it).", ""]
     lines += family.card_serve_lines(manifest, bundle=bundle, target_ref=target_ref)
     lines += ["", "## How it was made", ""]
     training = (manifest.get("source_run") or {}).get("training")

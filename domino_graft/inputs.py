@@ -17,7 +17,13 @@ PROMPT_KEYS = ("prompt", "messages", "prompt_ids")
 # Text is measured before it is tokenised: a prompt of more than this many characters per position
 # of the target cannot fit (real text averages 3-5 characters per token).
 CHARS_PER_POSITION = 16
+# A seed: torch.manual_seed's signed 64-bit range, less room for the per-prompt offsets (seed + i)
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1 - 10**6
 MAX_RECORD_CHARS = 1_000_000  # one training / response record's text, before tokenising
+# One JSON line is read at most this far: a record holds at most MAX_RECORD_CHARS of text (up to 4
+# bytes a character, escaped) plus its ids, and a file with no newline (a 2 GB sparse file, a
+# binary) must not be read whole into memory to find its first line.
+MAX_LINE_BYTES = 16 * 2**20
 
 
 def short(value: Any, limit: int = MAX_REPR) -> str:
@@ -80,7 +86,7 @@ def iter_jsonl(path: str | Path, what: str) -> Iterator[tuple[int, Any]]:
         raise ValueError(f"{what}: {path}: cannot read it ({e.strerror or e})") from None
     with fh:
         offset = 0
-        for n, raw in enumerate(fh, 1):
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), 1):
             start, offset = offset, offset + len(raw)
             if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw, start = raw[3:], start + 3
@@ -88,6 +94,9 @@ def iter_jsonl(path: str | Path, what: str) -> Iterator[tuple[int, Any]]:
             if nul >= 0:
                 raise ValueError(f"{what}: {path}:{n}: a binary file (NUL byte at offset {start + nul:,}), "
                                  "not JSON lines")
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{what}: {path}:{n}: a line longer than {MAX_LINE_BYTES:,} bytes; valid: one JSON "
+                                 f"object per line, each of at most {MAX_LINE_BYTES:,} bytes")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

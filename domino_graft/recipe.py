@@ -17,14 +17,24 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, field_validator, model_validator
 
-from .registry import families, family_names
-from .schema import DTYPES, Dtype, RandomModel, Strict, path_fields  # noqa: F401  (re-exported)
+from .registry import broken_plugins, families, family_names
+from .schema import (  # noqa: F401  (re-exported)
+    DTYPES,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Dtype,
+    RandomModel,
+    Strict,
+    path_fields,
+    seed_field,
+)
 
 
 class RecipeError(ValueError):
@@ -65,13 +75,13 @@ class Target(Strict):
 
 # -------------------------------------------------------------------------------- head
 class Head(Strict):
-    gru_hidden_dim: int = Field(1024, ge=1)
-    rank: int = Field(256, ge=1)
+    gru_hidden_dim: int = Field(1024, ge=1, le=MAX_WIDTH)
+    rank: int = Field(256, ge=1, le=MAX_WIDTH)
     # Slots 1..pure_prefix_len keep the plain base proposal (Domino checkpoints: 1).
     pure_prefix_len: int = Field(1, ge=0)
     # W2 starts at zero so the fresh graft reproduces the base drafter bit for bit.
     zero_init_w2: bool = True
-    seed: int = 0
+    seed: int = seed_field()
 
 
 # ------------------------------------------------------------------------------- train
@@ -96,10 +106,11 @@ class Data(Strict):
 
 
 class Train(Strict):
-    max_steps: int = Field(100, ge=1)
+    # 10^8 steps is years of training at any rate a drafter trains; more is a typo
+    max_steps: int = Field(100, ge=1, le=100_000_000)
     # sequences per optimizer step over all ranks and micro-steps (so a run's numbers do not
     # depend on the GPU count); must divide by grad_accum × world size
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, le=65_536)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(3e-4, gt=0)
     head_lr: Optional[float] = Field(None, gt=0)
@@ -128,7 +139,7 @@ class Train(Strict):
     features: Literal["online", "offline"] = "online"
     save_every: int = Field(0, ge=0)  # 0: checkpoint only at the end
     keep_last: int = Field(2, ge=1)
-    seed: int = 0
+    seed: int = seed_field()
     data: Data = Data()
 
     @model_validator(mode="after")
@@ -136,6 +147,10 @@ class Train(Strict):
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size: {self.batch_size} is not a multiple of train.grad_accum {self.grad_accum}; "
                              f"valid: a multiple of grad_accum × the number of GPUs")
+        # more anchors than positions only pads with invalid ones, and each one costs a [K, V] block
+        if self.anchors_per_seq > self.data.max_length:
+            raise ValueError(f"anchors_per_seq: {self.anchors_per_seq} is more than train.data.max_length "
+                             f"{self.data.max_length}; valid: 1..{self.data.max_length} (one anchor per position at most)")
         return self
 
     @model_validator(mode="after")
@@ -158,19 +173,21 @@ class Bench(Strict):
     prompts: Optional[str] = None
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(0.0, ge=0)
-    seed: int = 0
+    seed: int = seed_field()
     # Domino-head rollout implementation (domino_graft.kernels.make_rollout): "torch" is the
     # eager reference; "triton" fuses W2-GEMV + base add + argmax over the full vocabulary
     # (exact); "triton_pool" scores only the top-`pool_size` base candidates (draft may
     # change, verification stays exact, so decoding stays lossless). Non-CUDA devices fall
     # back to "torch".
     head_kernel: Literal["torch", "triton", "triton_pool"] = "torch"
-    pool_size: int = Field(2048, ge=0)  # 0 = full vocabulary; 2048 = SGLang's merged default
+    pool_size: int = Field(2048, ge=0, le=MAX_VOCAB)  # 0 = full vocabulary; 2048 = SGLang's merged default
     # triton_pool's candidates (kernels.KernelConfig.pool_select): "topk" = the exact top-k;
     # "bucket" = the max of each of pool_size contiguous vocabulary buckets (one launch,
     # approximate; not faster end to end on the H200, see bench/results/head_latency_h200.json);
-    # "radix" = a Triton radix select (exact top-k on bf16/fp16 logits, lowest ids on boundary ties)
-    pool_select: Literal["topk", "bucket", "radix"] = "topk"
+    # "radix" = a Triton radix select (exact top-k on bf16/fp16 logits, lowest ids on boundary ties);
+    # "block_shared" = SGLang's rule: one pool for the whole block, the top-k of each token's max over the
+    # corrected slots (bench/export --engine sglang choose it, so their τ is the one SGLang drafts for)
+    pool_select: Literal["topk", "bucket", "radix", "block_shared"] = "topk"
 
     _resolve_paths = path_fields("prompts")
 
@@ -187,6 +204,15 @@ class Recipe(Strict):
     export: Export = Export()
     bench: Bench = Bench()
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v):
+        """The name titles the plan, the card and the manifest, and tools make folder names of it."""
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}", v) or v and ".." in v:
+            raise ValueError(f"{_short(v)} is not a plain name; valid: 1-128 letters, digits, '.', '_', '+', '-' "
+                             "(no '/', no '..', no spaces)")
+        return v
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,6 +345,9 @@ def _format_error(err: dict, data: Any) -> list[str]:
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tag_path = f"{path}.family" if not path.endswith("family") else path
         got = ctx.get("tag", value.get("family") if isinstance(value, dict) else value)
+        why = broken_plugins().get(got) if isinstance(got, str) else None
+        if why is not None:
+            return [f"{tag_path}: {_short(got)} is an installed plug-in that failed to load: {why}"]
         return [f"{tag_path}: {_short(got)} is not a drafter family; valid: {', '.join(family_names())}"]
     if kind == "literal_error":
         return [f"{path}: {_short(value)} is not valid; valid: {ctx.get('expected')}"]
@@ -339,7 +368,25 @@ def _format_error(err: dict, data: Any) -> list[str]:
                 lines.append(f"{path}: {line}")
         return lines
     shown = _short(value) if not isinstance(value, dict) else "{...}"
+    if kind in ("less_than_equal", "greater_than_equal", "less_than", "greater_than"):
+        return [f"{path}: {shown} is invalid; valid: {_bounds(loc, data) or err['msg']}"]
     return [f"{path}: {shown} is invalid: {err['msg']}"]
+
+
+def _bounds(loc: list[str], data: Any) -> Optional[str]:
+    """A numeric field's range as 'lo..hi', '>= lo' or '> lo' (from its Field(ge=, le=, gt=))."""
+    model = _section_model(loc[:-1], data) if loc else None
+    field = getattr(model, "model_fields", {}).get(loc[-1]) if loc else None
+    if field is None:
+        return None
+    found = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if hasattr(m, k)}
+    lo = f"{found['ge']:,}" if "ge" in found else None
+    hi = f"{found['le']:,}" if "le" in found else None
+    if lo is not None and hi is not None:
+        return f"{lo}..{hi}"
+    parts = [f">= {lo}" if lo else "", f"> {found['gt']:,}" if "gt" in found else "", f"<= {hi}" if hi else "",
+             f"< {found['lt']:,}" if "lt" in found else ""]
+    return " and ".join(p for p in parts if p) or None
 
 
 def _section_model(loc: list[str], data: Any):

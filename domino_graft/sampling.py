@@ -4,7 +4,7 @@ Speculative sampling is lossless only if the target's distribution p is warped e
 as the target-only sampler warps it, and if q is the distribution the draft was really
 drawn from. Both therefore go through `warp()` below, never a private copy.
 
-A leaf module (it imports torch only): `domino_graft.decoding` and `domino_graft.kernels`
+A leaf module (torch and the standard-library `inputs` only): `domino_graft.decoding` and `domino_graft.kernels`
 both import it, and neither needs the other for it.
 """
 
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from .inputs import MAX_SEED, MIN_SEED
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Sampling:
             problems.append(f"--temperature: {self.temperature!r} is invalid; valid: a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
             problems.append(f"--top-k: {self.top_k!r} is invalid; valid: an integer >= 0 (0 = off)")
+        if self.seed is not None and not (MIN_SEED <= self.seed <= MAX_SEED):
+            problems.append(f"--seed: {self.seed!r} is invalid; valid: an integer in {MIN_SEED}..{MAX_SEED}")
         if not (0.0 < self.top_p <= 1.0):
             problems.append(f"--top-p: {self.top_p!r} is invalid; valid: 0 < top_p <= 1 (1 = off)")
         if problems:

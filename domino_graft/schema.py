@@ -16,6 +16,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 DTYPES = ("fp32", "bf16", "fp16")
 Dtype = Literal["fp32", "bf16", "fp16"]
 
+# Upper bounds on sizes, so that a typo (10^9 layers, a rank of 10^9) is refused by name before
+# planning builds per-layer tables or apply allocates; each sits far above any drafter or target
+# shipped or published (Qwen3-235B: 94 layers, hidden 4,096; Gemma-3 vocab 262,144; drafter blocks of 16).
+MAX_LAYERS = 512
+MAX_SLOTS = 1024  # block_size / num_slots / num_heads: proposals per drafter forward
+MAX_WIDTH = 131_072  # a hidden, intermediate, GRU or rank width
+MAX_VOCAB = 4_194_304
+
+
+def seed_field():
+    """A seed: torch.manual_seed would overflow outside this range after minutes of loading."""
+    from .inputs import MAX_SEED, MIN_SEED
+
+    return Field(0, ge=MIN_SEED, le=MAX_SEED)
+
 
 def shipped_recipes_dir() -> Path:
     """The shipped recipes and the configs they refer to: package data of `domino_graft.recipes`
@@ -75,16 +90,16 @@ class RandomModel(Strict):
     """A small randomly initialised HF causal LM, built in memory from a seed."""
 
     architecture: Literal["llama", "qwen3", "gemma3"] = "qwen3"
-    vocab_size: int = Field(256, ge=8)
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    head_dim: int = Field(16, ge=4)
-    intermediate_size: int = Field(128, ge=8)
+    vocab_size: int = Field(256, ge=8, le=MAX_VOCAB)
+    hidden_size: int = Field(64, ge=8, le=MAX_WIDTH)
+    num_layers: int = Field(4, ge=1, le=MAX_LAYERS)
+    num_heads: int = Field(4, ge=1, le=MAX_SLOTS)
+    num_kv_heads: int = Field(2, ge=1, le=MAX_SLOTS)
+    head_dim: int = Field(16, ge=4, le=MAX_WIDTH)
+    intermediate_size: int = Field(128, ge=8, le=MAX_WIDTH)
     tie_word_embeddings: bool = True
     eos_token_id: int = Field(1, ge=0)
-    seed: int = 0
+    seed: int = seed_field()
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -459,8 +459,8 @@ class FusedRollout:
         # z pre-activations of every slot: W1a·H_j for all slots in one GEMM; each GRU step adds W1b·S_j
         zacc = torch.empty(k, bsz, r, device=device, dtype=torch.float32)
         pool = min(self.pool_size, vocab) if self.pool_size else 0
-        overlap = bool(pool and k > pure and cfg.pool_select_overlap > 0
-                       and not self._use_persistent(device, bsz, sampling))
+        overlap = bool(pool and k > pure and cfg.pool_select_overlap > 0 and cfg.pool_select != "block_shared"
+                       and not self._use_persistent(device, bsz, sampling))  # block_shared: one pool, not one a slot
         side = self._fork(device) if overlap else []  # side streams (CUDA only; none inline)
         zacc_ready = None  # set when W1a·H runs on a side stream: the first corrected step waits on it
         if k > pure:
@@ -562,6 +562,8 @@ class FusedRollout:
             return tr.bucket_max(rows, pool, block_p=cfg.pool_bucket_block_p)
         if cfg.pool_select == "radix":
             return tr.radix_select(rows, pool, block=cfg.pool_radix_block, num_warps=cfg.pool_radix_warps)
+        if cfg.pool_select == "block_shared":
+            return tr.block_shared(rows, pool)
         vals, ids = pool_candidates(rows, pool, cfg.pool_select, cfg.pool_chunks)
         return vals.float().contiguous(), ids.contiguous()
 
@@ -669,6 +671,8 @@ def pool_candidates(base: torch.Tensor, pool: int, method: str = "topk", chunks:
     Ties at the boundary are resolved as torch.topk resolves them (unspecified).
     """
     vocab = base.shape[-1]
+    if method == "block_shared":  # not a per-row selection: one pool for a block's slots
+        raise ValueError("pool_candidates: 'block_shared' selects one pool per block; use reference.block_shared_ids")
     if method == "bucket":
         return bucket_candidates(base, pool)
     if method == "radix":

@@ -18,7 +18,11 @@ sampling stays exact. Slots within the pure prefix are not pooled. The candidate
 `pool_size` contiguous V buckets (`bucket_candidates`): approximate (a top token is missed only
 when a higher one shares its bucket), always containing the base argmax, and one cheap pass;
 "radix" = a two-level radix select (`radix_candidates`): the exact top-k for bf16/fp16 logits
-(boundary ties to the lowest ids), to 2^-15 relative for fp32, in a fixed order.
+(boundary ties to the lowest ids), to 2^-15 relative for fp32, in a fixed order. These four pick
+each slot's own candidates. "block_shared" is SGLang's rule (`block_shared_ids`): one pool for
+the whole block, the top-`pool_size` of each token's max base logit over the corrected slots; a τ
+measured with it is the τ SGLang's Domino runtime drafts for (the same drafts, ties aside: SGLang
+takes the first maximal candidate in torch.topk's unspecified order, here the lowest id).
 
 Sampling draws one uniform per (row, slot) up front and inverts the CDF; drawing them
 before the loop is what lets a CUDA graph replay the whole rollout (no RNG inside).
@@ -49,7 +53,8 @@ def argmax_lowest_id(values: torch.Tensor, ids: Optional[torch.Tensor] = None) -
     return (ids == best_id).to(torch.int8).argmax(dim=-1)
 
 
-POOL_SELECTS = ("topk", "topk2", "sort", "bucket", "radix")  # "bucket" approximate; "radix" exact on 16-bit logits
+# "bucket" approximate; "radix" exact on 16-bit logits; "block_shared": one pool for the whole block (SGLang's)
+POOL_SELECTS = ("topk", "topk2", "sort", "bucket", "radix", "block_shared")
 
 
 def bucket_bounds(vocab: int, pool: int, device=None):
@@ -131,14 +136,22 @@ def radix_candidates(base: torch.Tensor, pool: int):
     return base.gather(-1, ids).float(), ids
 
 
+def block_shared_ids(rows: torch.Tensor, pool: int) -> torch.Tensor:
+    """SGLang's candidate pool: base rows [B, N, V] of the N corrected slots -> ids [B, pool], the
+    top-`pool` of each token's max over those slots, shared by every one of them (sglang
+    speculative/dflash_utils.py `domino_greedy_rollout`: topk(feedback_logits.amax(0))). The max is
+    exact in any dtype, so the pool is the same set wherever it is computed."""
+    return torch.topk(rows.amax(dim=1), pool, dim=-1, sorted=False).indices
+
+
 def pool_ids(base: torch.Tensor, pool: int, pool_select: str = "topk") -> torch.Tensor:
     """Candidate ids [..., pool] of base [..., V] under `pool_select` (exact methods: a top-k)."""
     if pool_select == "bucket":
         return bucket_candidates(base, pool)[1]
     if pool_select == "radix":
         return radix_candidates(base, pool)[1]
-    if pool_select not in POOL_SELECTS:
-        raise ValueError(f"pool_select {pool_select!r}: valid: {', '.join(POOL_SELECTS)}")
+    if pool_select not in POOL_SELECTS or pool_select == "block_shared":  # a block's pool: block_shared_ids
+        raise ValueError(f"pool_select {pool_select!r}: valid: {', '.join(s for s in POOL_SELECTS if s != 'block_shared')}")
     return torch.topk(base, pool, dim=-1, sorted=False).indices
 
 
@@ -192,6 +205,8 @@ def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.
     pure = head.spec.pure_prefix_len
     pool = min(int(pool_size), vocab) if pool_size else 0
     state = head.init_state(bsz, device=base.device) if use_head else None
+    shared = (block_shared_ids(base[:, pure:], pool) if pool and use_head and k > pure and pool_select == "block_shared"
+              else None)
     x = anchor
     drafts, qs = [], []
     for j in range(1, k + 1):
@@ -202,7 +217,7 @@ def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.
             final = base_j
         pooled = pool and use_head and j > pure
         if pooled:
-            ids = pool_ids(base_j, pool, pool_select)
+            ids = shared if shared is not None else pool_ids(base_j, pool, pool_select)
             vals = final.gather(-1, ids).float()
         if not sampling:
             if pooled:

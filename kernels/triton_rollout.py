@@ -24,6 +24,8 @@ Ops (each has the same name in kernel, wrapper, test and benchmark):
 * `argmax_finalize` stage 2 for the last slot: partials -> draft id.
 * `bucket_max` / `radix_select` pool candidates without torch.topk (KernelConfig.pool_select
                 "bucket" / "radix"; definitions in `reference.py`).
+* `block_shared` SGLang's one pool per block (KernelConfig.pool_select "block_shared"): the max
+                over the corrected slots here, the top-k by torch.topk (`reference.block_shared_ids`).
 
 So a greedy step is two launches: gru_step(j) -> w2_argmax(j) (+ whh_gemv for step j+1).
 
@@ -398,6 +400,21 @@ def _bucket_max_kernel(base_ptr, stride_b, stride_k, NK, V, P, SMAX, vals_ptr, i
     tl.store(ids_ptr + out, best_idx, mask=pmask)
 
 
+@triton.jit
+def _slot_max_kernel(base_ptr, stride_b, stride_k, NK, V, out_ptr, BLOCK_V: tl.constexpr):
+    """out[b, v] = max over the NK slots of base[b, k, v], for one row b and one V tile: the
+    score `block_shared` ranks (the max of equal-dtype values is exact, so it is the same number
+    torch.amax gives)."""
+    b = tl.program_id(0)
+    v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = v < V
+    src = base_ptr + b.to(tl.int64) * stride_b + v
+    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    for k in range(0, NK):
+        best = tl.maximum(best, tl.load(src + k * stride_k, mask=vmask, other=float("-inf")).to(tl.float32))
+    tl.store(out_ptr + b.to(tl.int64) * V + v, best, mask=vmask)
+
+
 # ----------------------------------------------------------------------------- wrappers
 
 
@@ -559,6 +576,27 @@ def bucket_max(base, pool: int, *, block_p: int = 16, block_s: int = 128, num_wa
     _bucket_max_kernel[(bsz * n, triton.cdiv(pool, block_p))](
         base, base.stride(0), base.stride(1), n, v, pool, smax, vals, ids,
         BLOCK_P=block_p, BLOCK_S=bs, num_warps=num_warps)
+    return vals, ids
+
+
+def block_shared(base, pool: int, *, block_v: int = 1024, num_warps: int = 4):
+    """SGLang's candidates for base [B, N, V] (the N corrected slots): ONE pool per row, the
+    top-`pool` of each token's max over the N slots, repeated for every slot. -> (vals [B, N, pool]
+    fp32: each slot's own base logits at the pool's ids, ids [B, N, pool] int64). Same result as
+    `reference.block_shared_ids` (the PyTorch definition): the max runs here, the top-k is
+    torch.topk on the same values in the same dtype, so the same set in the same order."""
+    base, vals, ids = _pool_outputs(base, pool, "block_shared")
+    bsz, n, v = base.shape
+    if bsz * n == 0:
+        return vals, ids
+    best = torch.empty(bsz, v, device=base.device, dtype=torch.float32)
+    _slot_max_kernel[(bsz, triton.cdiv(v, block_v))](base, base.stride(0), base.stride(1), n, v, best,
+                                                     BLOCK_V=block_v, num_warps=num_warps)
+    # back to the logits' dtype (exact: every max is one of its values), so torch.topk sees what the
+    # reference's topk sees and breaks boundary ties alike
+    shared = torch.topk(best.to(base.dtype), pool, dim=-1, sorted=False).indices
+    ids.copy_(shared[:, None, :].expand(bsz, n, pool))
+    vals.copy_(base.gather(-1, ids))
     return vals, ids
 
 

@@ -163,6 +163,10 @@ def test_sglang_export_passes_records_the_checklists_and_prints_the_flags(runs, 
                  "--speculative-domino-candidate-pool-size 2048", "--speculative-num-draft-tokens 8", "Greedy only"):
         assert flag in text
     assert "SGLang: passes 20 rules" in text and "SGLang: passes" in (out / "README.md").read_text()
+    # a bench of the bundle drafts from SGLang's candidates (one pool per block), not a top-k per slot
+    assert m["kernel"] == {"bench.head_kernel": "triton_pool", "bench.pool_size": 2048,
+                           "bench.pool_select": "block_shared"}
+    assert m["recipe"]["bench"]["pool_select"] == "block_shared"
 
 
 def test_sglang_refuses_pure_prefix_0_and_writes_nothing(runs, tmp_path, capsys):

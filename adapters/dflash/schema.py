@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from domino_graft.schema import Strict, check_layer_ids, path_fields
+from domino_graft.schema import MAX_LAYERS, MAX_SLOTS, MAX_WIDTH, Strict, check_layer_ids, path_fields, seed_field
 
 
 class DFlashDrafter(Strict):
@@ -15,15 +15,15 @@ class DFlashDrafter(Strict):
     family: Literal["dflash"]
     path: Optional[str] = None  # existing z-lab DFlash (or DFlash+Domino) checkpoint folder
     config: Optional[str] = None  # drafter config.json for planning without weights
-    block_size: int = Field(16, ge=2)
-    num_layers: int = Field(1, ge=1)
+    block_size: int = Field(16, ge=2, le=MAX_SLOTS)
+    num_layers: int = Field(1, ge=1, le=MAX_LAYERS)
     # 0-based decoder-layer outputs of the target; default: spread over the target's depth
     target_layer_ids: Optional[list[int]] = None
     mask_token_id: Optional[int] = Field(None, ge=0)
     # true: block position k predicts x_{a+1+k} (Domino checkpoints); false: position k predicts x_{a+k}
     shift_label: bool = True
-    intermediate_size: Optional[int] = Field(None, ge=8)  # default: the target's
-    seed: int = 0
+    intermediate_size: Optional[int] = Field(None, ge=8, le=MAX_WIDTH)  # default: the target's
+    seed: int = seed_field()
 
     _resolve_paths = path_fields("path", "config")
 

@@ -17,6 +17,7 @@ from .schema import DSparkDrafter
 class DSparkFamily(Family):
     name = "dspark"
     display_name = "DSpark"
+    names_verifier = True  # adapters/speculators.py
     schema = DSparkDrafter
     model_module = f"{__name__}.model"
 

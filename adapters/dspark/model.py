@@ -40,6 +40,7 @@ from torch import nn
 from ..base import DraftBlock, TrainingBlocks, checkpoint_conflicts, read_config_json
 from ..dflash import model as dflash
 from ..dflash.model import DFlashAdapter, DFlashConfig
+from ..speculators import verifier_entry
 from .schema import CHECKPOINT_FIELDS
 
 ARCHITECTURE = "DSparkSpeculator"
@@ -139,7 +140,7 @@ def from_native(raw: dict, source: str) -> tuple[DFlashConfig, DSparkConfig]:
     return cfg, mcfg
 
 
-def to_native(cfg: DFlashConfig, mcfg: DSparkConfig, architecture: str = "?") -> dict:
+def to_native(cfg: DFlashConfig, mcfg: DSparkConfig, architecture: str = "?", target=None) -> dict:
     """config.json in the speculators 0.9.0 DSpark layout (`DSparkSpeculatorConfig`)."""
     k = cfg.block_size if mcfg.sample_from_anchor else cfg.block_size - 1
     layer = dict(mcfg.layer_extra)
@@ -176,7 +177,7 @@ def to_native(cfg: DFlashConfig, mcfg: DSparkConfig, architecture: str = "?") ->
             "algorithm": MODEL_TYPE,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
             "default_proposal_method": "greedy",
-            "verifier": spec.get("verifier") or {"name_or_path": None, "architectures": [architecture]},
+            "verifier": verifier_entry(spec, target, architecture),  # adapters/speculators.py: why
         },
     )
     return out
@@ -371,7 +372,7 @@ class DSparkAdapter(DFlashAdapter):
     # acceptance rate, not a per-slot CE), and in_place leaves the Markov head without one.
 
     def native_config(self) -> dict:
-        return to_native(self.cfg, self.mcfg, self.target.shape.architecture)
+        return to_native(self.cfg, self.mcfg, self.target.shape.architecture, self.target)
 
 
 # ------------------------------------------------------------------ recipe -> drafter

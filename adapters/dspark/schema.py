@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from domino_graft.schema import Strict, check_layer_ids, path_fields
+from domino_graft.schema import MAX_LAYERS, MAX_SLOTS, MAX_WIDTH, Strict, check_layer_ids, path_fields, seed_field
 
 # Fields a DSpark checkpoint's config.json decides (a recipe value that contradicts one is an error).
 CHECKPOINT_FIELDS = ("block_size", "num_layers", "target_layer_ids", "mask_token_id", "sample_from_anchor",
@@ -25,20 +25,20 @@ class DSparkDrafter(Strict):
     path: Optional[str] = None  # a speculators DSpark checkpoint folder (config.json + model.safetensors)
     config: Optional[str] = None  # its config.json alone, for planning without weights
     graft: Literal["on_top", "in_place"] = "on_top"
-    block_size: int = Field(8, ge=2)  # speculators' default
-    num_layers: int = Field(1, ge=1)
+    block_size: int = Field(8, ge=2, le=MAX_SLOTS)  # speculators' default
+    num_layers: int = Field(1, ge=1, le=MAX_LAYERS)
     # 0-based decoder-layer outputs of the target (the checkpoint stores them +1: speculators ids)
     target_layer_ids: Optional[list[int]] = None
     mask_token_id: Optional[int] = Field(None, ge=0)
     # true (DSpark's default): block position k predicts x_{a+1+k}, K = block_size proposals;
     # false: position k predicts x_{a+k}, position 0 unused, K = block_size - 1
     sample_from_anchor: bool = True
-    markov_rank: int = Field(256, ge=0)  # 0: no Markov head (plain DFlash drafting)
+    markov_rank: int = Field(256, ge=0, le=MAX_WIDTH)  # 0: no Markov head (plain DFlash drafting)
     markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
-    intermediate_size: Optional[int] = Field(None, ge=8)  # default: the target's
-    seed: int = 0
+    intermediate_size: Optional[int] = Field(None, ge=8, le=MAX_WIDTH)  # default: the target's
+    seed: int = seed_field()
 
     _resolve_paths = path_fields("path", "config")
 

@@ -366,7 +366,7 @@ def plan(d, tshape):
 
 def load_native_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
     """The heads' tensors from a FasterDecoding folder (Medusa-2 `medusa_head.` prefix stripped)."""
-    from domino_graft.checkpoint import CheckpointError, load_tensors
+    from domino_graft.checkpoint import CheckpointError, load_tensors, torch_load
 
     folder = Path(folder)
     for name in WEIGHT_FILES:
@@ -374,10 +374,7 @@ def load_native_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], Pa
         if not f.is_file():
             continue
         if f.suffix == ".pt":
-            try:  # weights_only: a .pt from the internet must not run code on load
-                state = torch.load(f, map_location="cpu", weights_only=True)
-            except Exception as e:
-                raise CheckpointError(f"{f}: not a readable weights-only torch file ({e})") from None
+            state = torch_load(f)  # weights_only: a .pt from the internet must not run code on load
             if not isinstance(state, dict):
                 raise CheckpointError(f"{f}: holds a {type(state).__name__}, expected a state dict")
         else:

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from domino_graft.schema import Strict, path_fields
+from domino_graft.schema import MAX_LAYERS, MAX_SLOTS, Strict, path_fields, seed_field
 
 
 class MedusaDrafter(Strict):
@@ -19,13 +19,13 @@ class MedusaDrafter(Strict):
     family: Literal["medusa"]
     path: Optional[str] = None  # FasterDecoding folder: config.json + medusa_lm_head.safetensors (or .pt)
     config: Optional[str] = None  # a Medusa config.json, for planning when the weights are not there
-    num_heads: int = Field(4, ge=1)
-    num_layers: int = Field(1, ge=1)  # ResBlocks per head
+    num_heads: int = Field(4, ge=1, le=MAX_SLOTS)
+    num_layers: int = Field(1, ge=1, le=MAX_LAYERS)  # ResBlocks per head
     # Static tree in Medusa's "choices" notation: each path lists, per depth, the rank of the
     # chosen token among its parent's (Domino-corrected) top-k, e.g. [[0], [0, 0], [1]].
     # Every prefix of a path must itself be a path. None = chain decoding (top-1 per slot).
     tree: Optional[list[list[int]]] = None
-    seed: int = 0
+    seed: int = seed_field()
 
     _resolve_paths = path_fields("path", "config")
 

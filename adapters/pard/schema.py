@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from domino_graft.schema import RandomModel, Strict, path_fields
+from domino_graft.schema import MAX_LAYERS, MAX_SLOTS, RandomModel, Strict, path_fields, seed_field
 
 
 class PardDrafter(Strict):
@@ -21,11 +21,11 @@ class PardDrafter(Strict):
     family: Literal["pard"]
     path: Optional[str] = None
     random: Optional[RandomModel] = None
-    num_layers: int = Field(2, ge=1)  # only for the copy-of-the-target start
-    num_slots: int = Field(8, ge=2)  # k proposals per forward
+    num_layers: int = Field(2, ge=1, le=MAX_LAYERS)  # only for the copy-of-the-target start
+    num_slots: int = Field(8, ge=2, le=MAX_SLOTS)  # k proposals per forward
     # default: the checkpoint's `pard_token`, else the last vocabulary row
     pard_token_id: Optional[int] = Field(None, ge=0)
-    seed: int = 0
+    seed: int = seed_field()
 
     _resolve_paths = path_fields("path")
 

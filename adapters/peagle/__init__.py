@@ -17,6 +17,7 @@ from .schema import PEagleDrafter
 class PEagleFamily(Family):
     name = "peagle"
     display_name = "P-EAGLE"
+    names_verifier = True  # adapters/speculators.py
     schema = PEagleDrafter
     model_module = f"{__name__}.model"
     # speculators' own dtypes, kept bit for bit in runs and bundles of any export dtype (the core

@@ -11,9 +11,9 @@ REFUSED = {
     "sglang": f"SGLang has no P-EAGLE algorithm (--speculative-algorithm builtins: {SGLANG_ALGORITHMS}; sglang "
               "srt/arg_groups/fields/spec.py)",
     "vllm": "vLLM 0.33 serves P-EAGLE but has no Domino runtime (RFC vllm-project/vllm#46707); the native bundle's "
-            "drafter/ is a speculators 0.9.0 `peagle` checkpoint to try there as the base drafter, without the head "
-            "(its d2t/t2d are stored as speculators writes them, int64/bool, in any export dtype; vLLM's loader was "
-            "not checked: docs/peagle.md)",
+            "drafter/ is a speculators 0.9.0 `peagle` checkpoint that vLLM's P-EAGLE loader loads as the base "
+            "drafter, without the head (its d2t/t2d are stored as speculators writes them, int64/bool, in any export "
+            "dtype; docs/peagle.md)",
     "hf": "there is no transformers remote code for P-EAGLE drafters; `--format native` writes drafter/ (a speculators "
           "P-EAGLE checkpoint) + head.safetensors for domino-graft's own decoder",
 }

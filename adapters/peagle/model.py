@@ -43,6 +43,7 @@ from torch import nn
 from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts,
                     placeholder_token_problems, read_config_json, slot_targets)
 from ..dflash.model import RMSNorm, _rows, apply_rope, rope_cos_sin
+from ..speculators import verifier_entry
 from .schema import CHECKPOINT_FIELDS
 
 ARCHITECTURE = "PEagleSpeculator"
@@ -192,7 +193,7 @@ def from_native(raw: dict, source: str) -> PEagleConfig:
     )
 
 
-def to_native(cfg: PEagleConfig, architecture: str = "?") -> dict:
+def to_native(cfg: PEagleConfig, architecture: str = "?", target=None) -> dict:
     """config.json in the speculators 0.9.0 P-EAGLE layout (`PEagleSpeculatorConfig`)."""
     layer = dict(cfg.layer_extra)
     layer.update(
@@ -229,7 +230,7 @@ def to_native(cfg: PEagleConfig, architecture: str = "?") -> dict:
             "algorithm": MODEL_TYPE,
             "proposal_methods": [greedy],
             "default_proposal_method": "greedy",
-            "verifier": spec.get("verifier") or {"name_or_path": None, "architectures": [architecture]},
+            "verifier": verifier_entry(spec, target, architecture),  # adapters/speculators.py: why
         },
     )
     return out
@@ -628,7 +629,7 @@ class PEagleAdapter(DrafterAdapter):
         return dict(self.backbone.state_dict())
 
     def native_config(self) -> dict:
-        return to_native(self.cfg, self.target.shape.architecture)
+        return to_native(self.cfg, self.target.shape.architecture, self.target)
 
 
 def training_mask(anchors: torch.Tensor, num_ctx: int, k: int) -> torch.Tensor:

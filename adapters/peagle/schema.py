@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from domino_graft.schema import Strict, check_layer_ids, path_fields
+from domino_graft.schema import MAX_LAYERS, MAX_SLOTS, MAX_WIDTH, Strict, check_layer_ids, path_fields, seed_field
 
 # Fields a P-EAGLE checkpoint's config.json decides (a recipe value that contradicts one is an error).
 CHECKPOINT_FIELDS = ("layer_type", "num_layers", "num_slots", "target_layer_ids", "mask_token_id", "draft_vocab_size",
@@ -28,9 +28,9 @@ class PEagleDrafter(Strict):
     config: Optional[str] = None
     # the draft decoder layers; default llama (speculators' train CLI builds P-EAGLE drafts on a LlamaConfig)
     layer_type: Optional[Literal["llama", "qwen3"]] = None
-    num_layers: int = Field(1, ge=1)
+    num_layers: int = Field(1, ge=1, le=MAX_LAYERS)
     # K: tokens drafted per forward (speculators' speculative_tokens / num_depths, default 8)
-    num_slots: int = Field(8, ge=2)
+    num_slots: int = Field(8, ge=2, le=MAX_SLOTS)
     # 0-based decoder-layer outputs of the target (config.json stores speculators ids, +1);
     # default: speculators' [2, L//2, L-3] in its own convention
     target_layer_ids: Optional[list[int]] = None
@@ -46,8 +46,8 @@ class PEagleDrafter(Strict):
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
-    intermediate_size: Optional[int] = Field(None, ge=8)  # default: the target's
-    seed: int = 0
+    intermediate_size: Optional[int] = Field(None, ge=8, le=MAX_WIDTH)  # default: the target's
+    seed: int = seed_field()
 
     _resolve_paths = path_fields("path", "config", "d2t_path", "t2d_path")
 

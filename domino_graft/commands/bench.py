@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--rollout", default=None,
                    help="rollout implementation: torch or a kernel rollout (triton, triton_pool); default: recipe bench.head_kernel")
+    p.add_argument("--engine", choices=("sglang",), help="measure tau as that engine serves the drafter: sglang = "
+                   "its Domino runtime's candidates (the triton_pool rollout with block_shared pools of bench.pool_size, "
+                   "SGLang's --speculative-domino-candidate-pool-size), greedy only, families SGLang serves")
     p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"),
                    help="target KV cache: auto (default: static on a CUDA device, dynamic elsewhere), dynamic "
                         "(HF forward and DynamicCache) or static (the fast engine where the target supports it, "
@@ -58,6 +61,22 @@ def check_json_destination(path, force: bool) -> None:
     check_destination(path, kind="bench report", option="--json", force=force, is_kind=is_bench_report)
 
 
+def engine_rollout(loaded, engine: str, override) -> dict:
+    """The rollout that drafts what `engine` drafts: SGLang's block-shared candidate pool."""
+    from ..engines import ENGINE_NAMES, engine_spec
+    from ..registry import get_family
+
+    family = get_family(loaded.recipe.drafter.family)
+    spec = engine_spec(family, engine)
+    if spec.refused:
+        raise ValueError(f"bench --engine {engine}: {ENGINE_NAMES[engine]} cannot serve {family.display_name} "
+                         f"drafters: {spec.refused}")
+    if override not in (None, "triton_pool"):
+        raise ValueError(f"bench: --rollout {override} contradicts --engine {engine}, which drafts with triton_pool "
+                         "and block_shared candidates; give one of them")
+    return {"name": "triton_pool", "pool_size": loaded.recipe.bench.pool_size, "pool_select": "block_shared"}
+
+
 def run(args) -> int:
     from ..progress import loading
 
@@ -82,8 +101,14 @@ def run(args) -> int:
         check_rollout_name(args.rollout)  # before minutes of loading
     if args.prompts:
         read_prompts(args.prompts, limit=args.limit)  # a bad prompt file fails before the models load
+    if args.engine and args.temperature:  # SGLang's Domino runtime drafts greedily (dflash_utils.py)
+        raise ValueError(f"--temperature: {args.temperature!r} with --engine {args.engine}: its Domino runtime is "
+                         "greedy only; valid: 0")
     loaded = load_run_or_bundle(args.run, device=pick_device(args.device, option="--device"))
     b = loaded.recipe.bench
+    rollout = rollout_choice(b, args.rollout)
+    if args.engine:
+        rollout = engine_rollout(loaded, args.engine, args.rollout)
     seed = b.seed if args.seed is None else args.seed
     sampling = Sampling(
         temperature=b.temperature if args.temperature is None else args.temperature,
@@ -93,7 +118,7 @@ def run(args) -> int:
     if max_new < 1:
         raise ValueError(f"--max-new-tokens: {max_new!r} is invalid; valid: an integer >= 1")
     prompts = resolve_prompts(loaded, args.prompts, seed=seed, limit=args.limit)
-    report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout_choice(b, args.rollout),
+    report = run_bench(loaded, prompts, max_new_tokens=max_new, sampling=sampling, rollout=rollout,
                        progress=not args.no_progress, kv=args.kv, batch_size=args.batch_size, verify_budget=budget)
     print(format_report(report))
     if args.json:

@@ -8,11 +8,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..registry import families
+    import sys
+
+    from ..registry import broken_plugins, families
 
     found = families()
     width = max(map(len, found), default=0)
     for name, family in found.items():
         formats = ", ".join(family.export_formats)
         print(f"{name:<{width}}  {family.display_name}: export {formats}; from {type(family).__module__}")
-    return 0
+    broken = broken_plugins()
+    if broken:  # each was warned about, with its reason, at the scan; this is the command's answer
+        print(f"error: {len(broken)} installed plug-in(s) ignored: {', '.join(map(repr, broken))} (reasons above)",
+              file=sys.stderr)
+    return 1 if broken else 0
