@@ -1,0 +1,132 @@
+"""A chain batch that can be stepped one block at a time: the loop body of
+`decoding.batched.batched_chain`, cut at its block boundaries so a scheduler can retire rows
+between blocks and rebuild the batch to admit new ones.
+
+Why a rebuild rather than an insert: the library's ragged caches (`ragged_target`: the fast
+engine's static cache, or one HF DynamicCache with a validity mask) and the adapters' ragged
+contract (`adapter.reset(B)`, then `observe`/`propose` over all B rows) are filled by one
+prefill of the whole batch; nothing prefills one row into a batch in flight (that is issue #40's
+step 1, one session contract). So admission re-prefills the batch: each running row's verified
+context (its prompt and every token it emitted but the last) and each new row's prompt,
+right-padded as `batched_chain` pads them. The running row's last token is already chosen: it is
+the row's anchor again, and the prefill's pick for that row is dropped. A row's state is thus
+only its token history, which is why its output cannot depend on the batch: attention sees only
+the row's own entries (batched.py's argument), and a rebuilt row continues from exactly the
+context its solo decode would hold. The cost is the running rows' prefill at each admission.
+
+Rows that finish or are cancelled stay in the batch, masked, until the next rebuild drops them
+(batched_chain's rule: their outputs are dropped and the others never wait for them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..decoding.batched import ragged_target, static_batch_drafter
+from ..decoding.verify import verify_chain
+from ..sampling import Sampling, pick
+
+
+class BatchRow:
+    """What the batch needs of a request: its verified context, the anchor when it already has
+    one, its token budget, and where its tokens go (`push(ids) -> finished`)."""
+
+    def __init__(self, context: Sequence[int], anchor: Optional[int], positions_needed: int,
+                 push: Callable[[list[int]], bool], alive: Callable[[], bool]):
+        self.context = list(context)
+        self.anchor = anchor
+        self.positions_needed = positions_needed  # the most positions this row can reach
+        self.push = push  # -> True when the row is done (stop token, length or stop string)
+        self.alive = alive  # False once the client has gone
+
+
+class ChainBatch:
+    """B rows of one sampling setting, prefilled together, then `step()` per block."""
+
+    def __init__(self, engine, rows: list[BatchRow], sampling: Sampling, *, use_head: bool,
+                 on_step: Optional[Callable[[list[int]], None]] = None):
+        adapter = engine.adapter
+        self.engine, self.adapter, self.rows, self.sampling = engine, adapter, rows, sampling
+        self.use_head, self.on_step = use_head, on_step
+        self.k = k = adapter.num_slots
+        dev = engine.target.device
+        self.dev = dev
+        # one generator per batch: a row's samples depend on its batch (batched.py), so a
+        # request's seed only reproduces when it decodes alone
+        self.gen = sampling.generator(dev)
+        self.capture = adapter.capture_layers()
+        ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
+        length = max(r.positions_needed for r in rows) + k + 1
+        kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"  # as Engine.speculative_batch
+        self.target = ragged_target(engine, ids, length, kv)
+        self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
+        adapter.reset(len(rows))
+        logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
+        if self.drafter is not None:
+            self.drafter.prefill(feats, feats.shape[1])
+        else:
+            adapter.observe(feats, prompt_pos, ids=prompt_ids)
+        picked = pick(logits, sampling, self.gen).tolist()
+        anchors = [picked[b] if r.anchor is None else r.anchor for b, r in enumerate(rows)]
+        self.anchor = torch.tensor(anchors, dtype=torch.long, device=dev)
+        self.pos_h = [len(r.context) for r in rows]
+        self.pos = torch.tensor(self.pos_h, device=dev)
+        self.live = [True] * len(rows)
+        for b, r in enumerate(rows):  # a new row's first token comes from this prefill
+            if r.anchor is None:
+                r.anchor = anchors[b]
+                self.live[b] = not r.push([anchors[b]])
+        self.offs = torch.arange(k + 1, device=dev)
+
+    @property
+    def any_live(self) -> bool:
+        return any(self.live)
+
+    def running(self) -> list[BatchRow]:
+        """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
+        return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One block for every live row: propose, roll out, verify, push each row's tokens."""
+        # a cancelled row is retired here, at the block boundary: masked like a finished one
+        self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
+        if not any(self.live):
+            return
+        adapter, engine, s, k = self.adapter, self.engine, self.sampling, self.k
+        b = len(self.rows)
+        anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
+        block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
+        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=s.temperature,
+                                   top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+        seq = torch.cat([anchor[:, None], drafts], dim=1)
+        logits, feats = self.target.step(seq, pos, self.capture, pos_h)
+        n_acc, nxt = verify_chain(logits, drafts, q, s, self.gen)
+        host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
+        n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        if self.on_step is not None:
+            self.on_step([n_acc_h[r] for r in range(b) if self.live[r]])
+        for r in range(b):
+            if self.live[r]:
+                a = n_acc_h[r]
+                chunk = drafts_h[r * k: r * k + a] + [nxt_h[r]]
+                self.live[r] = not self.rows[r].push(chunk)
+                self.rows[r].context.append(self.rows[r].anchor)
+                self.rows[r].context.extend(chunk[:-1])
+                self.rows[r].anchor = chunk[-1]
+        if not any(self.live):
+            return
+        # rows that just ended keep nothing more; the others x_0 and their accepted drafts
+        kept = torch.where(torch.tensor(self.live, device=self.dev), n_acc + 1, 0)
+        longest = max(n + 1 for n, on in zip(n_acc_h, self.live) if on)
+        new = self.target.keep(kept, longest)
+        if self.drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
+            self.drafter.observe_block(feats, pos_h)
+        else:
+            adapter.observe(None if feats is None else feats[:, :longest],
+                            torch.where(new, pos[:, None] + self.offs[:longest], -1), ids=seq[:, :longest])
+        self.anchor = torch.where(kept > 0, nxt, anchor)
+        self.pos = pos + kept
+        self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
