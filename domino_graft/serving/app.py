@@ -117,7 +117,8 @@ def _encode(served: Served, where: str, kw: dict) -> list[int]:
                              reserved=stop_token_ids(loaded.target) | loaded.adapter.reserved_token_ids(),
                              placeholders=loaded.adapter.reserved_token_ids(), **kw)
     except ValueError as e:
-        raise APIError(400, str(e), param=where, code="invalid_prompt") from None
+        message = str(e).replace(f"{where}: {where}:", f"{where}:", 1)  # the library names `where` twice
+        raise APIError(400, message, param=where, code="invalid_prompt") from None
 
 
 def _budget(served: Served, body, n_prompt: int, chat: bool) -> int:

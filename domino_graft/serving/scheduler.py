@@ -267,6 +267,12 @@ class Scheduler:
         jobs: dict[int, Job] = {}  # id(row) -> job
         while True:
             running = batch.running() if batch is not None else []
+            if batch is not None and not running:  # every row finished or cancelled: retire them all
+                for row in batch.rows:
+                    self._retire(jobs.pop(id(row)))
+                batch = None
+                self.running = 0
+                self._gauges()
             head = self._next(block=not running)
             if head is None and not running:
                 return  # stopping, nothing queued or running
@@ -276,12 +282,10 @@ class Scheduler:
             while head is not None and head.key == key and len(running) + len(admitted) < self.max_batch:
                 admitted.append(self._pop())
                 head = self._next(block=False)
-            if admitted or (batch is not None and not running):
+            if admitted:
                 for row in (batch.rows if batch is not None else []):
                     if row not in running:
                         self._retire(jobs.pop(id(row)))
-                batch = None
-            if admitted:
                 rows = running
                 for job in admitted:
                     row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.push,
