@@ -1,0 +1,92 @@
+"""The scheduler in process, without HTTP: a request that arrives while another decodes joins the
+batch at a block boundary and finishes while the first goes on, each equal to its target-alone
+decode; a cancelled row stops at the next block; a sampled request waits for the greedy batch
+(one sampling setting per batch) and is still served."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from domino_graft.sampling import Sampling
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_run):
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    loaded = load_run_or_bundle(str(tiny_run))
+    return Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))
+
+
+def _job(engine, prompt, max_tokens, temperature=0.0):
+    from domino_graft.serving.scheduler import Job
+
+    done = threading.Event()
+
+    def send(ev):
+        if ev[0] != "delta":
+            done.set()
+
+    job = Job(prompt, max_tokens=max_tokens, sampling=Sampling(temperature=temperature), stop=[],
+              stop_ids=engine.stop_ids, detokenize=lambda ids: " ".join(map(str, ids)), send=send)
+    job.done = done
+    return job
+
+
+def _until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine):
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8, metrics=Metrics())
+    assert sched.mode == "batched"
+    sched.start()
+    try:
+        long, short = _job(engine, [5, 6, 7, 8], 1500), _job(engine, [9, 3, 4], 12)
+        sched.submit(long)
+        _until(lambda: len(long.tokens) > 0)
+        sched.submit(short)
+        assert short.done.wait(30)
+        assert long.finish_reason is None, "the first request stopped for the second"
+        assert short.finish_reason in ("stop", "length")
+        n = len(long.tokens)
+        long.cancel()
+        assert long.done.wait(30) and long.finish_reason == "cancelled"
+        assert len(long.tokens) - n <= 2 * engine.adapter.num_slots  # retired at the next block or so
+        want_long = engine.target_only([5, 6, 7, 8], max_new_tokens=1500).tokens
+        assert long.tokens == want_long[: len(long.tokens)]
+        assert short.tokens == engine.target_only([9, 3, 4], max_new_tokens=12).tokens
+    finally:
+        assert sched.stop(30)
+
+
+def test_a_sampled_request_waits_for_the_greedy_batch(engine):
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8)
+    sched.start()
+    try:
+        greedy, sampled, after = (_job(engine, [5, 6, 7], 200), _job(engine, [8, 9], 20, temperature=0.8),
+                                  _job(engine, [10, 11], 5))
+        sched.submit(greedy)
+        _until(lambda: len(greedy.tokens) > 0)
+        sched.submit(sampled)
+        sched.submit(after)  # greedy, but behind the sampled one: first come, first served
+        for job in (greedy, sampled, after):
+            assert job.done.wait(60)
+        assert sampled.first_token >= greedy.last_token  # it waited for the greedy batch to drain
+        assert after.first_token >= sampled.first_token
+        assert 1 <= len(sampled.tokens) <= 20
+        assert after.tokens == engine.target_only([10, 11], max_new_tokens=5).tokens
+    finally:
+        assert sched.stop(30)
