@@ -6,14 +6,14 @@ the adapter's drafter context) is one decode's state at a time.
 
 Two modes, by what the drafter can do (docs/serving.md, "serve"):
 
-    batched   chain drafters that take ragged batches (adapter.ragged_batch: DFlash, DSpark,
-              Medusa chains): continuous batching. Between blocks the worker retires finished
+    batched   chain drafters that take ragged batches (adapter.topology "chain" and
+              adapter.ragged_batch): continuous batching. Between blocks the worker retires finished
               and cancelled rows and, when requests wait and rows are free, rebuilds the batch
               with them (serving/batch.py). One batch holds one sampling setting (temperature,
               top_k, top_p): the library's rollout and verifier take one per batch. The queue is
               served first come, first served: a request whose setting differs from the running
               batch's waits for that batch to drain, and later requests wait behind it.
-    one at a time   PARD, P-EAGLE (no ragged-batch contract), Medusa trees, --target-only and
+    one at a time   drafters without the ragged-batch contract, trees, --target-only and
               --max-batch 1: each request decodes alone through `Engine.speculative` /
               `Engine.target_only`, streamed block by block; the queue waits.
 """
