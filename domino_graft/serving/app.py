@@ -150,7 +150,7 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
               sampling=Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed),
               stop=body.stop_strings(), stop_ids=served.engine.stop_ids,
               detokenize=lambda toks: decode_text(target, toks),
-              send=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+              send=_sender(loop, events))
     try:
         served.scheduler.submit(job)
     except QueueFull as e:
@@ -183,6 +183,19 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
     choice["finish_reason"] = reason
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": served.model_name, "choices": [choice], "usage": _usage(job)}
+
+
+def _sender(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
+    """The worker's way to hand a job's events to its handler. After shutdown the loop is closed
+    and nobody listens: the event is dropped rather than failing the worker."""
+
+    def send(event: tuple) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed
+            pass
+
+    return send
 
 
 def _usage(job: Job) -> dict:

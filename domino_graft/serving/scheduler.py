@@ -63,6 +63,8 @@ class Job:
         self.stopped_by_string = False  # the decoder itself would go on: a solo decode must be stopped
         self.finish_reason: Optional[str] = None
         self.text = ""  # the text sent so far
+        self.decoded = ""  # the text of the tokens so far, complete characters only
+        self._prefix_at = self._read_at = 0  # _decode's window (vLLM's prefix and read offsets)
         self.arrived = time.perf_counter()
         self.first_token: Optional[float] = None
         self.last_token: Optional[float] = None
@@ -92,7 +94,7 @@ class Job:
         self.first_token = self.first_token or now
         self.last_token = now
         done = self.out.push(ids)
-        text = self.detokenize(self.out.tokens)
+        text = self._decode(final=done)
         hold = 0
         for s in self.stop:
             at = text.find(s, max(0, len(self.text) - len(s)))
@@ -115,6 +117,20 @@ class Job:
         if done:
             self.finish(self.out.stop_reason or "stop")
         return done
+
+    def _decode(self, final: bool) -> str:
+        """The text of every token so far, decoded incrementally: each call decodes the tokens since
+        the last complete character plus the few before them (the context a tokenizer needs for the
+        spaces it puts between tokens), not the whole answer, which over a long answer would be
+        quadratic work in the model's thread. An incomplete UTF-8 character (U+FFFD at the end)
+        waits for its next token."""
+        toks = self.out.tokens
+        prefix = self.detokenize(toks[self._prefix_at: self._read_at])
+        new = self.detokenize(toks[self._prefix_at:])
+        if len(new) > len(prefix) and (final or not new.endswith("\ufffd")):
+            self.decoded += new[len(prefix):]
+            self._prefix_at, self._read_at = self._read_at, len(toks)
+        return self.decoded
 
     def finish(self, reason: str) -> None:
         if self.finish_reason is None:

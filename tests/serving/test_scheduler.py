@@ -63,8 +63,7 @@ def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine):
         long.cancel()
         assert long.done.wait(30) and long.finish_reason == "cancelled"
         assert len(long.tokens) - n <= 2 * engine.adapter.num_slots  # retired at the next block or so
-        want_long = engine.target_only([5, 6, 7, 8], max_new_tokens=1500).tokens
-        assert long.tokens == want_long[: len(long.tokens)]
+        assert long.tokens == engine.target_only([5, 6, 7, 8], max_new_tokens=len(long.tokens)).tokens
         assert short.tokens == engine.target_only([9, 3, 4], max_new_tokens=12).tokens
     finally:
         assert sched.stop(30)
@@ -88,5 +87,48 @@ def test_a_sampled_request_waits_for_the_greedy_batch(engine):
         assert after.first_token >= sampled.first_token
         assert 1 <= len(sampled.tokens) <= 20
         assert after.tokens == engine.target_only([10, 11], max_new_tokens=5).tokens
+    finally:
+        assert sched.stop(30)
+
+
+@pytest.fixture(scope="module")
+def tree_engine(tmp_path_factory):
+    """A Medusa tree: no ragged tree verify, so its requests decode one at a time."""
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    from .harness import apply_tiny
+
+    run = apply_tiny("medusa", tmp_path_factory.mktemp("tree") / "run",
+                     ["drafter.tree=[[0],[1],[0,0],[0,1],[0,0,0]]"])
+    loaded = load_run_or_bundle(str(run))
+    assert loaded.adapter.topology == "tree"
+    return Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_one_at_a_time_serves_trees_and_the_target_alone(tree_engine, target_only):
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    metrics = Metrics()
+    sched = Scheduler(tree_engine, max_batch=8, max_queue=8, target_only=target_only, metrics=metrics)
+    assert sched.mode == "one at a time"
+    sched.start()
+    try:
+        prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+        jobs = [_job(tree_engine, p, 10 + 3 * i) for i, p in enumerate(prompts)]
+        long = _job(tree_engine, [14, 15], 1500)
+        sched.submit(long)
+        for job in jobs:
+            sched.submit(job)
+        _until(lambda: len(long.tokens) > 0)
+        long.cancel()  # the solo decode stops at its next block; the queue goes on
+        for job in [long, *jobs]:
+            assert job.done.wait(60)
+        assert long.finish_reason == "cancelled" and len(long.tokens) < 1500
+        for i, (p, job) in enumerate(zip(prompts, jobs)):
+            assert job.tokens == tree_engine.target_only(p, max_new_tokens=10 + 3 * i).tokens
+        assert (metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0) == target_only
     finally:
         assert sched.stop(30)
