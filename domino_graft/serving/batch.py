@@ -16,11 +16,19 @@ context its solo decode would hold. The cost is the running rows' prefill at eac
 
 Rows that finish or are cancelled stay in the batch, masked, until the next rebuild drops them
 (batched_chain's rule: their outputs are dropped and the others never wait for them).
+
+Each row has its own sampling setting. The library's rollout and verifier take one setting per
+call, so a step runs them once per setting present, on that setting's rows (both work row by row:
+a row's drafts and verdict read only its own block, logits and q), while the drafter's propose
+and the target's forward, the costly parts, run once over all rows. One generator per batch, so
+at T > 0 a row's samples depend on its batch (its distribution does not; batched.py).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
+
+from dataclasses import replace
 
 import torch
 
@@ -33,9 +41,10 @@ class BatchRow:
     """What the batch needs of a request: its verified context, the anchor when it already has
     one, its token budget, and where its tokens go (`push(ids) -> finished`)."""
 
-    def __init__(self, context: Sequence[int], anchor: Optional[int], positions_needed: int,
+    def __init__(self, context: Sequence[int], anchor: Optional[int], positions_needed: int, sampling: Sampling,
                  push: Callable[[list[int]], bool], alive: Callable[[], bool]):
         self.context = list(context)
+        self.sampling = sampling
         self.anchor = anchor
         self.positions_needed = positions_needed  # the most positions this row can reach
         self.push = push  # -> True when the row is done (stop token, length or stop string)
@@ -43,19 +52,27 @@ class BatchRow:
 
 
 class ChainBatch:
-    """B rows of one sampling setting, prefilled together, then `step()` per block."""
+    """B rows, prefilled together, then `step()` per block."""
 
-    def __init__(self, engine, rows: list[BatchRow], sampling: Sampling, *, use_head: bool,
+    def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
                  on_step: Optional[Callable[[list[int]], None]] = None):
         adapter = engine.adapter
-        self.engine, self.adapter, self.rows, self.sampling = engine, adapter, rows, sampling
+        self.engine, self.adapter, self.rows = engine, adapter, rows
         self.use_head, self.on_step = use_head, on_step
         self.k = k = adapter.num_slots
         dev = engine.target.device
         self.dev = dev
-        # one generator per batch: a row's samples depend on its batch (batched.py), so a
-        # request's seed only reproduces when it decodes alone
-        self.gen = sampling.generator(dev)
+        # the rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]
+        by_key: dict[tuple, list[int]] = {}
+        for b, r in enumerate(rows):
+            s = r.sampling
+            by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
+        self.groups = [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
+        # one generator per batch, fresh entropy: a request's seed is not used here (module docstring)
+        self.gen = None
+        if any(not s.greedy for _, s in self.groups):
+            self.gen = torch.Generator(device=dev)
+            self.gen.seed()
         self.capture = adapter.capture_layers()
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
         length = max(r.positions_needed for r in rows) + k + 1
@@ -68,7 +85,10 @@ class ChainBatch:
             self.drafter.prefill(feats, feats.shape[1])
         else:
             adapter.observe(feats, prompt_pos, ids=prompt_ids)
-        picked = pick(logits, sampling, self.gen).tolist()
+        picked = torch.empty(len(rows), dtype=torch.long, device=dev)
+        for idx, s in self.groups:
+            picked[idx] = pick(logits[idx], s, self.gen)
+        picked = picked.tolist()
         anchors = [picked[b] if r.anchor is None else r.anchor for b, r in enumerate(rows)]
         self.anchor = torch.tensor(anchors, dtype=torch.long, device=dev)
         self.pos_h = [len(r.context) for r in rows]
@@ -95,15 +115,14 @@ class ChainBatch:
         self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
         if not any(self.live):
             return
-        adapter, engine, s, k = self.adapter, self.engine, self.sampling, self.k
+        adapter, engine, k = self.adapter, self.engine, self.k
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
         block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
-        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=s.temperature,
-                                   top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+        drafts, qs = self._rollout(block, anchor)
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = self.target.step(seq, pos, self.capture, pos_h)
-        n_acc, nxt = verify_chain(logits, drafts, q, s, self.gen)
+        n_acc, nxt = self._verify(logits, drafts, qs)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         if self.on_step is not None:
@@ -130,3 +149,32 @@ class ChainBatch:
         self.anchor = torch.where(kept > 0, nxt, anchor)
         self.pos = pos + kept
         self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
+
+    def _rollout(self, block, anchor: torch.Tensor):
+        """-> (drafts [B, K], each group's q): the rollout once per sampling setting."""
+        engine = self.engine
+        if len(self.groups) == 1:  # the common case: one call over the block as is
+            s = self.groups[0][1]
+            drafts, q = engine.rollout(engine.head, block, anchor, self.adapter.embed, temperature=s.temperature,
+                                       top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+            return drafts, [q]
+        drafts = torch.empty(anchor.shape[0], self.k, dtype=torch.long, device=anchor.device)
+        qs = []
+        for idx, s in self.groups:
+            part = replace(block, hidden=block.hidden[idx], base_logits=block.base_logits[idx])
+            d, q = engine.rollout(engine.head, part, anchor[idx], self.adapter.embed, temperature=s.temperature,
+                                  top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+            drafts[idx] = d
+            qs.append(q)
+        return drafts, qs
+
+    def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, qs: list):
+        """-> (n_acc [B], next [B]): each group by its own rule (greedy, or speculative sampling)."""
+        if len(self.groups) == 1:
+            return verify_chain(logits, drafts, qs[0], self.groups[0][1], self.gen)
+        b = drafts.shape[0]
+        n_acc = torch.empty(b, dtype=torch.long, device=drafts.device)
+        nxt = torch.empty(b, dtype=torch.long, device=drafts.device)
+        for (idx, s), q in zip(self.groups, qs):
+            n_acc[idx], nxt[idx] = verify_chain(logits[idx], drafts[idx], q, s, self.gen)
+        return n_acc, nxt

@@ -9,10 +9,8 @@ Two modes, by what the drafter can do (docs/serving.md, "serve"):
     batched   chain drafters that take ragged batches (adapter.topology "chain" and
               adapter.ragged_batch): continuous batching. Between blocks the worker retires finished
               and cancelled rows and, when requests wait and rows are free, rebuilds the batch
-              with them (serving/batch.py). One batch holds one sampling setting (temperature,
-              top_k, top_p): the library's rollout and verifier take one per batch. The queue is
-              served first come, first served: a request whose setting differs from the running
-              batch's waits for that batch to drain, and later requests wait behind it.
+              with them, first come first served (serving/batch.py). Rows of any sampling settings
+              share a batch.
     one at a time   drafters without the ragged-batch contract, trees, --target-only and
               --max-batch 1: each request decodes alone through `Engine.speculative` /
               `Engine.target_only`, streamed block by block; the queue waits.
@@ -70,12 +68,6 @@ class Job:
         self.last_token: Optional[float] = None
         self.accepted: list[int] = []
         self.on_finish: Optional[Callable[["Job"], None]] = None  # the scheduler's metrics
-
-    @property
-    def key(self) -> tuple:
-        """The batch a job can join: its sampling setting (greedy ignores top_k / top_p)."""
-        s = self.sampling
-        return ("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p)
 
     @property
     def tokens(self) -> list[int]:
@@ -292,10 +284,9 @@ class Scheduler:
             head = self._next(block=not running)
             if head is None and not running:
                 return  # stopping, nothing queued or running
-            # admission, first come first served: only the head's setting, and only while rows are free
-            key = jobs[id(running[0])].key if running else (head.key if head is not None else None)
+            # admission, first come first served, while rows are free
             admitted: list[Job] = []
-            while head is not None and head.key == key and len(running) + len(admitted) < self.max_batch:
+            while head is not None and len(running) + len(admitted) < self.max_batch:
                 admitted.append(self._pop())
                 head = self._next(block=False)
             if admitted:
@@ -304,13 +295,12 @@ class Scheduler:
                         self._retire(jobs.pop(id(row)))
                 rows = running
                 for job in admitted:
-                    row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.push,
-                                   lambda job=job: not job.cancelled)
+                    row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.sampling,
+                                   job.push, lambda job=job: not job.cancelled)
                     jobs[id(row)] = job
                     rows = rows + [row]
                 try:
-                    batch = ChainBatch(self.engine, rows, admitted[0].sampling, use_head=self.use_head,
-                                       on_step=self._on_step)
+                    batch = ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step)
                 except Exception as e:
                     self._fail_all(jobs, e)
                     batch = None

@@ -1,7 +1,7 @@
 """The scheduler in process, without HTTP: a request that arrives while another decodes joins the
 batch at a block boundary and finishes while the first goes on, each equal to its target-alone
-decode; a cancelled row stops at the next block; a sampled request waits for the greedy batch
-(one sampling setting per batch) and is still served."""
+decode; a cancelled row stops at the next block; greedy and sampled rows share a batch; the
+one-at-a-time mode (trees, --target-only) serves its queue in turn."""
 
 from __future__ import annotations
 
@@ -69,24 +69,30 @@ def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine):
         assert sched.stop(30)
 
 
-def test_a_sampled_request_waits_for_the_greedy_batch(engine):
+def test_sampled_and_greedy_rows_share_a_batch(engine):
+    """Requests of three settings join one batch in flight; the greedy ones still equal the target
+    alone, and the sampled ones finish while the first greedy row goes on."""
     from domino_graft.serving.scheduler import Scheduler
 
     sched = Scheduler(engine, max_batch=4, max_queue=8)
     sched.start()
     try:
-        greedy, sampled, after = (_job(engine, [5, 6, 7], 200), _job(engine, [8, 9], 20, temperature=0.8),
-                                  _job(engine, [10, 11], 5))
-        sched.submit(greedy)
-        _until(lambda: len(greedy.tokens) > 0)
-        sched.submit(sampled)
-        sched.submit(after)  # greedy, but behind the sampled one: first come, first served
-        for job in (greedy, sampled, after):
+        first = _job(engine, [5, 6, 7], 1500)
+        sched.submit(first)
+        _until(lambda: len(first.tokens) > 0)
+        others = [_job(engine, [8, 9], 20, temperature=0.8), _job(engine, [10, 11], 7),
+                  _job(engine, [12, 13, 14], 15, temperature=1.3)]
+        for job in others:
+            sched.submit(job)
+        for job in others:
             assert job.done.wait(60)
-        assert sampled.first_token >= greedy.last_token  # it waited for the greedy batch to drain
-        assert after.first_token >= sampled.first_token
-        assert 1 <= len(sampled.tokens) <= 20
-        assert after.tokens == engine.target_only([10, 11], max_new_tokens=5).tokens
+        assert first.finish_reason is None  # all three joined and left while it decoded
+        first.cancel()
+        assert first.done.wait(30)
+        assert first.tokens == engine.target_only([5, 6, 7], max_new_tokens=len(first.tokens)).tokens
+        assert others[1].tokens == engine.target_only([10, 11], max_new_tokens=7).tokens
+        for job in (others[0], others[2]):
+            assert job.finish_reason in ("stop", "length") and 1 <= len(job.tokens) <= job.max_tokens
     finally:
         assert sched.stop(30)
 
