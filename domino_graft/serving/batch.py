@@ -55,7 +55,8 @@ class ChainBatch:
     """B rows, prefilled together, then `step()` per block."""
 
     def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
-                 on_step: Optional[Callable[[list[int]], None]] = None):
+                 on_step: Optional[Callable[[list[int]], None]] = None, seed: Optional[int] = None):
+        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it)."""
         adapter = engine.adapter
         self.engine, self.adapter, self.rows = engine, adapter, rows
         self.use_head, self.on_step = use_head, on_step
@@ -68,11 +69,14 @@ class ChainBatch:
             s = r.sampling
             by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
         self.groups = [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
-        # one generator per batch, fresh entropy: a request's seed is not used here (module docstring)
+        # one generator per batch: a request's seed is not used here (module docstring)
         self.gen = None
         if any(not s.greedy for _, s in self.groups):
             self.gen = torch.Generator(device=dev)
-            self.gen.seed()
+            if seed is None:
+                self.gen.seed()
+            else:
+                self.gen.manual_seed(seed)
         self.capture = adapter.capture_layers()
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
         length = max(r.positions_needed for r in rows) + k + 1
