@@ -9,14 +9,11 @@ the base drafter's q handed to the verifier, must be rejected.
 
 from __future__ import annotations
 
-import torch
-
 from domino_graft.decoding import Engine, Sampling, rollout
 from domino_graft.decoding.common import Output
 from domino_graft.serving.batch import BatchRow, ChainBatch
-from tests.decoding.test_batched_sampling import PROMPTS, VOCAB, peaked, row_pvalues, wrong_q
+from tests.decoding.test_batched_sampling import PROMPTS, exact_joints, peaked, row_pvalues, wrong_q
 from tests.decoding.test_sampling import ALPHA
-from tests.decoding.test_tree_sampling import exact_tables
 
 ROWS_PER_PROMPT = 1000  # a third of test_batched_sampling's: the control is still rejected at p < 1e-20
 
@@ -43,11 +40,7 @@ def _decode(engine, rows: list[tuple[list[int], Sampling]], seed: int) -> list[O
 def test_sampled_rows_beside_greedy_rows_have_the_target_distribution(top_p=1.0, seed=0):
     target, adapter, head = peaked(seed)
     warp_ = dict(temperature=1.0, top_k=0, top_p=top_p)
-    with torch.inference_mode():
-        joints = []
-        for prompt in PROMPTS:
-            p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), VOCAB, warp_)
-            joints.append(p1[:, None, None] * p2[:, :, None] * p3)
+    joints = exact_joints(target, warp_)
     sampled = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * ROWS_PER_PROMPT)]
     rows = [(p, Sampling(**warp_)) for p in sampled]
     rows += [(p, Sampling()) for p in PROMPTS * 50]  # greedy rows in the same batch
