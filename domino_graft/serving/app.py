@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..sampling import Sampling
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ChatRequest, CompletionRequest, describe_validation, error_body
-from .scheduler import Job, QueueFull, Scheduler
+from .scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 # how often a non-streamed request checks whether its client is still there
 _POLL_S = 0.25
@@ -156,6 +156,9 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
     except QueueFull as e:
         raise APIError(429, f"{e}; retry after {served.retry_after_s} s", type="rate_limit_error",
                        code="queue_full", headers={"Retry-After": str(served.retry_after_s)}) from None
+    except ShuttingDown as e:
+        raise APIError(503, f"{e}; retry on another replica", type="server_error", code="shutting_down",
+                       headers={"Retry-After": str(served.retry_after_s)}) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     if body.stream:

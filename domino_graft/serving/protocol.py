@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
 
 # OpenAI allows up to 4 stop sequences; more would be a per-token scan for nothing
 MAX_STOP = 4
@@ -119,6 +120,21 @@ class Message(BaseModel):
 
 class ChatRequest(Sampled):
     messages: list[Message] = Field(...)
+    max_completion_tokens: Optional[StrictInt] = None  # OpenAI's newer name for max_tokens in chat
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _positive_too(cls, v):
+        return cls._positive(v)
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError(f"max_tokens {self.max_tokens} and max_completion_tokens "
+                                 f"{self.max_completion_tokens} disagree; valid: give one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self
 
     @field_validator("messages")
     @classmethod

@@ -35,6 +35,10 @@ class QueueFull(Exception):
     pass
 
 
+class ShuttingDown(Exception):
+    pass
+
+
 class _Cancelled(Exception):
     """Raised inside a solo decode's token callback when the client has gone."""
 
@@ -154,6 +158,7 @@ class Scheduler:
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._active: set[Job] = set()  # submitted and not finished
         self.running = 0  # rows decoding now (the metrics' batch size)
         self.error: Optional[str] = None  # set if the worker thread itself died
         self._thread = threading.Thread(target=self._main, name="domino-graft-model", daemon=True)
@@ -165,11 +170,16 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float) -> bool:
+    def stop(self, timeout: float, *, abandon: bool = False) -> bool:
         """Finish queued and running jobs (for at most `timeout` s), then end the worker; False
-        if it was still busy (its remaining jobs are failed)."""
+        if it was still busy (its remaining jobs are failed). abandon: cancel them all first
+        (after the HTTP server's own drain no client is left to read them), so the worker ends
+        at its next block."""
         with self._cond:
             self._stopping = True
+            if abandon:
+                for job in list(self._active):
+                    job.cancel()
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -190,10 +200,11 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
-                raise QueueFull("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests wait; --max-queue)")
             job.on_finish = self._done
+            self._active.add(job)
             self._queue.append(job)
             self._gauges()
             self._cond.notify()
@@ -337,6 +348,7 @@ class Scheduler:
         jobs.clear()
 
     def _done(self, job: Job) -> None:
+        self._active.discard(job)
         if self.metrics is not None:
             self.metrics.observe_job(job)
 

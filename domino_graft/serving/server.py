@@ -1,8 +1,8 @@
 """Load a run or bundle, build the engine, the scheduler and the app, and serve with uvicorn.
 
 Shutdown (SIGTERM or Ctrl-C): uvicorn stops accepting connections and waits up to
-`drain_s` for the responses in flight, streams included; then the worker finishes what is
-still queued or running for at most the same bound, and the process exits 0.
+`drain_s` for the responses in flight, streams included; then the worker cancels what is left
+(no client waits for it any more) and ends at its next block, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def serve(opts: ServeOptions) -> int:
     try:
         server.run()
     finally:
-        drained = scheduler.stop(opts.drain_s)
+        drained = scheduler.stop(opts.drain_s, abandon=True)
         if not drained:
             log.warning("the model worker was still busy after %.0f s; its remaining requests were failed",
                         opts.drain_s)

@@ -115,6 +115,10 @@ BAD = [
      "messages.0.role", ["'system'", "'user'", "'assistant'"]),
     ("content-not-text", "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, 400,
      "messages.0.content", ["string"]),
+    ("max-completion-tokens-zero", "/v1/chat/completions", {**CHAT, "max_tokens": None, "max_completion_tokens": 0},
+     400, "max_completion_tokens", ["0 is invalid", ">= 1"]),
+    ("two-budgets-disagree", "/v1/chat/completions", {**CHAT, "max_completion_tokens": 3}, 400, "body",
+     ["max_tokens 2 and max_completion_tokens 3 disagree"]),
     ("oversize-body", "/v1/completions", {**GOOD, "prompt": "w1 " * 10000}, 413, "body", ["at most 20,000 bytes"]),
     ("no-such-endpoint", "/v1/embeddings", GOOD, 404, None, ["no such endpoint"]),
 ]
