@@ -166,13 +166,17 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
         return StreamingResponse(_stream(served, job, events, rid, created, chat, usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     text, reason = [], None
+    checked = time.monotonic()
     while reason is None:
-        try:
-            ev = await asyncio.wait_for(events.get(), _POLL_S)
-        except asyncio.TimeoutError:
+        # deltas may arrive every few ms: the client is checked by the clock, not on a quiet queue
+        if time.monotonic() - checked >= _POLL_S:
+            checked = time.monotonic()
             if await request.is_disconnected():
                 job.cancel()
                 return Response(status_code=499)
+        try:
+            ev = await asyncio.wait_for(events.get(), _POLL_S)
+        except asyncio.TimeoutError:
             continue
         if ev[0] == "delta":
             text.append(ev[1])

@@ -85,6 +85,16 @@ def test_disconnect_mid_stream_frees_the_row(server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_non_streamed_client_that_gives_up_frees_its_row(server):
+    s, _ = server
+    before = s.metric('domino_graft_requests_total{outcome="cancelled"}')
+    with pytest.raises(openai.APITimeoutError):
+        s.client(api_key=KEY, timeout=1.0).completions.create(model="m", prompt=[7, 7, 3], max_tokens=2000,
+                                                               temperature=0)
+    _wait_for(lambda: s.metric('domino_graft_requests_total{outcome="cancelled"}') == before + 1, what="the cancel")
+    _wait_for(lambda: s.metric("domino_graft_batch_size") == 0, what="an empty batch")
+
+
 def test_load_loop_loses_and_duplicates_nothing(server):
     """40 requests, 8 clients, each retried on 429 (bounded): every request answered once, with
     its own greedy answer; the server counted exactly 40 finished requests."""

@@ -138,3 +138,35 @@ def test_one_at_a_time_serves_trees_and_the_target_alone(tree_engine, target_onl
         assert (metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0) == target_only
     finally:
         assert sched.stop(30)
+
+
+def test_a_failing_batch_fails_its_requests_and_the_next_one_is_served(engine, monkeypatch):
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8)
+    real = engine.rollout
+    calls = {"n": 0}
+
+    def broken(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine, "rollout", broken)
+    events = []
+    sched.start()
+    try:
+        bad = _job(engine, [5, 6, 7], 50)
+        bad_done = threading.Event()
+        bad.send = lambda ev: (events.append(ev), ev[0] != "delta" and bad_done.set())
+        sched.submit(bad)
+        assert bad_done.wait(30)
+        assert bad.finish_reason == "error" and "injected fault" in events[-1][1]
+        good = _job(engine, [5, 6, 7], 9)
+        sched.submit(good)
+        assert good.done.wait(30)
+        assert good.tokens == engine.target_only([5, 6, 7], max_new_tokens=9).tokens
+        assert sched.alive
+    finally:
+        assert sched.stop(30)
