@@ -1,6 +1,7 @@
-"""A chain batch that can be stepped one block at a time: the loop body of
-`decoding.batched.batched_chain`, cut at its block boundaries so a scheduler can retire rows
-between blocks and rebuild the batch to admit new ones.
+"""Batches that can be stepped one block at a time: the loop bodies of
+`decoding.batched.batched_chain` (ChainBatch) and `batched_target_only` (TargetBatch, for
+`serve --target-only`), cut at their block boundaries so a scheduler can retire rows between
+blocks and rebuild the batch to admit new ones.
 
 Why a rebuild rather than an insert: the library's ragged caches (`ragged_target`: the fast
 engine's static cache, or one HF DynamicCache with a validity mask) and the adapters' ragged
@@ -26,9 +27,8 @@ at T > 0 a row's samples depend on its batch (its distribution does not; batched
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
-
 from dataclasses import replace
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -51,58 +51,77 @@ class BatchRow:
         self.alive = alive  # False once the client has gone
 
 
-class ChainBatch:
-    """B rows, prefilled together, then `step()` per block."""
+def _groups(rows: list[BatchRow], dev) -> list[tuple[torch.Tensor, Sampling]]:
+    """The rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]."""
+    by_key: dict[tuple, list[int]] = {}
+    for b, r in enumerate(rows):
+        s = r.sampling
+        by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
+    return [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
 
-    def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
-                 on_step: Optional[Callable[[list[int]], None]] = None, seed: Optional[int] = None):
-        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it)."""
-        adapter = engine.adapter
-        self.engine, self.adapter, self.rows = engine, adapter, rows
-        self.use_head, self.on_step = use_head, on_step
-        self.k = k = adapter.num_slots
-        dev = engine.target.device
-        self.dev = dev
-        # the rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]
-        by_key: dict[tuple, list[int]] = {}
-        for b, r in enumerate(rows):
-            s = r.sampling
-            by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
-        self.groups = [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
-        # one generator per batch: a request's seed is not used here (module docstring)
-        self.gen = None
-        if any(not s.greedy for _, s in self.groups):
-            self.gen = torch.Generator(device=dev)
-            if seed is None:
-                self.gen.seed()
-            else:
-                self.gen.manual_seed(seed)
-        self.capture = adapter.capture_layers()
+
+def _generator(groups, dev, seed: Optional[int]) -> Optional[torch.Generator]:
+    """One generator per batch (None if every row is greedy): a request's seed is not used here
+    (module docstring); `seed` fixes the batch's (tests), else fresh entropy."""
+    if all(s.greedy for _, s in groups):
+        return None
+    gen = torch.Generator(device=dev)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+class _Rows:
+    """What both batches share: the rows, their groups and generator, the target's ragged cache,
+    the anchors and positions, and which rows are live."""
+
+    def _start(self, engine, rows: list[BatchRow], extra: int, seed: Optional[int]) -> list[torch.Tensor]:
+        """Groups, generator and target (room for `extra` positions past the longest row's budget);
+        -> the rows' contexts as tensors, for the prefill."""
+        self.engine, self.rows = engine, rows
+        self.dev = dev = engine.target.device
+        self.groups = _groups(rows, dev)
+        self.gen = _generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
-        length = max(r.positions_needed for r in rows) + k + 1
+        length = max(r.positions_needed for r in rows) + extra
         kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"  # as Engine.speculative_batch
         self.target = ragged_target(engine, ids, length, kv)
-        self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
-        adapter.reset(len(rows))
-        logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
-        if self.drafter is not None:
-            self.drafter.prefill(feats, feats.shape[1])
-        else:
-            adapter.observe(feats, prompt_pos, ids=prompt_ids)
-        picked = torch.empty(len(rows), dtype=torch.long, device=dev)
+        return ids
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] -> [B]: each group's rows by its own setting (greedy: argmax)."""
+        if len(self.groups) == 1:
+            return pick(logits, self.groups[0][1], self.gen)
+        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
         for idx, s in self.groups:
-            picked[idx] = pick(logits[idx], s, self.gen)
-        picked = picked.tolist()
+            out[idx] = pick(logits[idx], s, self.gen)
+        return out
+
+    def _anchor(self, logits: torch.Tensor) -> None:
+        """After the prefill: each new row's first token is picked from its last logits and pushed;
+        a running row keeps its anchor."""
+        picked = self._pick(logits).tolist()
+        rows = self.rows
         anchors = [picked[b] if r.anchor is None else r.anchor for b, r in enumerate(rows)]
-        self.anchor = torch.tensor(anchors, dtype=torch.long, device=dev)
-        self.pos_h = [len(r.context) for r in rows]
-        self.pos = torch.tensor(self.pos_h, device=dev)
+        self.anchor = torch.tensor(anchors, dtype=torch.long, device=self.dev)
+        self.pos_h = [len(r.context) for r in rows]  # host copy: attention buckets, drafter slots, no sync
+        self.pos = torch.tensor(self.pos_h, device=self.dev)
         self.live = [True] * len(rows)
-        for b, r in enumerate(rows):  # a new row's first token comes from this prefill
+        for b, r in enumerate(rows):
             if r.anchor is None:
                 r.anchor = anchors[b]
                 self.live[b] = not r.push([anchors[b]])
-        self.offs = torch.arange(k + 1, device=dev)
+
+    def _advance(self, r: int, chunk: list[int]) -> None:
+        """Row r emitted `chunk`: push it; its anchor joins its context, the chunk's last token is
+        its next anchor."""
+        row = self.rows[r]
+        self.live[r] = not row.push(chunk)
+        row.context.append(row.anchor)
+        row.context.extend(chunk[:-1])
+        row.anchor = chunk[-1]
 
     @property
     def any_live(self) -> bool:
@@ -112,12 +131,69 @@ class ChainBatch:
         """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
         return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
 
+    def _retire_cancelled(self) -> bool:
+        """A cancelled row is retired at the block boundary: masked like a finished one; -> any live."""
+        self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
+        return any(self.live)
+
+
+class TargetBatch(_Rows):
+    """The target alone over B rows (`serve --target-only`, the baseline): `batched_target_only`'s
+    loop cut at its steps, one token per live row per target forward."""
+
+    @torch.inference_mode()
+    def __init__(self, engine, rows: list[BatchRow], *, seed: Optional[int] = None):
+        # room for a chain's K extra positions too, as batched_target_only leaves: one cache for both
+        k = getattr(getattr(engine, "adapter", None), "num_slots", 0)
+        ids = self._start(engine, rows, k + 1, seed)
+        logits, _, _, _ = self.target.prefill(ids, ())
+        self._anchor(logits)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        if not self._retire_cancelled():
+            return
+        live = list(self.live)
+        logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
+        live_t = torch.tensor(live, device=self.dev)
+        self.target.keep(live_t.long(), 1)  # each live row keeps its one new entry
+        nxt = self._pick(logits[:, -1])
+        host = nxt.tolist()  # the step's one sync
+        for r in range(len(self.rows)):
+            if live[r]:
+                self._advance(r, [host[r]])
+        self.anchor = torch.where(live_t, nxt, self.anchor)
+        self.pos = self.pos + live_t.long()
+        self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+
+
+class ChainBatch(_Rows):
+    """B rows, prefilled together, then `step()` per block."""
+
+    @torch.inference_mode()
+    def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
+                 on_step: Optional[Callable[[list[int]], None]] = None, seed: Optional[int] = None):
+        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it)."""
+        adapter = self.adapter = engine.adapter
+        self.use_head, self.on_step = use_head, on_step
+        self.k = k = adapter.num_slots
+        ids = self._start(engine, rows, k + 1, seed)
+        self.capture = adapter.capture_layers()
+        length = max(r.positions_needed for r in rows) + k + 1  # the target's, as _start made it
+        self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
+        adapter.reset(len(rows))
+        logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
+        if self.drafter is not None:
+            self.drafter.prefill(feats, feats.shape[1])
+        else:
+            adapter.observe(feats, prompt_pos, ids=prompt_ids)
+        self._anchor(logits)
+        self.offs = torch.arange(k + 1, device=self.dev)
+
     @torch.inference_mode()
     def step(self) -> None:
         """One block for every live row: propose, roll out, verify, push each row's tokens."""
-        # a cancelled row is retired here, at the block boundary: masked like a finished one
-        self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
-        if not any(self.live):
+        if not self._retire_cancelled():
             return
         adapter, engine, k = self.adapter, self.engine, self.k
         b = len(self.rows)
@@ -134,11 +210,7 @@ class ChainBatch:
         for r in range(b):
             if self.live[r]:
                 a = n_acc_h[r]
-                chunk = drafts_h[r * k: r * k + a] + [nxt_h[r]]
-                self.live[r] = not self.rows[r].push(chunk)
-                self.rows[r].context.append(self.rows[r].anchor)
-                self.rows[r].context.extend(chunk[:-1])
-                self.rows[r].anchor = chunk[-1]
+                self._advance(r, drafts_h[r * k: r * k + a] + [nxt_h[r]])
         if not any(self.live):
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts

@@ -7,12 +7,11 @@ the adapter's drafter context) is one decode's state at a time.
 Two modes, by what the drafter can do (docs/serving.md, "serve"):
 
     batched   chain drafters that take ragged batches (adapter.topology "chain" and
-              adapter.ragged_batch): continuous batching. Between blocks the worker retires finished
+              adapter.ragged_batch), and --target-only: continuous batching. Between blocks the worker retires finished
               and cancelled rows and, when requests wait and rows are free, rebuilds the batch
               with them, first come first served (serving/batch.py). Rows of any sampling settings
               share a batch.
-    one at a time   drafters without the ragged-batch contract, trees, --target-only and
-              --max-batch 1: each request decodes alone through `Engine.speculative` /
+    one at a time   drafters without the ragged-batch contract, trees, and --max-batch 1: each request decodes alone through `Engine.speculative` /
               `Engine.target_only`, streamed block by block; the queue waits.
 """
 
@@ -152,8 +151,8 @@ class Scheduler:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.target_only = target_only
         self.use_head = engine.head is not None
-        self.batched = (not target_only and max_batch > 1 and adapter is not None and adapter.topology == "chain"
-                        and getattr(adapter, "ragged_batch", False))
+        self.batched = max_batch > 1 and (target_only or (adapter is not None and adapter.topology == "chain"
+                                                          and getattr(adapter, "ragged_batch", False)))
         self.metrics = metrics
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
@@ -280,7 +279,7 @@ class Scheduler:
             self._gauges()
 
     def _loop_batched(self) -> None:
-        from .batch import BatchRow, ChainBatch
+        from .batch import BatchRow, ChainBatch, TargetBatch
 
         batch: Optional[ChainBatch] = None
         jobs: dict[int, Job] = {}  # id(row) -> job
@@ -311,7 +310,8 @@ class Scheduler:
                     jobs[id(row)] = job
                     rows = rows + [row]
                 try:
-                    batch = ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step)
+                    batch = (TargetBatch(self.engine, rows) if self.target_only else
+                             ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step))
                 except Exception as e:
                     self._fail_all(jobs, e)
                     batch = None

@@ -118,7 +118,9 @@ def test_one_at_a_time_serves_trees_and_the_target_alone(tree_engine, target_onl
     from domino_graft.serving.scheduler import Scheduler
 
     metrics = Metrics()
-    sched = Scheduler(tree_engine, max_batch=8, max_queue=8, target_only=target_only, metrics=metrics)
+    # a tree decodes alone at any --max-batch; the target alone does at --max-batch 1
+    sched = Scheduler(tree_engine, max_batch=1 if target_only else 8, max_queue=8, target_only=target_only,
+                      metrics=metrics)
     assert sched.mode == "one at a time"
     sched.start()
     try:
@@ -136,6 +138,36 @@ def test_one_at_a_time_serves_trees_and_the_target_alone(tree_engine, target_onl
         for i, (p, job) in enumerate(zip(prompts, jobs)):
             assert job.tokens == tree_engine.target_only(p, max_new_tokens=10 + 3 * i).tokens
         assert (metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0) == target_only
+    finally:
+        assert sched.stop(30)
+
+
+def test_target_only_batches_too(engine):
+    """--target-only (the baseline) batches continuously: a greedy and a sampled row join a greedy
+    row in flight; greedy rows equal the target alone's solo decode; no verify step is counted."""
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    metrics = Metrics()
+    sched = Scheduler(engine, max_batch=4, max_queue=8, target_only=True, metrics=metrics)
+    assert sched.mode == "batched"
+    sched.start()
+    try:
+        first = _job(engine, [5, 6, 7], 1500)
+        sched.submit(first)
+        _until(lambda: len(first.tokens) > 0)
+        others = [_job(engine, [10, 11], 9), _job(engine, [8, 9], 12, temperature=0.9)]
+        for job in others:
+            sched.submit(job)
+        for job in others:
+            assert job.done.wait(60)
+        assert first.finish_reason is None
+        first.cancel()
+        assert first.done.wait(30) and first.finish_reason == "cancelled"
+        assert first.tokens == engine.target_only([5, 6, 7], max_new_tokens=len(first.tokens)).tokens
+        assert others[0].tokens == engine.target_only([10, 11], max_new_tokens=9).tokens
+        assert 1 <= len(others[1].tokens) <= 12
+        assert metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0
     finally:
         assert sched.stop(30)
 
