@@ -281,13 +281,13 @@ class Scheduler:
     def _loop_batched(self) -> None:
         from .batch import BatchRow, ChainBatch, TargetBatch
 
-        batch: Optional[ChainBatch] = None
-        jobs: dict[int, Job] = {}  # id(row) -> job
+        batch: Optional[ChainBatch | TargetBatch] = None
+        jobs: dict[BatchRow, Job] = {}  # each row of the batch -> its job
         while True:
             running = batch.running() if batch is not None else []
             if batch is not None and not running:  # every row finished or cancelled: retire them all
                 for row in batch.rows:
-                    self._retire(jobs.pop(id(row)))
+                    self._retire(jobs.pop(row))
                 batch = None
                 self.running = 0
                 self._gauges()
@@ -302,12 +302,12 @@ class Scheduler:
             if admitted:
                 for row in (batch.rows if batch is not None else []):
                     if row not in running:
-                        self._retire(jobs.pop(id(row)))
+                        self._retire(jobs.pop(row))
                 rows = running
                 for job in admitted:
                     row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.sampling,
                                    job.push, lambda job=job: not job.cancelled)
-                    jobs[id(row)] = job
+                    jobs[row] = job
                     rows = rows + [row]
                 try:
                     batch = (TargetBatch(self.engine, rows) if self.target_only else
@@ -327,7 +327,7 @@ class Scheduler:
                 batch = None
                 continue
             for row, on in zip(batch.rows, batch.live):
-                job = jobs[id(row)]
+                job = jobs[row]
                 if not on and job.finish_reason is None:
                     job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
             self.running = sum(batch.live)
@@ -341,7 +341,7 @@ class Scheduler:
         if job.finish_reason is None:
             job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
 
-    def _fail_all(self, jobs: dict[int, Job], e: Exception) -> None:
+    def _fail_all(self, jobs: dict, e: Exception) -> None:
         log.exception("a batch failed; its requests get an error")
         for job in jobs.values():
             job.fail(f"decoding failed: {type(e).__name__}: {e}")
