@@ -9,13 +9,14 @@ only await its events.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -50,6 +51,13 @@ def create_app(served: Served) -> FastAPI:
     app.state.served = served
     _errors(app, served)
 
+    def auth(request: Request) -> None:
+        # a dependency runs before the body's fields are checked: a client without the key
+        # learns that first, not what is wrong with its request
+        _auth(served, request)
+
+    v1 = [Depends(auth)]
+
     @app.get("/health")
     async def health():
         s = served.scheduler
@@ -61,27 +69,24 @@ def create_app(served: Served) -> FastAPI:
     async def metrics():
         return Response(served.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        _auth(served, request)
+    @app.get("/v1/models", dependencies=v1)
+    async def models():
         loaded = served.loaded
         return {"object": "list", "data": [{
             "id": served.model_name, "object": "model", "created": 0, "owned_by": "domino-graft",
             "root": str(loaded.path), "family": loaded.adapter.family, "max_model_len": served.max_model_len,
         }]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
-        _auth(served, request)
         _model(served, body.model)
         where = "prompt"
         kw = {"prompt_ids": body.prompt} if isinstance(body.prompt, list) else {"prompt": body.prompt, "raw": True}
         ids = await run_in_threadpool(_encode, served, where, kw)
         return await _respond(served, request, body, ids, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1)
     async def chat(body: ChatRequest, request: Request):
-        _auth(served, request)
         _model(served, body.model)
         messages = [{"role": m.role, "content": m.content} for m in body.messages]
         ids = await run_in_threadpool(_encode, served, "messages", {"messages": messages})
@@ -95,7 +100,7 @@ def _auth(served: Served, request: Request) -> None:
     if served.api_key is None:
         return
     header = request.headers.get("authorization", "")
-    if header != f"Bearer {served.api_key}":
+    if not hmac.compare_digest(header.encode(), f"Bearer {served.api_key}".encode()):  # constant time
         what = "no Authorization header" if not header else "a wrong API key"
         raise APIError(401, f"Authorization: {what}; valid: 'Bearer <the --api-key the server was started with>'",
                        type="authentication_error", code="invalid_api_key")

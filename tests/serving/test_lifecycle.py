@@ -42,6 +42,8 @@ def test_api_key_is_required_on_v1_only(server):
     assert e.value.status_code == 401
     r = httpx.post(s.base + "/completions", json={"model": "m", "prompt": [5, 6], "max_tokens": 2}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.post(s.base + "/completions", json={"model": "m", "max_token": 2}, timeout=10)  # a bad body too
+    assert r.status_code == 401, r.text
     assert httpx.get(s.url + "/health", timeout=10).status_code == 200
     assert s.client(api_key=KEY).models.list().data[0].id == "m"
 
