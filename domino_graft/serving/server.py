@@ -1,0 +1,109 @@
+"""Load a run or bundle, build the engine, the scheduler and the app, and serve with uvicorn.
+
+Shutdown (SIGTERM or Ctrl-C): uvicorn stops accepting connections and waits up to
+`drain_s` for the responses in flight, streams included; then the worker cancels what is left
+(no client waits for it any more) and ends at its next block, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass
+class ServeOptions:
+    run: Optional[str]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 8
+    max_queue: int = 64
+    api_key: Optional[str] = None
+    model_name: Optional[str] = None
+    max_model_len: Optional[int] = None
+    target_only: bool = False
+    device: str = "auto"
+    kv: str = "auto"
+    rollout: Optional[str] = None
+    drain_s: float = 30.0
+    max_body_bytes: int = 1 << 20
+    log_level: str = "info"
+
+    def check(self) -> None:
+        """Every bad option, before minutes of loading."""
+        problems = []
+        for name, low in (("max_batch", 1), ("max_queue", 1), ("max_body_bytes", 1)):
+            if getattr(self, name) < low:
+                problems.append(f"--{name.replace('_', '-')}: {getattr(self, name)!r} is invalid; valid: an integer >= {low}")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"--port: {self.port!r} is invalid; valid: 0..65535 (0 = any free port)")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"--max-model-len: {self.max_model_len!r} is invalid; valid: an integer >= 2")
+        if not self.drain_s >= 0:
+            problems.append(f"--drain-timeout: {self.drain_s!r} is invalid; valid: seconds >= 0")
+        if self.api_key is not None and not self.api_key.strip():
+            problems.append("--api-key: empty; valid: a non-empty token (or leave --api-key out)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def build(opts: ServeOptions):
+    """-> (the FastAPI app wrapped in the body limit, the Served state)."""
+    from ..decoding import Engine, check_rollout_name, rollout_choice, stop_token_ids
+    from ..device import pick_device
+    from ..loading import load_run_or_bundle
+    from .app import BodyLimit, Served, create_app
+    from .metrics import Metrics
+    from .scheduler import Scheduler
+
+    if opts.rollout is not None:
+        check_rollout_name(opts.rollout)
+    loaded = load_run_or_bundle(opts.run, device=pick_device(opts.device, option="--device"))
+    target = loaded.target
+    positions = target.shape.max_position_embeddings
+    if opts.max_model_len is not None and opts.max_model_len > positions:
+        raise ValueError(f"--max-model-len: {opts.max_model_len} is beyond the target's {positions} positions "
+                         f"(max_position_embeddings); valid: 2..{positions}")
+    engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, opts.rollout),
+                    stop_ids=stop_token_ids(target), kv=opts.kv)
+    metrics = Metrics()
+    scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
+                          target_only=opts.target_only, metrics=metrics)
+    served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
+                    model_name=opts.model_name or Path(loaded.path).name,
+                    max_model_len=opts.max_model_len or positions, api_key=opts.api_key,
+                    max_body_bytes=opts.max_body_bytes)
+    app = create_app(served)
+    return BodyLimit(app, opts.max_body_bytes, metrics), served
+
+
+def serve(opts: ServeOptions) -> int:
+    import uvicorn
+
+    opts.check()
+    app, served = build(opts)
+    scheduler = served.scheduler
+    log = logging.getLogger("domino_graft.serve")
+    scheduler.start()
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
+                            timeout_graceful_shutdown=opts.drain_s, access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    family = served.loaded.adapter.family
+    print(f"serve: {served.model_name} ({family} drafter{', target alone' if opts.target_only else ''}; "
+          f"{scheduler.mode}, max batch {opts.max_batch}, queue {opts.max_queue}) on http://{opts.host}:{opts.port}",
+          flush=True)
+    # uvicorn catches SIGTERM for its graceful shutdown, then restores the handler it found and
+    # raises the signal again, which with the default handler kills the process (-15) before the
+    # worker drains. The handler it finds is this no-op, so the drained server exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        drained = scheduler.stop(opts.drain_s, abandon=True)
+        if not drained:
+            log.warning("the model worker was still busy after %.0f s; its remaining requests were failed",
+                        opts.drain_s)
+    return 0 if server.started else 1

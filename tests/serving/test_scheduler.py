@@ -1,0 +1,204 @@
+"""The scheduler in process, without HTTP: a request that arrives while another decodes joins the
+batch at a block boundary and finishes while the first goes on, each equal to its target-alone
+decode; a cancelled row stops at the next block; greedy and sampled rows share a batch; the
+one-at-a-time mode (trees, --target-only) serves its queue in turn."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from domino_graft.sampling import Sampling
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_run):
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    loaded = load_run_or_bundle(str(tiny_run))
+    return Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))
+
+
+def _job(engine, prompt, max_tokens, temperature=0.0):
+    from domino_graft.serving.scheduler import Job
+
+    done = threading.Event()
+
+    def send(ev):
+        if ev[0] != "delta":
+            done.set()
+
+    job = Job(prompt, max_tokens=max_tokens, sampling=Sampling(temperature=temperature), stop=[],
+              stop_ids=engine.stop_ids, detokenize=lambda ids: " ".join(map(str, ids)), send=send)
+    job.done = done
+    return job
+
+
+def _until(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine):
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8, metrics=Metrics())
+    assert sched.mode == "batched"
+    sched.start()
+    try:
+        long, short = _job(engine, [5, 6, 7, 8], 1500), _job(engine, [9, 3, 4], 12)
+        sched.submit(long)
+        _until(lambda: len(long.tokens) > 0)
+        sched.submit(short)
+        assert short.done.wait(30)
+        assert long.finish_reason is None, "the first request stopped for the second"
+        assert short.finish_reason in ("stop", "length")
+        n = len(long.tokens)
+        long.cancel()
+        assert long.done.wait(30) and long.finish_reason == "cancelled"
+        assert len(long.tokens) - n <= 2 * engine.adapter.num_slots  # retired at the next block or so
+        assert long.tokens == engine.target_only([5, 6, 7, 8], max_new_tokens=len(long.tokens)).tokens
+        assert short.tokens == engine.target_only([9, 3, 4], max_new_tokens=12).tokens
+    finally:
+        assert sched.stop(30)
+
+
+def test_sampled_and_greedy_rows_share_a_batch(engine):
+    """Requests of three settings join one batch in flight; the greedy ones still equal the target
+    alone, and the sampled ones finish while the first greedy row goes on."""
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8)
+    sched.start()
+    try:
+        first = _job(engine, [5, 6, 7], 1500)
+        sched.submit(first)
+        _until(lambda: len(first.tokens) > 0)
+        others = [_job(engine, [8, 9], 20, temperature=0.8), _job(engine, [10, 11], 7),
+                  _job(engine, [12, 13, 14], 15, temperature=1.3)]
+        for job in others:
+            sched.submit(job)
+        for job in others:
+            assert job.done.wait(60)
+        assert first.finish_reason is None  # all three joined and left while it decoded
+        first.cancel()
+        assert first.done.wait(30)
+        assert first.tokens == engine.target_only([5, 6, 7], max_new_tokens=len(first.tokens)).tokens
+        assert others[1].tokens == engine.target_only([10, 11], max_new_tokens=7).tokens
+        for job in (others[0], others[2]):
+            assert job.finish_reason in ("stop", "length") and 1 <= len(job.tokens) <= job.max_tokens
+    finally:
+        assert sched.stop(30)
+
+
+@pytest.fixture(scope="module")
+def tree_engine(tmp_path_factory):
+    """A Medusa tree: no ragged tree verify, so its requests decode one at a time."""
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    from .harness import apply_tiny
+
+    run = apply_tiny("medusa", tmp_path_factory.mktemp("tree") / "run",
+                     ["drafter.tree=[[0],[1],[0,0],[0,1],[0,0,0]]"])
+    loaded = load_run_or_bundle(str(run))
+    assert loaded.adapter.topology == "tree"
+    return Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_one_at_a_time_serves_trees_and_the_target_alone(tree_engine, target_only):
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    metrics = Metrics()
+    # a tree decodes alone at any --max-batch; the target alone does at --max-batch 1
+    sched = Scheduler(tree_engine, max_batch=1 if target_only else 8, max_queue=8, target_only=target_only,
+                      metrics=metrics)
+    assert sched.mode == "one at a time"
+    sched.start()
+    try:
+        prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+        jobs = [_job(tree_engine, p, 10 + 3 * i) for i, p in enumerate(prompts)]
+        long = _job(tree_engine, [14, 15], 1500)
+        sched.submit(long)
+        for job in jobs:
+            sched.submit(job)
+        _until(lambda: len(long.tokens) > 0)
+        long.cancel()  # the solo decode stops at its next block; the queue goes on
+        for job in [long, *jobs]:
+            assert job.done.wait(60)
+        assert long.finish_reason == "cancelled" and len(long.tokens) < 1500
+        for i, (p, job) in enumerate(zip(prompts, jobs)):
+            assert job.tokens == tree_engine.target_only(p, max_new_tokens=10 + 3 * i).tokens
+        assert (metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0) == target_only
+    finally:
+        assert sched.stop(30)
+
+
+def test_target_only_batches_too(engine):
+    """--target-only (the baseline) batches continuously: a greedy and a sampled row join a greedy
+    row in flight; greedy rows equal the target alone's solo decode; no verify step is counted."""
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    metrics = Metrics()
+    sched = Scheduler(engine, max_batch=4, max_queue=8, target_only=True, metrics=metrics)
+    assert sched.mode == "batched"
+    sched.start()
+    try:
+        first = _job(engine, [5, 6, 7], 1500)
+        sched.submit(first)
+        _until(lambda: len(first.tokens) > 0)
+        others = [_job(engine, [10, 11], 9), _job(engine, [8, 9], 12, temperature=0.9)]
+        for job in others:
+            sched.submit(job)
+        for job in others:
+            assert job.done.wait(60)
+        assert first.finish_reason is None
+        first.cancel()
+        assert first.done.wait(30) and first.finish_reason == "cancelled"
+        assert first.tokens == engine.target_only([5, 6, 7], max_new_tokens=len(first.tokens)).tokens
+        assert others[0].tokens == engine.target_only([10, 11], max_new_tokens=9).tokens
+        assert 1 <= len(others[1].tokens) <= 12
+        assert metrics.registry.get_sample_value("domino_graft_verify_steps_total") == 0
+    finally:
+        assert sched.stop(30)
+
+
+def test_a_failing_batch_fails_its_requests_and_the_next_one_is_served(engine, monkeypatch):
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=8)
+    real = engine.rollout
+    calls = {"n": 0}
+
+    def broken(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine, "rollout", broken)
+    events = []
+    sched.start()
+    try:
+        bad = _job(engine, [5, 6, 7], 50)
+        bad_done = threading.Event()
+        bad.send = lambda ev: (events.append(ev), ev[0] != "delta" and bad_done.set())
+        sched.submit(bad)
+        assert bad_done.wait(30)
+        assert bad.finish_reason == "error" and "injected fault" in events[-1][1]
+        good = _job(engine, [5, 6, 7], 9)
+        sched.submit(good)
+        assert good.done.wait(30)
+        assert good.tokens == engine.target_only([5, 6, 7], max_new_tokens=9).tokens
+        assert sched.alive
+    finally:
+        assert sched.stop(30)
