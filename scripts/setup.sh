@@ -34,5 +34,9 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   quiet .venv/bin/python -m pip install "torch==${TORCH_VERSION:-2.13.0}"
 fi
 quiet .venv/bin/python -m pip install -e ".[dev]"
+# speculators' own loader for tests/test_speculators_load.py, without its dependencies (it pins a CUDA
+# torch and a newer transformers), beside its pure-Python imports; best effort: without it that check skips
+.venv/bin/python -m pip install --no-deps "speculators==0.9.0" loguru pydantic-settings python-dotenv \
+  hs-connectors >>"$LOG" 2>&1 || echo "note: speculators not installed; tests/test_speculators_load.py skips its loader check"
 echo "$want" >"$STAMP"
 echo "domino-graft installed in $(pwd)/.venv ($(.venv/bin/domino-graft --version))"

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 # installed name -> folder (pyproject's package-dir)
 ROOTS = {"domino_graft": REPO / "domino_graft", "domino_graft.adapters": REPO / "adapters",
          "domino_graft.kernels": REPO / "kernels", "domino_graft.recipes": REPO / "recipes"}
-FAMILY_WORDS = re.compile(r"\b(dflash|medusa|pard)\b", re.I)
+FAMILY_WORDS = re.compile(r"\b(dflash|medusa|pard|dspark|peagle)\b", re.I)  # every in-tree family
 
 
 def _modules() -> dict[str, Path]:

@@ -5,8 +5,9 @@ rebuild that target with transformers alone, and `export --engine vllm` refuses 
 
 The speculators check runs where `speculators` is importable. `pip install speculators` (0.9.0)
 is not in the dev extra: it pulls a CUDA torch 2.14 and transformers 5.19 over the project's
-CPU torch; install it beside the project with `pip install --no-deps speculators` plus its
-pure-Python imports (loguru, pydantic-settings, python-dotenv, openai, hs-connectors) to run it.
+CPU torch; scripts/setup.sh installs it beside the project with `--no-deps` plus its pure-Python
+imports (loguru, pydantic-settings, python-dotenv, hs-connectors; openai comes with the dev extra),
+so the default suite runs it (it skips where that install failed).
 """
 
 from __future__ import annotations
