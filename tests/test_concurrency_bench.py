@@ -7,6 +7,8 @@ import importlib.util
 import json
 import random
 
+import pytest
+
 from tests.conftest import REPO
 
 ROW_KEYS = ("target_tokens_per_s", "base_tokens_per_s", "domino_tokens_per_s", "target_per_request_tokens_per_s",
@@ -25,18 +27,24 @@ def load_script():
     return load_module("concurrency")
 
 
-def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
-    monkeypatch.setenv("DG_GIT_SHA", "abc123")
+def run_bench(tiny_run, tmp_path, prompt_ids: list[list[int]], *extra: str):
+    """bench/concurrency.py over these prompts on the CPU (fp32): (script, its args, the report)."""
     prompts = tmp_path / "p.jsonl"
-    rng = random.Random(0)
-    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(2, 95) for _ in range(n)]}) + "\n"
-                               for n in (3, 17, 1, 9, 6)))
+    prompts.write_text("".join(json.dumps({"prompt_ids": ids}) + "\n" for ids in prompt_ids))
     out = tmp_path / "concurrency.json"
-    args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "5", "--batch-sizes", "1,2",
-            "--temperatures", "0,1", "--max-new-tokens", "10", "--dtype", "fp32", "--device", "cpu", "--out", str(out)]
+    args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", str(len(prompt_ids)), *extra,
+            "--dtype", "fp32", "--device", "cpu", "--out", str(out)]
     script = load_script()
     assert script.main(args) == 0
-    rep = json.loads(out.read_text())
+    return script, args, json.loads(out.read_text())
+
+
+def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("DG_GIT_SHA", "abc123")
+    rng = random.Random(0)
+    script, args, rep = run_bench(tiny_run, tmp_path, [[rng.randrange(2, 95) for _ in range(n)] for n in (3, 17, 1, 9, 6)],
+                                  "--batch-sizes", "1,2", "--temperatures", "0,1", "--max-new-tokens", "10")
+    out = tmp_path / "concurrency.json"
     assert rep["git_sha"] == "abc123" and rep["dtype"] == "fp32" and rep["device"] == "cpu"
     assert rep["torch"] and "--batch-sizes 1,2" in rep["command"] and rep["num_prompts"] == 5
     assert set(rep["rows"]) == {"1", "2", "1@T1", "2@T1"}
@@ -75,18 +83,10 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
 def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
     """--verify-budget N: the batched rows verify N drafts a step (the K' histogram in the row) and
     stay identical to the target alone; a bad budget is refused by name before any decode."""
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt_ids": list(range(2, 2 + n))}) + "\n" for n in (5, 11, 3)))
-    out = tmp_path / "c.json"
-    args = ["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "3", "--batch-sizes", "3",
-            "--max-new-tokens", "8", "--dtype", "fp32", "--device", "cpu", "--verify-budget", "1", "--out", str(out)]
-    script = load_script()
-    assert script.main(args) == 0
-    rep = json.loads(out.read_text())
+    script, args, rep = run_bench(tiny_run, tmp_path, [list(range(2, 2 + n)) for n in (5, 11, 3)],
+                                  "--batch-sizes", "3", "--max-new-tokens", "8", "--verify-budget", "1")
     row = rep["rows"]["3"]
     assert rep["verify_budget"] == "1" and row["identical_to_target"] is True
     assert set(row["verify_budget_k"]["domino"]) == {"1"} and row["verify_budget_k"]["domino"]["1"] > 0
-    import pytest
-
     with pytest.raises(SystemExit):
-        script.main(args[:-4] + ["--verify-budget", "-2", "--out", str(out)])
+        script.main(args + ["--verify-budget", "-2"])
