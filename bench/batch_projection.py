@@ -28,29 +28,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def interp(x: float, pts: dict[int, float]) -> float:
-    xs = sorted(pts)
-    if x in pts:
-        return pts[x]
-    lo, hi = (xs[-2], xs[-1]) if x > xs[-1] else next((a, b) for a, b in zip(xs, xs[1:]) if a < x < b)
-    return pts[lo] + (pts[hi] - pts[lo]) * (x - lo) / (hi - lo)
-
-
 def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
-    from domino_graft.decoding.budget import candidate_budgets, expected_tokens
+    from domino_graft.decoding.budget import VerifyCosts, candidate_budgets, expected_tokens
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     eng = json.loads((REPO / "bench/results/engine_batch_h200.json").read_text())["rows"]["qwen3_8b"]
     heads = json.loads((REPO / "bench/results/head_latency_h200.json").read_text())["shapes"]["qwen3_8b"]["batches"]
-    head = {int(b): v["fused_full_ms"] for b, v in heads.items()}
+    # the budget's own cost table (interpolated in B and T as the engine's budget does); the head's
+    # rollout is a second "propose" table, by B
+    costs = VerifyCosts.from_dict(eng, "engine_batch_h200.json rows.qwen3_8b")
+    head = VerifyCosts(propose_ms={int(b): v["fused_full_ms"] for b, v in heads.items()})
     sm = json.loads((REPO / "bench/results/smollm2_h200.json").read_text())["dflash"]["gsm8k"]
-    step = {}
-    for r in eng["by_batch"]:
-        step.setdefault(r["B"], {})[r["T"]] = r["default_ms"]
-    propose = {int(b): ms for b, ms in eng["propose_ms_by_batch"].items()}
     out = {"kind": "PROJECTION from measured components (not a decode of a Qwen3-8B drafter)",
            "command": "python bench/batch_projection.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "sources": {"step_and_propose": "bench/results/engine_batch_h200.json rows.qwen3_8b",
@@ -60,16 +51,16 @@ def main(argv=None) -> int:
     for variant in ("base", "domino"):
         alphas = sm["per_slot_acceptance"][variant]
         k = len(alphas)
-        for b in sorted(step):
-            if 1 not in step[b] or b not in propose:
+        for b in sorted(costs.step_ms):
+            if not costs.has(b, 1) or b not in costs.propose_ms:
                 continue
-            target = b / step[b][1]
-            extra = propose[b] + (interp(b, head) if variant == "domino" else 0.0)
+            target = b / costs.step(b, 1)
+            extra = costs.propose(b) + (head.propose(b) if variant == "domino" else 0.0)
 
             def rate(kk, b=b, extra=extra, alphas=alphas):
                 if kk == 0:
-                    return b / step[b][1]
-                return b * expected_tokens(alphas, kk) / (interp(kk + 1, step[b]) + extra)
+                    return b / costs.step(b, 1)
+                return b * expected_tokens(alphas, kk) / (costs.step(b, kk + 1) + extra)
 
             full = rate(k)
             cands = candidate_budgets(k)
