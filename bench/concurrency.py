@@ -8,7 +8,9 @@ graft, reused by import), or any trained run dir / bundle given with --run.
     python bench/concurrency.py --data WORK/train.regen.jsonl --work WORK --out ...    # graft it first
 
 Batch size 1 runs the solo path bench/end_to_end.py times (Engine.target_only / speculative: on a
-GPU the static target and DFlash's static drafter, both graphed); B > 1 the batched chains
+GPU the static target and DFlash's static drafter, both graphed), except that with --verify-budget
+(auto or N) the speculative modes decode one row at a time through the batched chain, where the
+budget lives; B > 1 the batched chains
 (decoding/batched.py: the static ragged target under CUDA graphs per batch size, and DFlash's static
 drafter over the ragged batch, graphed too). --also-batched-1 adds a row "1_batched": the batched path at B = 1, to see
 what the batched code itself costs. Each row says which path ran (`path`).
@@ -86,6 +88,12 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=
     from domino_graft.sampling import Sampling
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
+    if solo and budget is not None:  # the budget lives in the batched chain: one row at a time there
+        return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
+                "base": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=False,
+                                                                                   budget=budget)],
+                "domino": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=True,
+                                                                                     budget=budget)]}
     if solo:
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
                 "base": lambda ps: [engine.speculative(p, **kw, use_head=False) for p in ps],
@@ -115,7 +123,7 @@ def warm_up(runs, items: list[list[int]], b: int) -> None:
                 runs[mode](chunk)
 
 
-def path_of(engine, solo: bool, device: str, kv_paths: set) -> dict:
+def path_of(engine, solo: bool, device: str, kv_paths: set, budget=None) -> dict:
     """Which code decoded: the decoder, the target's cache (as the results' kv_path say), the drafter."""
     graphs = device == "cuda"
     static = kv_paths == {"static"}
@@ -123,6 +131,11 @@ def path_of(engine, solo: bool, device: str, kv_paths: set) -> dict:
         target = "fast engine, static cache" + (", CUDA graphs" if graphs else ", eager")
     else:
         target = "+".join(sorted(kv_paths)) + " cache (HF forward where dynamic), eager"
+    if solo and budget:
+        return {"decoder": "target alone: solo (Engine.target_only); speculative: the batched chain one row at a "
+                           "time (the verify budget lives there: decoding/budget.py)", "target": target,
+                "drafter": "static over the ragged batch" + (", graphed" if graphs else ", eager")
+                if getattr(engine, "batch_drafter_path", None) == "static" else "eager, ragged batch"}
     if solo:
         fast_drafter = static and hasattr(engine.adapter, "static_drafter")
         return {"decoder": "solo (Engine.target_only / speculative, as bench/end_to_end.py)", "target": target,
@@ -140,7 +153,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
 
     from domino_graft.decoding.divergence import first_divergence
 
-    runs = decoders(engine, max_new, solo, temperature, None if solo else budget)
+    runs = decoders(engine, max_new, solo, temperature, budget)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
     warm_up(runs, items, b)
@@ -192,7 +205,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                     chosen[mode][str(kk)] = chosen[mode].get(str(kk), 0) + n
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
-        row["path"] = path_of(engine, solo, device, set().union(*kv.values()))
+        row["path"] = path_of(engine, solo, device, set().union(*kv.values()), budget)
         fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
         if any(chosen.values()):
             row["verify_budget_k"] = chosen

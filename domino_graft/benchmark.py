@@ -238,12 +238,11 @@ def run_bench(
     if batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     if verify_budget is not None:  # before any decode
-        if batch_size < 2:
-            raise ValueError(f"--verify-budget: {verify_budget.label()!r} needs batched decoding; valid: "
-                             "--batch-size N >= 2 with it, or full at batch size 1")
         verify_budget.check(k, str(target.device).split(":")[0])
     budget_hist: dict = {}  # batch size -> mode -> K' -> steps
-    if batch_size > 1:
+    # a verify budget runs in the batched chain only (decoding/budget.py), at batch size 1 too
+    batched = batch_size > 1 or verify_budget is not None
+    if batched:
         from .decoding.batched import batched_chain, batched_target_only
 
         # at T > 0: seed + the batch's first index
@@ -270,8 +269,8 @@ def run_bench(
         if warmup:  # first calls pay one-off costs (allocator, lazy init, kernels): keep them out of tokens/s
             for mode in MODES:
                 bar.set_postfix_str(f"warm-up {mode}")
-                runs[mode](encoded[:batch_size], -1) if batch_size > 1 else runs[mode](encoded[0], -1)
-        if batch_size > 1:
+                runs[mode](encoded[:batch_size], -1) if batched else runs[mode](encoded[0], -1)
+        if batched:
             for start in range(0, len(encoded), batch_size):
                 per_prompt += _decode_batch(runs, start, encoded[start: start + batch_size], prompts[start:],
                                             len(encoded), target, sampling, tallies, identical, kv_paths,
@@ -296,7 +295,7 @@ def run_bench(
             "identical_to_target is null: at temperature > 0 speculative sampling matches the target's output "
             "distribution, not its token sequence (different random draws), so outputs are not compared token for token"
         )
-    if batch_size > 1:
+    if batched:
         notes.append(
             f"batch_size {batch_size}: the prompts decoded {batch_size} at a time (the target on the cache kv_path "
             "names: static = the fast engine's, with CUDA graphs per batch size on a GPU; the drafter on its static "

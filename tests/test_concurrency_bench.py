@@ -82,11 +82,16 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
 
 def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
     """--verify-budget N: the batched rows verify N drafts a step (the K' histogram in the row) and
-    stay identical to the target alone; a bad budget is refused by name before any decode."""
+    stay identical to the target alone; at B = 1 the speculative modes take the batched chain one
+    row at a time (where the budget lives), the target alone its solo path; a bad budget is refused
+    by name before any decode."""
     script, args, rep = run_bench(tiny_run, tmp_path, [list(range(2, 2 + n)) for n in (5, 11, 3)],
-                                  "--batch-sizes", "3", "--max-new-tokens", "8", "--verify-budget", "1")
-    row = rep["rows"]["3"]
-    assert rep["verify_budget"] == "1" and row["identical_to_target"] is True
-    assert set(row["verify_budget_k"]["domino"]) == {"1"} and row["verify_budget_k"]["domino"]["1"] > 0
+                                  "--batch-sizes", "1,3", "--max-new-tokens", "8", "--verify-budget", "1")
+    assert rep["verify_budget"] == "1"
+    for key in ("1", "3"):
+        row = rep["rows"][key]
+        assert row["identical_to_target"] is True, key
+        assert set(row["verify_budget_k"]["domino"]) == {"1"} and row["verify_budget_k"]["domino"]["1"] > 0
+    assert "batched chain one row at a time" in rep["rows"]["1"]["path"]["decoder"]
     with pytest.raises(SystemExit):
         script.main(args + ["--verify-budget", "-2"])

@@ -186,8 +186,9 @@ class StaticDFlashDrafter:
         int or B host ints; T = K+1, or fewer under a verify budget), written with the next propose
         (inside its graph); only those before each row's next anchor are ever read. A block still
         pending (a step that proposed nothing: decoding/budget.py's K' = 0) is written first."""
-        if self._pending is not None:
-            self._write(*self._pending_start())
+        if self._pending is not None:  # on CUDA one graph per shape: a plain step's write is one launch
+            feats_before, start = self._pending_start()
+            self._call(("write", *feats_before.shape[:2]), self._write)(feats_before, start)
         self._pending = (feats, host_ints(pos, feats.shape[0]))
 
     # ------------------------------------------------------------------ propose

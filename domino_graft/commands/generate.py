@@ -174,7 +174,7 @@ def run(args) -> int:
         _report(res, mode)
         return 0
     labels = [f"[{src['label']}] " for src in sources]
-    if args.batch_size == 1:
+    if args.batch_size == 1 and budget is None:  # a budget decodes through the batched chain, one row at a time
         for i, (ids, label) in enumerate(zip(encoded, labels)):
             stream = _Streamer(target)
             stream.out.write(label)

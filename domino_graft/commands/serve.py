@@ -22,6 +22,10 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"), help="as for generate")
     p.add_argument("--rollout", default=None, help="as for generate")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="weights dtype (default: the recipe's target.dtype)")
+    p.add_argument("--verify-budget", default=None, metavar="{full,auto,N}",
+                   help="drafts each block verifies (docs/design.md §5): default auto on CUDA, full elsewhere")
+    p.add_argument("--verify-costs", metavar="FILE.json", help="costs for --verify-budget auto (needed off CUDA)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -33,7 +37,8 @@ def run(args) -> int:
                         max_queue=args.max_queue, api_key=args.api_key, model_name=args.served_model_name,
                         max_model_len=args.max_model_len, target_only=args.target_only, device=args.device,
                         kv=args.kv, rollout=args.rollout, drain_s=args.drain_timeout,
-                        max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+                        max_body_bytes=args.max_body_bytes, log_level=args.log_level,
+                        dtype=args.dtype, verify_budget=args.verify_budget, verify_costs=args.verify_costs)
     opts.check()  # before minutes of loading
     loading("serve")
     return serve(opts)

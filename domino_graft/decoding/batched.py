@@ -263,10 +263,17 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
     offs = torch.arange(k + 1, device=dev)
     if run is not None and dev.type == "cuda":  # the target's cost of each candidate length not known yet
-        run.add_measured(_time_steps(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
+        run.add_measured(measure_step_costs(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
+    last = None  # (K', loop-top time) of the step before: the budget's wall clock (CUDA)
     while any(live):
+        if run is not None and run.wall_clock:
+            now = time.perf_counter()
+            if last is not None:
+                run.add_wall(last[0], (now - last[1]) * 1e3)
         kk = k if run is None else run.choose()  # K': the drafts this step verifies
-        timer = _propose_timer(run, dev) if kk else None
+        if run is not None and run.wall_clock:
+            last = (kk, now)
+        timer = propose_timer(run, dev) if kk else None
         if kk == 0:  # a plain target step: the anchor alone, the next token the target's own pick
             seq = anchor[:, None]
             logits, feats = target.step(seq, pos, capture, pos_h)
@@ -320,7 +327,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]
 
 
-def _time_steps(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,
+def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,
                 lengths: list[int], repeats: int = 5) -> dict[int, float]:
     """ms of the target's forward of T tokens per row at this batch and these positions, for each T
     in `lengths` (CUDA events; the median of `repeats` after a first call, which may compile and
@@ -345,7 +352,7 @@ def _time_steps(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int
     return out
 
 
-def _propose_timer(run, dev):
+def propose_timer(run, dev):
     """CUDA events around this step's propose + rollout, while the auto budget has no propose cost
     for this batch size (read after the step's sync, so they cost no extra sync); else None."""
     if run is None or not run.times_propose(dev.type):

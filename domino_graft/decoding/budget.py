@@ -12,6 +12,12 @@ E(K') / cost(K'). At a large batch a long verify costs several decode steps (iss
 6.2 steps for T = 16 at B = 16 with the default kernels), so a low acceptance makes K' = 0 (the target
 alone) the best choice: a speculative batch is then never slower than the target.
 
+On CUDA the cost of a step is also read off the wall clock: a step's time from one loop top to the
+next includes what the device-side costs leave out (the host's bookkeeping between steps, eager
+launches), and the lower quartile of each kind's recent excess (plain steps, speculative steps) is
+added to the device-side cost of that kind, so the choice compares whole steps. A kind not yet seen
+adds nothing (it looks cheap, so it gets tried and measured).
+
 Every K' is lossless (the verify of the first K' drafts is the same rule: decoding/verify.py), so the
 policy only moves speed. This module is plain Python: the engine feeds it acceptance counts and, where
 it measures them, costs.
@@ -37,6 +43,9 @@ DECAY = 0.95
 PRIOR_ALPHA = 0.8
 PRIOR_COUNT = 2.0
 VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
+# the wall-clock excess of a step kind: its last WALL_WINDOW samples, of which the lower quartile
+# (a step that compiled or captured a graph, or met a host hiccup, is an outlier to skip)
+WALL_WINDOW = 16
 
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
@@ -232,16 +241,19 @@ class VerifyBudget:
     def label(self) -> str:
         return str(self.n) if self.mode == "fixed" else self.mode
 
-    def start(self, k: int, batch: int, device_type: str) -> "BudgetRun":
-        """The state of one batched decode of `batch` rows with a drafter of `k` slots."""
+    def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None) -> "BudgetRun":
+        """The state of one batched decode of `batch` rows with a drafter of `k` slots; on CUDA it
+        reads the wall clock too (module docstring). carry: the run of the batch this one replaces
+        (its acceptance estimate goes on)."""
         self.check(k, device_type)
-        return BudgetRun(self, k, batch)
+        return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry)
 
 
 class BudgetRun:
     """One decode's choices: the running acceptance and a histogram of the K' chosen."""
 
-    def __init__(self, budget: VerifyBudget, k: int, batch: int):
+    def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
+                 carry: Optional["BudgetRun"] = None):
         self.budget, self.k, self.batch = budget, k, batch
         self.candidates = candidate_budgets(k, budget.lengths)
         self.reached = [0.0] * k
@@ -249,6 +261,13 @@ class BudgetRun:
         self.steps = 0
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
+        self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
+        self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
+        if carry is not None and carry.k == k:  # a rebuilt batch (the server's admission) keeps its estimate
+            self.reached, self.accepted = list(carry.reached), list(carry.accepted)
+            self.steps = carry.steps
+            if carry.batch == batch:
+                self.excess = {kind: list(v) for kind, v in carry.excess.items()}
 
     def lengths_to_measure(self) -> list[int]:
         """Verify lengths whose target cost at this batch size is unknown (auto only)."""
@@ -286,7 +305,8 @@ class BudgetRun:
     def alphas(self) -> list[float]:
         return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
 
-    def cost_ms(self, kk: int) -> float:
+    def device_cost_ms(self, kk: int) -> float:
+        """The step's device-side cost: the target's forward of K' + 1 tokens, plus the propose for K' > 0."""
         costs = self.budget.costs
         if kk == 0:
             return costs.step(self.batch, 1)
@@ -295,6 +315,20 @@ class BudgetRun:
         else:
             propose = costs.propose(self.batch) or 0.0
         return propose + costs.step(self.batch, kk + 1)
+
+    def cost_ms(self, kk: int) -> float:
+        """The device-side cost and, with the wall clock on, the step kind's measured excess."""
+        samples = self.excess["spec" if kk else "plain"][-WALL_WINDOW:]
+        extra = sorted(samples)[len(samples) // 4] if samples else 0.0
+        return self.device_cost_ms(kk) + max(extra, 0.0)
+
+    def add_wall(self, kk: int, ms: float) -> None:
+        """A whole step that verified kk drafts took `ms` on the wall clock (loop top to loop top)."""
+        if not self.wall_clock or self.budget.costs is None or not self.budget.costs.step_ms:
+            return
+        kind = self.excess["spec" if kk else "plain"]
+        kind.append(ms - self.device_cost_ms(kk))
+        del kind[:-WALL_WINDOW]
 
     def choose(self) -> int:
         """K' for the next step."""
@@ -321,20 +355,22 @@ class BudgetRun:
                 self.accepted[j] += j < a
 
     def report(self) -> dict:
-        """{"mode", "batch", "k_hist": {K': steps}, "alpha": the final estimate}."""
-        return {"mode": self.budget.label(), "batch": self.batch,
-                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
-                "alpha": [round(a, 4) for a in self.alphas()]}
+        """{"mode", "batch", "k_hist": {K': steps}, "alpha": the final estimate, and with the wall
+        clock on "excess_ms": each step kind's excess the choice used}."""
+        out = {"mode": self.budget.label(), "batch": self.batch,
+               "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
+               "alpha": [round(a, 4) for a in self.alphas()]}
+        if self.wall_clock:
+            out["excess_ms"] = {kind: round(sorted(v)[len(v) // 4], 4) for kind, v in self.excess.items() if v}
+        return out
 
 
 def budget_option(text: str, costs_path: Optional[str], batch_size: int) -> Optional[VerifyBudget]:
     """`--verify-budget` / `--verify-costs` of generate and bench: None for "full" (today's decode),
-    else the budget. Only batched chains take a budget (decoding/batched.py)."""
+    else the budget. Only batched chains take a budget (decoding/batched.py): with one, batch size 1
+    decodes through the batched chain too, one row at a time."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     costs = VerifyCosts.load(costs_path) if costs_path else None
     budget = VerifyBudget.parse(text, costs)
-    if budget.mode == "full":
-        return None
-    if batch_size < 2:
-        raise ValueError(f"--verify-budget: {text!r} needs batched decoding; valid: --batch-size N >= 2 with it, "
-                         "or full at batch size 1")
-    return budget
+    return None if budget.mode == "full" else budget

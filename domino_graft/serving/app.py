@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..sampling import Sampling
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ChatRequest, CompletionRequest, describe_validation, error_body
-from .scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from .scheduler import Job, QueueFull, Scheduler, ShuttingDown, describe
 
 # how often a non-streamed request checks whether its client is still there
 _POLL_S = 0.25
@@ -63,7 +63,8 @@ def create_app(served: Served) -> FastAPI:
         s = served.scheduler
         if not s.alive:
             return JSONResponse({"status": "error", "error": s.error or "the model worker is not running"}, 503)
-        return {"status": "ok", "mode": s.mode, "running": s.running, "queued": s.queue_depth()}
+        return {"status": "ok", "mode": s.mode, "running": s.running, "queued": s.queue_depth(),
+                "verify_budget": describe(s)["verify_budget"]}
 
     @app.get("/metrics")
     async def metrics():

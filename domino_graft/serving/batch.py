@@ -18,6 +18,11 @@ context its solo decode would hold. The cost is the running rows' prefill at eac
 Rows that finish or are cancelled stay in the batch, masked, until the next rebuild drops them
 (batched_chain's rule: their outputs are dropped and the others never wait for them).
 
+A verify budget (decoding/budget.py) works here as in `batched_chain`: each block verifies K' <= K
+drafts (K' = 0: a plain target step), the same K' for every row, chosen before the block's draws;
+a rebuilt batch carries the acceptance estimate of the batch it replaces, and the costs (measured
+once per batch size on CUDA) live in the server's one `VerifyBudget`.
+
 Each row has its own sampling setting. The library's rollout and verifier take one setting per
 call, so a step runs them once per setting present, on that setting's rows (both work row by row:
 a row's drafts and verdict read only its own block, logits and q), while the drafter's propose
@@ -27,12 +32,14 @@ at T > 0 a row's samples depend on its batch (its distribution does not; batched
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..decoding.batched import ragged_target, static_batch_drafter
+from ..decoding.batched import measure_step_costs, propose_timer, ragged_target, static_batch_drafter
+from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
 
@@ -172,8 +179,11 @@ class ChainBatch(_Rows):
 
     @torch.inference_mode()
     def __init__(self, engine, rows: list[BatchRow], *, use_head: bool,
-                 on_step: Optional[Callable[[list[int]], None]] = None, seed: Optional[int] = None):
-        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it)."""
+                 on_step: Optional[Callable[[list[int], int], None]] = None, seed: Optional[int] = None,
+                 budget: Optional[VerifyBudget] = None, carry: Optional[BudgetRun] = None):
+        """seed: the batch generator's (None: fresh entropy, as the server runs; tests fix it).
+        on_step(each live row's accepted drafts, K' verified). budget: the drafts each block
+        verifies (None: all K); carry: the budget run of the batch this one replaces."""
         adapter = self.adapter = engine.adapter
         self.use_head, self.on_step = use_head, on_step
         self.k = k = adapter.num_slots
@@ -189,28 +199,65 @@ class ChainBatch(_Rows):
             adapter.observe(feats, prompt_pos, ids=prompt_ids)
         self._anchor(logits)
         self.offs = torch.arange(k + 1, device=self.dev)
+        self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
+        self._last: Optional[tuple[int, float]] = None  # (K', start) of the block before: the budget's wall clock
+        if self.run is not None and self.dev.type == "cuda":  # the target's cost of each candidate length, once per B
+            self.run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
+                                                     self.run.lengths_to_measure()))
+
+    def _choose(self) -> int:
+        """K' for this block (all K without a budget); feeds the budget the last block's wall time."""
+        run = self.run
+        if run is None:
+            return self.k
+        now = time.perf_counter()
+        if self._last is not None and run.wall_clock:
+            run.add_wall(self._last[0], (now - self._last[1]) * 1e3)
+        kk = run.choose()
+        self._last = (kk, now)
+        return kk
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One block for every live row: propose, roll out, verify, push each row's tokens."""
+        """One block for every live row: propose, roll out, verify (K' drafts; K' = 0 a plain
+        target step), push each row's tokens."""
         if not self._retire_cancelled():
             return
-        adapter, engine, k = self.adapter, self.engine, self.k
+        adapter, k = self.adapter, self.k
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
-        block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
-        drafts, qs = self._rollout(block, anchor)
-        seq = torch.cat([anchor[:, None], drafts], dim=1)
-        logits, feats = self.target.step(seq, pos, self.capture, pos_h)
-        n_acc, nxt = self._verify(logits, drafts, qs)
+        kk = self._choose()
+        timer = None
+        if kk == 0:  # the anchor alone; the next token each row's own pick
+            seq = anchor[:, None]
+            logits, feats = self.target.step(seq, pos, self.capture, pos_h)
+            nxt = self._pick(logits[:, 0])
+            n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
+        else:
+            timer = propose_timer(self.run, self.dev)
+            block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
+            if kk < k:  # only the first K' slots are rolled out (slot j reads slots < j only)
+                block = replace(block, hidden=block.hidden[:, :kk].contiguous(),
+                                base_logits=block.base_logits[:, :kk].contiguous())
+            drafts, qs = self._rollout(block, anchor)
+            if timer is not None:
+                timer[1].record()
+            seq = torch.cat([anchor[:, None], drafts], dim=1)
+            logits, feats = self.target.step(seq, pos, self.capture, pos_h)
+            n_acc, nxt = self._verify(logits, drafts, qs)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        if timer is not None:
+            self.run.propose_samples.append(timer[0].elapsed_time(timer[1]))
+        live_acc = [n_acc_h[r] for r in range(b) if self.live[r]]
+        if self.run is not None:
+            self.run.observe(kk, live_acc)
         if self.on_step is not None:
-            self.on_step([n_acc_h[r] for r in range(b) if self.live[r]])
+            self.on_step(live_acc, kk)
         for r in range(b):
             if self.live[r]:
                 a = n_acc_h[r]
-                self._advance(r, drafts_h[r * k: r * k + a] + [nxt_h[r]])
+                self._advance(r, drafts_h[r * kk: r * kk + a] + [nxt_h[r]])
         if not any(self.live):
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
@@ -234,7 +281,7 @@ class ChainBatch(_Rows):
             drafts, q = engine.rollout(engine.head, block, anchor, self.adapter.embed, temperature=s.temperature,
                                        top_k=s.top_k, top_p=s.top_p, generator=self.gen, use_head=self.use_head)
             return drafts, [q]
-        drafts = torch.empty(anchor.shape[0], self.k, dtype=torch.long, device=anchor.device)
+        drafts = torch.empty(anchor.shape[0], block.hidden.shape[1], dtype=torch.long, device=anchor.device)
         qs = []
         for idx, s in self.groups:
             part = replace(block, hidden=block.hidden[idx], base_logits=block.base_logits[idx])

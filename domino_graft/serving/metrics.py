@@ -46,7 +46,8 @@ class Metrics:
         self._steps = self._accepted = 0
 
     def observe_steps(self, accepted: list[int], k: int) -> None:
-        """One verify step per entry (accepted drafts of one row in one block)."""
+        """One verify step per entry (accepted drafts of one row in one block); k: the drafts the
+        block verified (K, or the verify budget's K'; 0 for a plain target step)."""
         if not accepted:
             return
         self.verify_steps.inc(len(accepted))

@@ -10,7 +10,11 @@ Two modes, by what the drafter can do (docs/serving.md, "serve"):
               adapter.ragged_batch), and --target-only: continuous batching. Between blocks the worker retires finished
               and cancelled rows and, when requests wait and rows are free, rebuilds the batch
               with them, first come first served (serving/batch.py). Rows of any sampling settings
-              share a batch.
+              share a batch. On a GPU the batch is padded with idle rows to the next power of two
+              (at most --max-batch), as engines pad to their captured sizes: the fast engine
+              captures CUDA graphs (and the verify budget measures costs) per batch size, so
+              arrivals meet a few sizes instead of every size up to --max-batch. An idle row is
+              masked from its first block on; a row's output does not depend on its batch.
     one at a time   drafters without the ragged-batch contract, trees, and --max-batch 1: each request decodes alone through `Engine.speculative` /
               `Engine.target_only`, streamed block by block; the queue waits.
 """
@@ -145,9 +149,13 @@ class Job:
 class Scheduler:
     """The queue and the model worker thread (module docstring)."""
 
-    def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None):
+    def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None,
+                 budget=None, pad_batches: Optional[bool] = None):
         adapter = engine.adapter
         self.engine = engine
+        # pad each batch to a power of two (module docstring); by default where graphs are captured
+        self.pad_batches = engine.target.device.type == "cuda" if pad_batches is None else pad_batches
+        self.budget = budget  # the batched chains' verify budget (decoding/budget.py; None: all K)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.target_only = target_only
         self.use_head = engine.head is not None
@@ -287,7 +295,8 @@ class Scheduler:
             running = batch.running() if batch is not None else []
             if batch is not None and not running:  # every row finished or cancelled: retire them all
                 for row in batch.rows:
-                    self._retire(jobs.pop(row))
+                    if row in jobs:  # not an idle row
+                        self._retire(jobs.pop(row))
                 batch = None
                 self.running = 0
                 self._gauges()
@@ -301,7 +310,7 @@ class Scheduler:
                 head = self._next(block=False)
             if admitted:
                 for row in (batch.rows if batch is not None else []):
-                    if row not in running:
+                    if row not in running and row in jobs:
                         self._retire(jobs.pop(row))
                 rows = running
                 for job in admitted:
@@ -309,9 +318,13 @@ class Scheduler:
                                    job.push, lambda job=job: not job.cancelled)
                     jobs[row] = job
                     rows = rows + [row]
+                if self.pad_batches:
+                    rows = rows + [idle_row(rows[0]) for _ in range(self._padded(len(rows)) - len(rows))]
                 try:
+                    carry = getattr(batch, "run", None)  # the replaced batch's acceptance estimate goes on
                     batch = (TargetBatch(self.engine, rows) if self.target_only else
-                             ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step))
+                             ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step,
+                                        budget=self.budget, carry=carry))
                 except Exception as e:
                     self._fail_all(jobs, e)
                     batch = None
@@ -327,15 +340,19 @@ class Scheduler:
                 batch = None
                 continue
             for row, on in zip(batch.rows, batch.live):
-                job = jobs[row]
-                if not on and job.finish_reason is None:
+                job = jobs.get(row)  # None: an idle row
+                if job is not None and not on and job.finish_reason is None:
                     job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
             self.running = sum(batch.live)
             self._gauges()
 
-    def _on_step(self, accepted: list[int]) -> None:
+    def _padded(self, n: int) -> int:
+        """The batch size n rows run at: the next power of two, at most max_batch."""
+        return min(self.max_batch, 1 << (n - 1).bit_length())
+
+    def _on_step(self, accepted: list[int], verified: int) -> None:
         if self.metrics is not None:
-            self.metrics.observe_steps(accepted, self.engine.adapter.num_slots)
+            self.metrics.observe_steps(accepted, verified)
 
     def _retire(self, job: Job) -> None:
         if job.finish_reason is None:
@@ -353,6 +370,15 @@ class Scheduler:
             self.metrics.observe_job(job)
 
 
+def idle_row(like):
+    """A row that pads a batch: one token of context, its anchor given, no client (masked from its
+    first block on, nothing pushed); `like`'s sampling, so it adds no sampling group."""
+    from .batch import BatchRow
+
+    return BatchRow([0], 0, 2, like.sampling, lambda ids: True, lambda: False)
+
+
 def describe(scheduler: Scheduler) -> dict[str, Any]:
+    budget = scheduler.budget if scheduler.batched else None
     return {"mode": scheduler.mode, "max_batch": scheduler.max_batch if scheduler.batched else 1,
-            "max_queue": scheduler.max_queue}
+            "max_queue": scheduler.max_queue, "verify_budget": "full" if budget is None else budget.label()}

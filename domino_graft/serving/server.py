@@ -31,6 +31,9 @@ class ServeOptions:
     drain_s: float = 30.0
     max_body_bytes: int = 1 << 20
     log_level: str = "info"
+    dtype: Optional[str] = None  # bf16, fp16 or fp32: the weights' dtype (None: the recipe's)
+    verify_budget: Optional[str] = None  # full, auto or N; None: auto on CUDA, full elsewhere
+    verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
 
     def check(self) -> None:
         """Every bad option, before minutes of loading."""
@@ -44,6 +47,13 @@ class ServeOptions:
             problems.append(f"--max-model-len: {self.max_model_len!r} is invalid; valid: an integer >= 2")
         if not self.drain_s >= 0:
             problems.append(f"--drain-timeout: {self.drain_s!r} is invalid; valid: seconds >= 0")
+        if self.verify_budget is not None:
+            from ..decoding.budget import VerifyBudget
+
+            try:
+                VerifyBudget.parse(self.verify_budget)
+            except ValueError as e:
+                problems.append(str(e))
         if self.api_key is not None and not self.api_key.strip():
             problems.append("--api-key: empty; valid: a non-empty token (or leave --api-key out)")
         if problems:
@@ -63,6 +73,12 @@ def build(opts: ServeOptions):
         check_rollout_name(opts.rollout)
     loaded = load_run_or_bundle(opts.run, device=pick_device(opts.device, option="--device"))
     target = loaded.target
+    if opts.dtype is not None:  # target, drafter and head in one dtype, as bench/concurrency.py runs them
+        from ..target import TORCH_DTYPES
+
+        for module in (target.model, loaded.adapter, loaded.head):
+            if module is not None:
+                module.to(TORCH_DTYPES[opts.dtype])
     positions = target.shape.max_position_embeddings
     if opts.max_model_len is not None and opts.max_model_len > positions:
         raise ValueError(f"--max-model-len: {opts.max_model_len} is beyond the target's {positions} positions "
@@ -71,7 +87,7 @@ def build(opts: ServeOptions):
                     stop_ids=stop_token_ids(target), kv=opts.kv)
     metrics = Metrics()
     scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
-                          target_only=opts.target_only, metrics=metrics)
+                          target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine))
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,
                     max_model_len=opts.max_model_len or positions, api_key=opts.api_key,
@@ -80,8 +96,25 @@ def build(opts: ServeOptions):
     return BodyLimit(app, opts.max_body_bytes, metrics), served
 
 
+def verify_budget(opts: ServeOptions, engine):
+    """The batched chains' verify budget (decoding/budget.py): --verify-budget, by default auto on
+    CUDA (costs measured there) and full elsewhere; None for full or the target alone."""
+    from ..decoding.budget import VerifyBudget, VerifyCosts
+
+    device_type = engine.target.device.type
+    text = opts.verify_budget or ("auto" if device_type == "cuda" else "full")
+    costs = VerifyCosts.load(opts.verify_costs) if opts.verify_costs else None
+    budget = VerifyBudget.parse(text, costs)
+    if budget.mode == "full" or opts.target_only or engine.adapter is None:
+        return None
+    budget.check(engine.adapter.num_slots, device_type)
+    return budget
+
+
 def serve(opts: ServeOptions) -> int:
     import uvicorn
+
+    from .scheduler import describe
 
     opts.check()
     app, served = build(opts)
@@ -93,7 +126,8 @@ def serve(opts: ServeOptions) -> int:
     server = uvicorn.Server(config)
     family = served.loaded.adapter.family
     print(f"serve: {served.model_name} ({family} drafter{', target alone' if opts.target_only else ''}; "
-          f"{scheduler.mode}, max batch {opts.max_batch}, queue {opts.max_queue}) on http://{opts.host}:{opts.port}",
+          f"{scheduler.mode}, max batch {opts.max_batch}, queue {opts.max_queue}, verify budget "
+          f"{describe(scheduler)['verify_budget']}) on http://{opts.host}:{opts.port}",
           flush=True)
     # uvicorn catches SIGTERM for its graceful shutdown, then restores the handler it found and
     # raises the signal again, which with the default handler kills the process (-15) before the

@@ -95,6 +95,32 @@ def test_policy_probes_again_after_plain_steps():
     assert kk > 0, run.report()
 
 
+def test_wall_clock_excess_moves_the_choice():
+    """On CUDA a step kind's wall-clock excess over its device-side cost joins its cost: a batch
+    whose speculative steps cost much more on the wall than their events say falls back to plain
+    steps; the excess is the lower quartile of the recent samples (a graph capture is skipped);
+    a rebuilt batch (carry) keeps the estimate."""
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.2, "8": 1.4, "16": 2.0}},
+                                   "propose_ms": {"8": 0.3}})
+    budget = VerifyBudget("auto", costs=costs)
+    cheap = budget.start(15, 8, "cuda")
+    dear = budget.start(15, 8, "cuda")
+    for run, excess in ((cheap, 0.1), (dear, 20.0)):
+        for i in range(12):
+            kk = run.choose()
+            run.observe(kk, [kk] * 8)  # every draft accepted
+            # the first sample includes a graph capture: 500 ms
+            run.add_wall(kk, run.device_cost_ms(kk) + (500.0 if i == 0 else excess if kk else 0.05))
+    assert cheap.choose() == 15 and dear.choose() == 0
+    assert dear.report()["excess_ms"]["spec"] == pytest.approx(20.0)
+    assert budget.start(15, 8, "cpu").wall_clock is False  # off CUDA: the table's costs only
+    cpu = budget.start(15, 8, "cpu")
+    cpu.add_wall(15, 99.0)
+    assert cpu.cost_ms(15) == cpu.device_cost_ms(15)
+    rebuilt = budget.start(15, 8, "cuda", carry=dear)
+    assert rebuilt.alphas() == dear.alphas() and rebuilt.choose() == 0
+
+
 def test_fixed_and_full_ignore_costs():
     assert VerifyBudget.parse("full").start(7, 3, "cpu").choose() == 7
     run = VerifyBudget.parse("fixed:2").start(7, 3, "cpu")
@@ -317,8 +343,8 @@ def test_bench_and_generate_take_a_budget(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["generate", "--prompt-ids", "5", "--verify-budget", "2"],
-     "--verify-budget: '2' needs batched decoding; valid: --batch-size N >= 2 with it, or full at batch size 1"),
+    (["generate", "--prompt-ids", "5", "--verify-budget", "-2"],
+     "--verify-budget: -2 is negative; valid: full, auto, or an integer N with 0 <= N <= K"),
     (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "often"],
      "--verify-budget: 'often' is not a budget; valid: full, auto, or an integer N with 0 <= N <= K"),
     (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "99"],

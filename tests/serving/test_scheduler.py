@@ -207,3 +207,64 @@ def test_a_failing_batch_fails_its_requests_and_the_next_one_is_served(engine, m
         assert sched.alive
     finally:
         assert sched.stop(30)
+
+
+@pytest.mark.parametrize("spec,pad", [("0", False), ("2", True), ("auto", True)])
+def test_a_verify_budget_keeps_every_greedy_row_the_target_alones(engine, spec, pad, monkeypatch):
+    """The batched chain under a verify budget (K' = 0: plain steps; 2 of K; auto over a cost table
+    that makes the verify dear at 3 rows): rows join and leave a batch in flight, each still its
+    target-alone decode; the budget run is carried across the rebuilds; the metrics count only the
+    slots a block verified. pad: batches padded with idle rows to a power of two (the GPU default)."""
+    from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler, describe
+
+    costs = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "4": 1.1, "8": 1.2}, "4": {"1": 1.0, "4": 2.5, "8": 5.0}},
+                                   "propose_ms": {"1": 0.2, "4": 0.4}})
+    budget = VerifyBudget.parse(spec, costs)
+    metrics = Metrics()
+    from domino_graft.serving import batch as batch_mod
+
+    sizes = []  # the size of every batch built
+
+    class Recording(batch_mod.ChainBatch):
+        def __init__(self, engine, rows, **kw):
+            sizes.append(len(rows))
+            super().__init__(engine, rows, **kw)
+
+    monkeypatch.setattr(batch_mod, "ChainBatch", Recording)
+    sched = Scheduler(engine, max_batch=4, max_queue=8, metrics=metrics, budget=budget, pad_batches=pad)
+    assert describe(sched)["verify_budget"] == (spec if spec != "auto" else "auto")
+    prompts = [([5, 6, 7, 8], 40), ([9, 3, 4], 12), ([11, 2], 25), ([7, 7, 1, 2, 3], 18)]
+    sched.start()
+    try:
+        jobs = []
+        for prompt, n in prompts:
+            jobs.append(_job(engine, prompt, n))
+            sched.submit(jobs[-1])
+            time.sleep(0.05)  # arrivals in flight: each admission rebuilds the batch
+        for job in jobs:
+            assert job.done.wait(60)
+        for job, (prompt, n) in zip(jobs, prompts):
+            assert job.tokens == engine.target_only(prompt, max_new_tokens=n).tokens, (spec, prompt)
+        assert sched.running == 0 and sched.queue_depth() == 0
+        assert len(sizes) >= 2, sizes  # arrivals in flight rebuilt the batch
+        if pad:  # padded with idle rows: powers of two only
+            assert set(sizes) <= {1, 2, 4}, sizes
+    finally:
+        assert sched.stop(30)
+    if spec == "0":  # plain steps only: no slot was ever verified
+        assert metrics.verify_steps._value.get() > 0 and metrics.accepted_drafts._value.get() == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--verify-budget", "often"], "--verify-budget: 'often' is not a budget; valid: full, auto, or an integer N"),
+    (["--verify-budget", "99"], "--verify-budget: 99 exceeds the drafter's K = 7 drafts per step; valid: full, auto, "
+                                "or an integer 0..7"),
+    (["--verify-budget", "auto"], "--verify-budget: auto on cpu needs a cost table with step_ms and propose_ms"),
+])
+def test_serve_refuses_a_bad_verify_budget_before_binding(tiny_run, capsys, argv, message):
+    from tests.decoding.test_decoding import run_command
+
+    assert run_command("serve", [str(tiny_run), "--port", "0", *argv]) == 1
+    assert message in capsys.readouterr().err
