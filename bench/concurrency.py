@@ -8,9 +8,9 @@ graft, reused by import), or any trained run dir / bundle given with --run.
     python bench/concurrency.py --data WORK/train.regen.jsonl --work WORK --out ...    # graft it first
 
 Batch size 1 runs the solo path bench/end_to_end.py times (Engine.target_only / speculative: on a
-GPU the static target and DFlash's static drafter, both graphed), except that with --verify-budget
-(auto or N) the speculative modes decode one row at a time through the batched chain, where the
-budget lives; B > 1 the batched chains
+GPU the static target and DFlash's static drafter, both graphed; --verify-budget auto there decides
+per decode between all K and the target alone for the rest of it, decoding/chain.py; a fixed N
+runs the batched chain one row at a time); B > 1 the batched chains
 (decoding/batched.py: the static ragged target under CUDA graphs per batch size, and DFlash's static
 drafter over the ragged batch, graphed too). --also-batched-1 adds a row "1_batched": the batched path at B = 1, to see
 what the batched code itself costs. Each row says which path ran (`path`).
@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,19 +89,22 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=
     from domino_graft.sampling import Sampling
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
-    if solo and budget is not None:  # the budget lives in the batched chain: one row at a time there
+    # one budget per mode (what decodes learn is the mode's own); a fixed N at B = 1 is the batched chain's
+    budgets = {m: None if budget is None else replace(budget, memory={}) for m in ("base", "domino")}
+    if solo and budget is not None and budget.mode == "fixed":
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
                 "base": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=False,
-                                                                                   budget=budget)],
+                                                                                   budget=budgets["base"])],
                 "domino": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=True,
-                                                                                     budget=budget)]}
+                                                                                     budget=budgets["domino"])]}
     if solo:
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
-                "base": lambda ps: [engine.speculative(p, **kw, use_head=False) for p in ps],
-                "domino": lambda ps: [engine.speculative(p, **kw, use_head=True) for p in ps]}
+                "base": lambda ps: [engine.speculative(p, **kw, use_head=False, budget=budgets["base"]) for p in ps],
+                "domino": lambda ps: [engine.speculative(p, **kw, use_head=True, budget=budgets["domino"])
+                                      for p in ps]}
     return {"target": lambda ps: engine.target_only_batch(ps, **kw),
-            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False, budget=budget),
-            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True, budget=budget)}
+            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False, budget=budgets["base"]),
+            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True, budget=budgets["domino"])}
 
 
 def warm_up(runs, items: list[list[int]], b: int) -> None:
@@ -131,9 +135,9 @@ def path_of(engine, solo: bool, device: str, kv_paths: set, budget=None) -> dict
         target = "fast engine, static cache" + (", CUDA graphs" if graphs else ", eager")
     else:
         target = "+".join(sorted(kv_paths)) + " cache (HF forward where dynamic), eager"
-    if solo and budget:
+    if solo and budget is not None and budget.mode == "fixed":
         return {"decoder": "target alone: solo (Engine.target_only); speculative: the batched chain one row at a "
-                           "time (the verify budget lives there: decoding/budget.py)", "target": target,
+                           "time (a fixed verify budget lives there: decoding/budget.py)", "target": target,
                 "drafter": "static over the ragged batch" + (", graphed" if graphs else ", eager")
                 if getattr(engine, "batch_drafter_path", None) == "static" else "eager, ragged batch"}
     if solo:
@@ -156,7 +160,9 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     runs = decoders(engine, max_new, solo, temperature, budget)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
-    warm_up(runs, items, b)
+    if budget is not None:  # every draft verified first: each verify shape's graphs captured before any timing
+        warm_up(decoders(engine, max_new, solo, temperature, None), items, b)
+    warm_up(runs, items, b)  # under the budget: its costs measured, its first estimates made
     if device == "cuda":
         torch.cuda.synchronize()
     row = {"batch_size": b, "temperature": temperature, "path": None,
@@ -167,6 +173,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     steps = {m: [0, 0] for m in ("base", "domino")}  # [verify steps, tokens those steps gave]
     kv = {m: set() for m in MODES}
     chosen = {m: {} for m in ("base", "domino")}  # the verify budget's K' -> steps, over the timed batches
+    last_report: dict = {}  # each mode's last decode's budget report (its estimate, costs and excess)
     bad = {m: 0 for m in MODES}
     bad_in_batch = {m: 0 for m in ("base", "domino")}  # against the same batch's target-alone rows
     divergences = []
@@ -203,12 +210,14 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             elif getattr(engine, "last_budget", None):
                 for kk, n in engine.last_budget["k_hist"].items():
                     chosen[mode][str(kk)] = chosen[mode].get(str(kk), 0) + n
+                last_report[mode] = engine.last_budget
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
         row["path"] = path_of(engine, solo, device, set().union(*kv.values()), budget)
         fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
         if any(chosen.values()):
             row["verify_budget_k"] = chosen
+            row["verify_budget_last"] = last_report
         write(row)
     row["complete"] = row["num_prompts"] == len(items)
     fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)

@@ -54,6 +54,8 @@ def start_server(args, mode: str, port: int, log: Path) -> subprocess.Popen:
            "--log-level", "warning"]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    if args.rollout:
+        cmd += ["--rollout", args.rollout]
     cmd += ["--target-only"] if mode == "target" else ["--verify-budget", args.verify_budget]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -198,6 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--verify-budget", default="auto")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", ""))
+    p.add_argument("--rollout", default="triton", help="the Domino rollout kernel (serve --rollout; '' = the recipe's)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline-s", type=float, default=float("inf"))
@@ -222,7 +225,7 @@ def main(argv=None) -> int:
         "command": " ".join(["bench/serve_sweep.py", *(sys.argv[1:] if argv is None else argv)]),
         "git_sha": os.environ.get("DG_GIT_SHA"), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "run": args.run, "num_prompts": len(items), "max_tokens": args.max_tokens, "max_batch": args.max_batch,
-        "verify_budget": args.verify_budget, "dtype": args.dtype, "servers": {}, "points": [],
+        "verify_budget": args.verify_budget, "dtype": args.dtype, "rollout": args.rollout, "servers": {}, "points": [],
     }
     try:
         import torch

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -228,20 +229,21 @@ def run_bench(
     engine = Engine(target, adapter, head, rollout=choice, stop_ids=stop_token_ids(target), kv=kv)
     encoded = [encode(loaded, item, max_new_tokens=max_new_tokens) for item in prompts]  # all, before any decode
     k = adapter.num_slots
+    # one budget per speculative mode: what a decode learns (acceptance by batch size) is the mode's own
+    budgets = {m: None if verify_budget is None else replace(verify_budget, memory={}) for m in ("base", "domino")}
     runs = {
         "target": lambda ids, i: engine.target_only(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed_offset=i),
         "base": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                                                  use_head=False, seed_offset=i),
+                                                  use_head=False, seed_offset=i, budget=budgets["base"]),
         "domino": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                                                    use_head=True, seed_offset=i),
+                                                    use_head=True, seed_offset=i, budget=budgets["domino"]),
     }
     if batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     if verify_budget is not None:  # before any decode
         verify_budget.check(k, str(target.device).split(":")[0])
     budget_hist: dict = {}  # batch size -> mode -> K' -> steps
-    # a verify budget runs in the batched chain only (decoding/budget.py), at batch size 1 too
-    batched = batch_size > 1 or verify_budget is not None
+    batched = batch_size > 1
     if batched:
         from .decoding.batched import batched_chain, batched_target_only
 
@@ -249,7 +251,7 @@ def run_bench(
         kw = dict(max_new_tokens=max_new_tokens, sampling=sampling, kv="dynamic" if kv == "dynamic" else "auto")
         def chain(mode):
             def decode(chunk, i):
-                out = batched_chain(engine, chunk, use_head=mode == "domino", seed_offset=i, budget=verify_budget,
+                out = batched_chain(engine, chunk, use_head=mode == "domino", seed_offset=i, budget=budgets[mode],
                                     **kw)
                 if verify_budget is not None and i >= 0:  # the K' chosen, by batch size (not the warm-up's)
                     hist = budget_hist.setdefault(str(len(chunk)), {}).setdefault(mode, {})

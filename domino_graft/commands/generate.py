@@ -164,24 +164,25 @@ def run(args) -> int:
         budget.check(loaded.adapter.num_slots, str(target.device).split(":")[0])  # before any decode
     mode = "target alone" if args.target_only else ("base drafter" if args.no_head else "domino drafter")
     kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
-    if len(encoded) == 1 and budget is None:  # one prompt: streamed, unlabelled
+    if len(encoded) == 1 and (budget is None or args.batch_size == 1):  # one prompt: streamed, unlabelled
         stream = _Streamer(target)
         if args.target_only:
             res = engine.target_only(encoded[0], on_tokens=stream, **kw)
         else:
-            res = engine.speculative(encoded[0], use_head=not args.no_head, on_tokens=stream, **kw)
+            res = engine.speculative(encoded[0], use_head=not args.no_head, on_tokens=stream, budget=budget, **kw)
         stream.close()
         _report(res, mode)
         return 0
     labels = [f"[{src['label']}] " for src in sources]
-    if args.batch_size == 1 and budget is None:  # a budget decodes through the batched chain, one row at a time
+    if args.batch_size == 1:
         for i, (ids, label) in enumerate(zip(encoded, labels)):
             stream = _Streamer(target)
             stream.out.write(label)
             if args.target_only:
                 res = engine.target_only(ids, on_tokens=stream, seed_offset=i, **kw)
             else:
-                res = engine.speculative(ids, use_head=not args.no_head, on_tokens=stream, seed_offset=i, **kw)
+                res = engine.speculative(ids, use_head=not args.no_head, on_tokens=stream, seed_offset=i,
+                                         budget=budget, **kw)
             stream.close()
             _report(res, mode, label)
         return 0

@@ -47,7 +47,9 @@ bit-reproducible against their solo decode at T > 0, only equal in distribution)
 A verify budget (`budget=`, decoding/budget.py) makes a step verify only the first K' <= K drafts
 (the rollout runs over K' slots, the verify over [x_0, d_1..d_K'], the drafter observes K' + 1
 positions), or none: K' = 0 is a plain target step, the next token the target's own `pick`. K' is
-the same for every row and chosen before the step's draws, so every row stays lossless.
+the same for every row and chosen before the step's draws, so every row stays lossless. Once auto
+has chosen K' = 0 a few steps in a row (`BudgetRun.committed`) the rest of the decode is the target
+alone's own loop (`_target_steps`: no features captured, nothing written to the drafter).
 """
 
 from __future__ import annotations
@@ -186,6 +188,18 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
     pos = torch.tensor(pos_h, device=dev)
     seconds, forwards = [0.0] * b, [1] * b
     live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
+    _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0)
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, kv_path=target.kv_path)
+            for o, p, s, f in zip(outs, ids, seconds, forwards)]
+
+
+def _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run=None,
+                  accepted=None) -> None:
+    """The target alone's loop until every row ends: `tok` [B] (each row's last token, not yet in
+    the cache) at `pos`; one forward of one token per row a step, no features, one sync. Also the
+    tail of a batched chain whose verify budget committed to plain steps (`run` counts them, and
+    each live row's `accepted` gets a 0 per step, as a K' = 0 step records)."""
+    dev = tok.device
     while any(live):
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
@@ -193,11 +207,13 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
         tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
         pos = pos + live_t.long()
         pos_h = [p + on for p, on in zip(pos_h, live)]
-        for r in range(b):
+        for r in range(len(live)):
             forwards[r] += live[r]
+            if accepted is not None and live[r]:
+                accepted[r].append(0)
+        if run is not None:
+            run.count_plain()
         live = _push_each(outs, [[t] for t in tok.tolist()], live, seconds, t0)  # the step's one sync
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, kv_path=target.kv_path)
-            for o, p, s, f in zip(outs, ids, seconds, forwards)]
 
 
 def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[float], t0: float) -> list[bool]:
@@ -270,6 +286,9 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             now = time.perf_counter()
             if last is not None:
                 run.add_wall(last[0], (now - last[1]) * 1e3)
+        if run is not None and run.committed():  # plain from here on: the target alone's loop
+            _target_steps(target, anchor, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run, accepted)
+            break
         kk = k if run is None else run.choose()  # K': the drafts this step verifies
         if run is not None and run.wall_clock:
             last = (kk, now)

@@ -14,9 +14,18 @@ alone) the best choice: a speculative batch is then never slower than the target
 
 On CUDA the cost of a step is also read off the wall clock: a step's time from one loop top to the
 next includes what the device-side costs leave out (the host's bookkeeping between steps, eager
-launches), and the lower quartile of each kind's recent excess (plain steps, speculative steps) is
-added to the device-side cost of that kind, so the choice compares whole steps. A kind not yet seen
-adds nothing (it looks cheap, so it gets tried and measured).
+launches), and the median of each kind's recent excess (plain steps, speculative steps) is added to
+the device-side cost of that kind, so the choice compares whole steps. A kind not yet seen adds
+nothing (it looks cheap, so it gets tried and measured). The first step of a decode is not sampled
+(it meets the decode's first shapes: graph captures, compiles).
+
+What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
+at that size starts from its acceptance estimate and excess samples instead of verifying everything
+for WARMUP_STEPS, and only every PROBE_EVERY-th decode verifies all K for one step first (the
+estimate keeps being checked). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
+decode commits to plain decoding (`committed()`): the callers then run the target alone's lean loop
+for the rest of it (no features captured, nothing written to the drafter), so a batch in which
+speculation does not pay costs what the target alone costs.
 
 Every K' is lossless (the verify of the first K' drafts is the same rule: decoding/verify.py), so the
 policy only moves speed. This module is plain Python: the engine feeds it acceptance counts and, where
@@ -43,9 +52,14 @@ DECAY = 0.95
 PRIOR_ALPHA = 0.8
 PRIOR_COUNT = 2.0
 VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
-# the wall-clock excess of a step kind: its last WALL_WINDOW samples, of which the lower quartile
-# (a step that compiled or captured a graph, or met a host hiccup, is an outlier to skip)
-WALL_WINDOW = 16
+# the wall-clock excess of a step kind: the median of its last WALL_WINDOW samples (a step that
+# compiled or captured a graph, or met a host hiccup, is an outlier the median skips)
+WALL_WINDOW = 32
+# decodes after the first at a batch size: every PROBE_EVERY-th verifies all K for PROBE_STEPS first
+PROBE_EVERY = 4
+PROBE_STEPS = 1
+# auto's K' = 0 this many steps in a row: the decode commits to the target alone's loop
+COMMIT_AFTER = 3
 
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
@@ -203,6 +217,8 @@ class VerifyBudget:
     n: Optional[int] = None
     costs: Optional[VerifyCosts] = None
     lengths: tuple[int, ...] = CANDIDATE_LENGTHS
+    # what decodes learned, by batch size (or "solo"): their last BudgetRun (module docstring)
+    memory: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in (*MODES, "fixed"):
@@ -241,31 +257,39 @@ class VerifyBudget:
     def label(self) -> str:
         return str(self.n) if self.mode == "fixed" else self.mode
 
-    def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None) -> "BudgetRun":
-        """The state of one batched decode of `batch` rows with a drafter of `k` slots; on CUDA it
-        reads the wall clock too (module docstring). carry: the run of the batch this one replaces
-        (its acceptance estimate goes on)."""
+    def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None,
+              key=None) -> "BudgetRun":
+        """The state of one decode of `batch` rows with a drafter of `k` slots; on CUDA it reads the
+        wall clock too (module docstring). carry: the run this one continues (the server's rebuilt
+        batch), else what the last decode under `key` (default: the batch size) learned."""
         self.check(k, device_type)
-        return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry)
+        key = batch if key is None else key
+        if carry is None:
+            carry = self.memory.get(key)
+        return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry, key=key)
 
 
 class BudgetRun:
     """One decode's choices: the running acceptance and a histogram of the K' chosen."""
 
     def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
-                 carry: Optional["BudgetRun"] = None):
+                 carry: Optional["BudgetRun"] = None, key=None):
         self.budget, self.k, self.batch = budget, k, batch
+        self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
         self.reached = [0.0] * k
         self.accepted = [0.0] * k
-        self.steps = 0
+        self.steps = 0  # steps observed, carried runs included
+        self.decode_steps = 0  # this decode's choices
+        self.decodes = 0  # decodes before this one that this run's estimate has seen
+        self.plain_streak = 0
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
         self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
-        if carry is not None and carry.k == k:  # a rebuilt batch (the server's admission) keeps its estimate
+        if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
             self.reached, self.accepted = list(carry.reached), list(carry.accepted)
-            self.steps = carry.steps
+            self.steps, self.decodes = carry.steps, carry.decodes + 1
             if carry.batch == batch:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
 
@@ -296,10 +320,12 @@ class BudgetRun:
 
     def finish(self) -> dict:
         """The decode's report; its propose measurements go into the budget's table (as its target
-        costs did), so the next decode at this batch size starts with them."""
+        costs did) and its estimate into the budget's memory, so the next decode at this batch
+        size starts with them."""
         if self.propose_samples and self.budget.costs is not None:
             s = sorted(self.propose_samples)
             self.budget.costs.propose_ms[self.batch] = s[len(s) // 2]
+        self.budget.memory[self.key] = self
         return self.report()
 
     def alphas(self) -> list[float]:
@@ -318,13 +344,17 @@ class BudgetRun:
 
     def cost_ms(self, kk: int) -> float:
         """The device-side cost and, with the wall clock on, the step kind's measured excess."""
-        samples = self.excess["spec" if kk else "plain"][-WALL_WINDOW:]
-        extra = sorted(samples)[len(samples) // 4] if samples else 0.0
-        return self.device_cost_ms(kk) + max(extra, 0.0)
+        return self.device_cost_ms(kk) + self.excess_ms("spec" if kk else "plain")
+
+    def excess_ms(self, kind: str) -> float:
+        samples = sorted(self.excess[kind][-WALL_WINDOW:])
+        return max(samples[len(samples) // 2], 0.0) if samples else 0.0
 
     def add_wall(self, kk: int, ms: float) -> None:
         """A whole step that verified kk drafts took `ms` on the wall clock (loop top to loop top)."""
         if not self.wall_clock or self.budget.costs is None or not self.budget.costs.step_ms:
+            return
+        if self.decode_steps <= 1:  # the decode's first step: its first shapes (module docstring)
             return
         kind = self.excess["spec" if kk else "plain"]
         kind.append(ms - self.device_cost_ms(kk))
@@ -339,10 +369,23 @@ class BudgetRun:
             kk = b.n
         elif self.steps < WARMUP_STEPS:
             kk = self.k
+        elif self.decodes % PROBE_EVERY == 0 and self.decode_steps < PROBE_STEPS:  # check the estimate
+            kk = self.k
         else:
             kk = best_budget(self.alphas(), self.candidates, self.cost_ms)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
+        self.decode_steps += 1
+        self.plain_streak = self.plain_streak + 1 if kk == 0 else 0
         return kk
+
+    def committed(self) -> bool:
+        """Auto has chosen plain steps COMMIT_AFTER times in a row: the rest of the decode runs the
+        target alone's loop (module docstring)."""
+        return self.budget.mode == "auto" and self.plain_streak >= COMMIT_AFTER
+
+    def count_plain(self, n: int = 1) -> None:
+        """Plain steps the committed loop ran (they show in the report's K' = 0 count)."""
+        self.chosen[0] = self.chosen.get(0, 0) + n
 
     def observe(self, kk: int, accepted: Iterable[int]) -> None:
         """A step that verified kk drafts; `accepted`: each live row's accepted count."""
@@ -361,16 +404,22 @@ class BudgetRun:
                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
                "alpha": [round(a, 4) for a in self.alphas()]}
         if self.wall_clock:
-            out["excess_ms"] = {kind: round(sorted(v)[len(v) // 4], 4) for kind, v in self.excess.items() if v}
+            out["excess_ms"] = {kind: round(self.excess_ms(kind), 4) for kind, v in self.excess.items() if v}
+            out["cost_ms"] = {str(kk): round(self.cost_ms(kk), 4) for kk in self.candidates} \
+                if self.budget.costs is not None and self.budget.costs.step_ms else None
+            out["decodes_seen"] = self.decodes
         return out
 
 
 def budget_option(text: str, costs_path: Optional[str], batch_size: int) -> Optional[VerifyBudget]:
     """`--verify-budget` / `--verify-costs` of generate and bench: None for "full" (today's decode),
-    else the budget. Only batched chains take a budget (decoding/batched.py): with one, batch size 1
-    decodes through the batched chain too, one row at a time."""
+    else the budget. Batched chains take any budget (decoding/batched.py); at batch size 1 the solo
+    chain takes auto (all K or, for the rest of a decode, none: decoding/chain.py)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     costs = VerifyCosts.load(costs_path) if costs_path else None
     budget = VerifyBudget.parse(text, costs)
+    if budget.mode == "fixed" and batch_size < 2:
+        raise ValueError(f"--verify-budget: {text!r} needs batched decoding; valid: --batch-size N >= 2 with it, "
+                         "or full or auto at batch size 1")
     return None if budget.mode == "full" else budget

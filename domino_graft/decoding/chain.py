@@ -16,16 +16,24 @@ The target's cache is the HF DynamicCache (rollback = crop), or on the fast engi
 drafter whose family offers `adapter.static_drafter` keeps its context in static
 tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
+
+A verify budget (`budget=`, decoding/budget.py, its auto mode) decides here between two steps only:
+verify all K, or decode the rest with the target alone (its own loop: no features, no drafter),
+chosen from the running acceptance and the two steps' costs (measured on CUDA: the target's T = 1
+and T = K + 1 forwards, the propose, each step kind's wall-clock excess; a table elsewhere). What a
+decode learns stays with the budget (key "solo"), so the next decode starts from it. A solo step
+never verifies 0 < K' < K: drafters' static paths take a full block here.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
 from ..sampling import Sampling, pick
+from .budget import VerifyBudget
 from .common import DecodeResult, OnTokens, Output, check_prompt, new_cache, positions, rollback, stop_set
 from .verify import verify_chain
 
@@ -33,9 +41,10 @@ from .verify import verify_chain
 @torch.inference_mode()
 def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                       stop_ids: Iterable[int] = (), use_head: bool = True, on_tokens: OnTokens = None,
-                      seed_offset: int = 0) -> DecodeResult:
+                      seed_offset: int = 0, budget: Optional[VerifyBudget] = None) -> DecodeResult:
     """Chain speculative decoding with `engine`'s target, adapter, head and rollout; output
-    identical (greedy) or identically distributed (T > 0) to `engine.target_only`'s."""
+    identical (greedy) or identically distributed (T > 0) to `engine.target_only`'s. budget: auto
+    may end speculation for the rest of the decode (module docstring); full and N verify all K."""
     ids = check_prompt(engine.target, prompt_ids, max_new_tokens)
     dev = ids.device
     target, adapter = engine.target, engine.adapter
@@ -54,7 +63,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     # the drafter's own fast path (static context, graphed propose) where its family has one
     drafter = adapter.static_drafter(length) if static is not None else None
     if static is not None:
-        def forward(seq, at):
+        def forward(seq, at, capture=capture):
             return static.step(seq, at, capture=capture)
 
         def keep(length):
@@ -62,7 +71,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     else:
         cache = new_cache(target, rollback=True)
 
-        def forward(seq, at):
+        def forward(seq, at, capture=capture):
             return target(seq, cache=cache, position_ids=positions(at, seq.shape[1], dev)[None], capture=capture)
 
         def keep(length):
@@ -84,12 +93,25 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     anchor = pick(logits[:, -1], sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
+    run = _solo_budget(budget, k, dev, forward, keep, anchor, pos)
+    last = None  # (K', loop-top time): the budget's wall clock (CUDA)
     while not done:
+        if run is not None:
+            now = time.perf_counter()
+            if last is not None:
+                run.add_wall(last[0], (now - last[1]) * 1e3)
+            last = (run.choose(), now)
+            if last[0] == 0:  # the rest is the target alone's loop
+                forwards += _plain_tail(forward, keep, anchor, pos, out, sampling, gen, run, accepted)
+                break
+        timer = _timer(run, dev)
         block = (drafter or adapter).propose(anchor, pos)
         drafts, q = engine.rollout(
             engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, generator=gen, use_head=use_head,
         )
+        if timer is not None:
+            timer[1].record()
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = forward(seq, pos)
         forwards += 1
@@ -97,6 +119,10 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         # one device->host sync per step
         host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
+        if run is not None:
+            if timer is not None:
+                run.propose_samples.append(timer[0].elapsed_time(timer[1]))
+            run.observe(k, [a])
         accepted.append(a)
         for j in range(min(a + 1, k)):
             reached[j] += 1
@@ -113,5 +139,63 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                             ids=seq[:, : a + 1])
         anchor = nxt
         pos += a + 1
+    if run is not None:
+        engine.last_budget = run.finish()
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
                         reached, accepted_slot, kv_path="dynamic" if static is None else "static")
+
+
+def _solo_budget(budget: Optional[VerifyBudget], k: int, dev, forward, keep, anchor, pos: int):
+    """The auto budget's run for this decode (None otherwise): candidates all K or none; on CUDA
+    the target's T = 1 and T = K + 1 costs measured once (CUDA events, the median of 5 after a
+    first call; the cache is rolled back to `pos`)."""
+    if budget is None or budget.mode != "auto":
+        return None
+    run = budget.start(k, 1, dev.type, key="solo")
+    run.candidates = [0, k]
+    todo = sorted({1, k + 1} & set(run.lengths_to_measure()))
+    if dev.type == "cuda" and todo:
+        measured = {}
+        for t in todo:
+            seq = anchor[:, None].expand(-1, t).contiguous()
+            events = []
+            for i in range(6):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                forward(seq, pos, capture=())
+                end.record()
+                keep(pos)
+                if i:
+                    events.append((start, end))
+            torch.cuda.synchronize()
+            ms = sorted(s.elapsed_time(e) for s, e in events)
+            measured[t] = ms[len(ms) // 2]
+        run.add_measured(measured)
+    return run
+
+
+def _timer(run, dev):
+    """CUDA events around the propose + rollout while the budget lacks a propose cost at B = 1."""
+    if run is None or not run.times_propose(dev.type):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end
+
+
+def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run, accepted: list) -> int:
+    """The target alone from `anchor` (emitted, not yet in the cache) at `pos` until `out` is done,
+    as `Engine.target_only` steps: no features, no drafter; -> the forwards it ran (each one a
+    step with 0 drafts accepted in `accepted`)."""
+    forwards = 0
+    done = False
+    while not done:
+        logits, _ = forward(anchor[:, None], pos, capture=())
+        keep(pos + 1)
+        forwards += 1
+        accepted.append(0)
+        run.count_plain()
+        anchor = pick(logits[:, -1], sampling, gen)
+        done = out.push([int(anchor)])
+        pos += 1
+    return forwards

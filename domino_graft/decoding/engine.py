@@ -126,9 +126,10 @@ class Engine:
     @torch.inference_mode()
     def speculative(self, prompt_ids, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                     stop_ids: Iterable[int] = (), use_head: bool = True, on_tokens: OnTokens = None,
-                    seed_offset: int = 0) -> DecodeResult:
+                    seed_offset: int = 0, budget: Optional[VerifyBudget] = None) -> DecodeResult:
         """Speculative decoding with the decoder of the drafter's topology; output identical
-        (greedy) or identically distributed (T > 0) to `target_only` with the same settings."""
+        (greedy) or identically distributed (T > 0) to `target_only` with the same settings.
+        budget: chains only (decoding/chain.py: auto may end speculation for the rest of a decode)."""
         if self.adapter is None:
             raise ValueError("speculative decoding needs a drafter adapter")
         if use_head and self.head is None:
@@ -137,8 +138,14 @@ class Engine:
         if decode is None:
             raise ValueError(f"drafter topology {self.adapter.topology!r} is not supported here; valid: "
                              f"{', '.join(map(repr, DECODERS))}")
+        kw = {}
+        if budget is not None:
+            if self.adapter.topology != "chain":
+                raise ValueError(f"--verify-budget: {budget.label()!r} with a {self.adapter.topology} drafter; "
+                                 "valid: full (a budget applies to chain drafters)")
+            kw["budget"] = budget
         return decode(self, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                      use_head=use_head, on_tokens=on_tokens, seed_offset=seed_offset)
+                      use_head=use_head, on_tokens=on_tokens, seed_offset=seed_offset, **kw)
 
     # ---------------------------------------------------------------- batched
     def target_only_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),

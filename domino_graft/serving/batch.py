@@ -138,6 +138,22 @@ class _Rows:
         """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
         return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
 
+    def _target_step(self) -> None:
+        """One token per live row from the target alone: no features, no drafter (TargetBatch's
+        step, and a ChainBatch's once its verify budget committed to plain steps)."""
+        live = list(self.live)
+        logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
+        live_t = torch.tensor(live, device=self.dev)
+        self.target.keep(live_t.long(), 1)  # each live row keeps its one new entry
+        nxt = self._pick(logits[:, -1])
+        host = nxt.tolist()  # the step's one sync
+        for r in range(len(self.rows)):
+            if live[r]:
+                self._advance(r, [host[r]])
+        self.anchor = torch.where(live_t, nxt, self.anchor)
+        self.pos = self.pos + live_t.long()
+        self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+
     def _retire_cancelled(self) -> bool:
         """A cancelled row is retired at the block boundary: masked like a finished one; -> any live."""
         self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
@@ -158,20 +174,8 @@ class TargetBatch(_Rows):
 
     @torch.inference_mode()
     def step(self) -> None:
-        if not self._retire_cancelled():
-            return
-        live = list(self.live)
-        logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
-        live_t = torch.tensor(live, device=self.dev)
-        self.target.keep(live_t.long(), 1)  # each live row keeps its one new entry
-        nxt = self._pick(logits[:, -1])
-        host = nxt.tolist()  # the step's one sync
-        for r in range(len(self.rows)):
-            if live[r]:
-                self._advance(r, [host[r]])
-        self.anchor = torch.where(live_t, nxt, self.anchor)
-        self.pos = self.pos + live_t.long()
-        self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+        if self._retire_cancelled():
+            self._target_step()
 
 
 class ChainBatch(_Rows):
@@ -222,6 +226,13 @@ class ChainBatch(_Rows):
         """One block for every live row: propose, roll out, verify (K' drafts; K' = 0 a plain
         target step), push each row's tokens."""
         if not self._retire_cancelled():
+            return
+        if self.run is not None and self.run.committed():  # plain until the next rebuild: the target alone's step
+            rows = sum(self.live)
+            self._target_step()
+            self.run.count_plain()
+            if self.on_step is not None:
+                self.on_step([0] * rows, 0)
             return
         adapter, k = self.adapter, self.k
         b = len(self.rows)

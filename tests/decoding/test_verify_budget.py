@@ -22,6 +22,7 @@ import torch
 from domino_graft.decoding import Engine, Sampling, stop_token_ids
 from domino_graft.decoding.budget import (BudgetRun, VerifyBudget, VerifyCosts, best_budget, candidate_budgets,
                                           expected_tokens)
+from tests.conftest import REPO
 from tests.decoding.test_batched import RowOracle
 from tests.decoding.test_batched_sampling import PROMPTS, row_pvalues, wrong_q
 from tests.decoding.test_sampling import ALPHA, build
@@ -230,6 +231,49 @@ def test_greedy_every_budget_equals_target_alone(family, arch):
     assert {0, k} <= chosen and len(chosen) >= 3, chosen  # auto chose between several K'
 
 
+def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
+    """Batch size 1 (decoding/chain.py): auto chooses between all K and the target alone for the rest
+    of the decode. A dear verify and a drafter that misses: after the warm-up steps the decode commits
+    (K' = 0 steps in the report) and still equals the target alone token for token; a cheap verify and
+    a drafter that hits: every step verifies all K. The next decode starts from what this one learned
+    (no warm-up steps)."""
+    from tests.decoding.test_batched import RowOracle
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2)
+    k, vocab, stops = adapter.num_slots, target.shape.vocab_size, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    refs = [plain.target_only(p, max_new_tokens=24).tokens for p in prompts]
+    full = [p + r for p, r in zip(prompts, refs)]
+    dear = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, str(k + 1): 9.0}}, "propose_ms": {"1": 1.0}})
+    cheap = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, str(k + 1): 1.05}}, "propose_ms": {"1": 0.05}})
+    for costs, hit, want in ((dear, 0.0, "commit"), (cheap, 1.0, "verify")):
+        budget = VerifyBudget.parse("auto", costs)
+        for i, (p, ref) in enumerate(zip(prompts, refs)):
+            engine = Engine(target, RowOracle(adapter, full, [i], hit, 1, vocab), head, stop_ids=stops)
+            got = engine.speculative(p, max_new_tokens=24, budget=budget)
+            assert got.tokens == ref, (want, i)
+            hist = engine.last_budget["k_hist"]
+            if want == "commit":
+                assert hist.get("0", 0) > 0 and set(hist) <= {"0", str(k)}, hist
+                assert len(got.accepted) == got.target_forwards - 1  # every step recorded, the plain ones as 0
+            else:
+                assert set(hist) == {str(k)}, hist
+        assert budget.memory["solo"].decodes == 1  # the second decode started from the first's estimate
+    from domino_graft.graft import build_head
+    from domino_graft.recipe import load_recipe
+    from domino_graft.registry import get_family
+    from domino_graft.target import load_target
+
+    recipe = load_recipe(REPO / "recipes" / "tiny_medusa.yaml", ["drafter.tree=[[0],[1],[0,0]]"])
+    tree_target = load_target(recipe.target)
+    tree_adapter, tensors = get_family("medusa").build(recipe.drafter, tree_target)
+    assert tree_adapter.topology == "tree"
+    with pytest.raises(ValueError, match="with a tree drafter"):
+        Engine(tree_target, tree_adapter, build_head(recipe, tree_adapter, tensors)).speculative(
+            [5, 6], max_new_tokens=4, budget=VerifyBudget.parse("auto", dear))
+
+
 # ------------------------------------------------------------- T > 0: in law
 @pytest.mark.parametrize("spec", ["1", "3"])
 def test_budgeted_sampling_matches_target_distribution(spec):
@@ -343,6 +387,8 @@ def test_bench_and_generate_take_a_budget(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
+    (["generate", "--prompt-ids", "5", "--verify-budget", "2"],
+     "--verify-budget: '2' needs batched decoding; valid: --batch-size N >= 2 with it, or full or auto at batch size 1"),
     (["generate", "--prompt-ids", "5", "--verify-budget", "-2"],
      "--verify-budget: -2 is negative; valid: full, auto, or an integer N with 0 <= N <= K"),
     (["generate", "--prompt-ids", "5", "--batch-size", "2", "--verify-budget", "often"],

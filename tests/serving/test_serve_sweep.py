@@ -20,7 +20,7 @@ def test_serve_sweep_smoke(tiny_run, tmp_path):
     script = load_module("serve_sweep")
     assert script.main(["--run", str(tiny_run), "--prompts", str(prompts), "--num-prompts", "4", "--max-tokens", "8",
                         "--rates", "50", "--concurrency", "2", "--max-batch", "2", "--dtype", "",
-                        "--verify-budget", "2", "--out", str(out)]) == 0
+                        "--verify-budget", "2", "--rollout", "torch", "--out", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert [(p["mode"], p["kind"]) for p in rep["points"]] == [("target", "rate"), ("target", "concurrency"),
                                                                 ("domino", "rate"), ("domino", "concurrency")]

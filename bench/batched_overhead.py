@@ -1,0 +1,109 @@
+"""Where a batched chain step's time goes (issue #39): the SmolLM2-135M shape with random weights
+(target: 30 layers, H = 576; drafter: the shipped DFlash shape, 4 layers, block 16; a Domino head at
+smollm2_dflash.yaml's shape), bf16 on the fast engine, CUDA graphs.
+
+    source bench/gpu_env.sh; python3 bench/batched_overhead.py --out bench/results/batched_overhead_h200.json
+
+For B in --batches: ms per step (wall clock over a whole decode / the target forwards of its longest
+row) of the target alone (solo at B = 1, batched otherwise), the solo chain (B = 1), the batched
+chain verifying every draft, and the batched chain under a fixed budget of 0 (plain steps); then a
+cProfile of one batched-chain decode (host functions by own time: the device->host sync shows as
+`tolist`). Random weights accept almost nothing, so each speculative step is a full-K verify that
+emits one token: the figures are per step, not per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+SHAPE = [  # recipes/tiny_dflash.yaml grown to SmolLM2-135M-Instruct and the shipped drafter
+    "target.random.architecture=llama", "target.random.vocab_size=49152", "target.random.hidden_size=576",
+    "target.random.num_layers=30", "target.random.num_heads=9", "target.random.num_kv_heads=3",
+    "target.random.head_dim=64", "target.random.intermediate_size=1536", "target.random.eos_token_id=49151",
+    "drafter.num_layers=4", "drafter.block_size=16", "drafter.target_layer_ids=[1,8,15,22,29]",
+    "drafter.mask_token_id=16", "head.gru_hidden_dim=256", "head.rank=64",
+]
+
+
+def build():
+    from domino_graft.decoding import Engine
+    from domino_graft.graft import build_head
+    from domino_graft.recipe import load_recipe
+    from domino_graft.registry import get_family
+    from domino_graft.target import load_target
+
+    recipe = load_recipe(REPO / "recipes" / "tiny_dflash.yaml", SHAPE)
+    target = load_target(recipe.target)
+    adapter, head_tensors = get_family("dflash").build(recipe.drafter, target)
+    head = build_head(recipe, adapter, head_tensors)
+    for m in (target.model, adapter, head):
+        m.to(device="cuda", dtype=torch.bfloat16)
+    return Engine(target, adapter, head, rollout="triton", stop_ids=(), kv="static")
+
+
+def per_step(fn, results_of) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    res = fn()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return 1e3 * wall / max(r.target_forwards for r in results_of(res))
+
+
+def main(argv=None) -> int:
+    from domino_graft.decoding.budget import VerifyBudget
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", default="1,8,64")
+    p.add_argument("--prompt-len", type=int, default=160)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    engine = build()
+    gen = torch.Generator().manual_seed(0)
+    rows = {}
+    for b in [int(x) for x in args.batches.split(",")]:
+        prompts = [torch.randint(100, 49000, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]
+        kw = dict(max_new_tokens=args.max_new_tokens)
+        plain = VerifyBudget.parse("0")
+        runs = {
+            "target": (lambda: [engine.target_only(prompts[0], **kw)]) if b == 1
+            else (lambda: engine.target_only_batch(prompts, **kw)),
+            "batched_chain_full": lambda: engine.speculative_batch(prompts, **kw),
+            "batched_chain_plain": lambda: engine.speculative_batch(prompts, budget=plain, **kw),
+        }
+        if b == 1:
+            runs["solo_chain"] = lambda: [engine.speculative(prompts[0], **kw)]
+        row = {}
+        for name, fn in runs.items():
+            fn()  # compile, capture
+            row[f"{name}_ms_per_step"] = round(min(per_step(fn, lambda r: r) for _ in range(3)), 4)
+            print(f"B={b} {name}: {row[f'{name}_ms_per_step']} ms/step", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        engine.speculative_batch(prompts, **kw)
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        row["cprofile_batched_chain_full"] = s.getvalue().splitlines()[:60]
+        print("\n".join(row["cprofile_batched_chain_full"][:45]), flush=True)
+        rows[str(b)] = row
+        Path(args.out).write_text(json.dumps({"command": " ".join(["bench/batched_overhead.py", *(argv or sys.argv[1:])]),
+                                              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                              "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
