@@ -200,7 +200,14 @@ def _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, f
     tail of a batched chain whose verify budget committed to plain steps (`run` counts them, and
     each live row's `accepted` gets a 0 per step, as a K' = 0 step records)."""
     dev = tok.device
+    clock = run is not None and run.wall_clock
+    last = None
     while any(live):
+        if clock:  # the lean loop's own cost: the plain kind's wall-clock samples
+            now = time.perf_counter()
+            if last is not None:
+                run.add_wall(0, (now - last) * 1e3)
+            last = now
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)

@@ -17,7 +17,8 @@ next includes what the device-side costs leave out (the host's bookkeeping betwe
 launches), and the median of each kind's recent excess (plain steps, speculative steps) is added to
 the device-side cost of that kind, so the choice compares whole steps. A kind not yet seen adds
 nothing (it looks cheap, so it gets tried and measured). The first step of a decode is not sampled
-(it meets the decode's first shapes: graph captures, compiles).
+(it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER times its
+device-side cost; the committed plain loop samples its own steps.
 
 What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
 at that size starts from its acceptance estimate and excess samples instead of verifying everything
@@ -60,6 +61,9 @@ PROBE_EVERY = 4
 PROBE_STEPS = 1
 # auto's K' = 0 this many steps in a row: the decode commits to the target alone's loop
 COMMIT_AFTER = 3
+# a step whose wall time is over OUTLIER x its device-side cost is not sampled (a graph capture or a
+# compile: the real run of d5c6fde had plain-step medians of 33-63 ms at B >= 8 from such steps)
+OUTLIER = 4.0
 
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
@@ -356,8 +360,11 @@ class BudgetRun:
             return
         if self.decode_steps <= 1:  # the decode's first step: its first shapes (module docstring)
             return
+        device = self.device_cost_ms(kk)
+        if ms > OUTLIER * device:  # a step that captured a graph or compiled: not what the kind costs
+            return
         kind = self.excess["spec" if kk else "plain"]
-        kind.append(ms - self.device_cost_ms(kk))
+        kind.append(ms - device)
         del kind[:-WALL_WINDOW]
 
     def choose(self) -> int:
