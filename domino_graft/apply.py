@@ -14,7 +14,7 @@ from .recipe import load_recipe
 def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
                  overrides: list[str] | None = None, echo=print, force: bool = False) -> tuple[GraftPlan, Optional[Path]]:
     """force: replace an existing run dir at `out` (never anything else, never a run in training)."""
-    from .rundir import check_run_destination, default_run_dir, write_run_dir
+    from .artifacts.rundir import check_run_destination, default_run_dir, write_run_dir
 
     recipe = load_recipe(recipe_path, overrides)
     plan = plan_graft(recipe, name=Path(recipe_path).stem)

@@ -718,7 +718,8 @@ def build(d, target):
     """-> (adapter, head tensors found in the checkpoint). Weights are checked strictly."""
     from pathlib import Path
 
-    from domino_graft.checkpoint import CheckpointError, check_tensors, load_tensors
+    from domino_graft.artifacts.files import CheckpointError
+    from domino_graft.artifacts.tensors import check_tensors, load_tensors
 
     cfg = config_from_recipe(d, target.shape)
     adapter = DFlashAdapter(cfg, target)

@@ -464,7 +464,7 @@ def build(d, target):
     """-> (adapter, {}) : a DSpark checkpoint holds no Domino head (bundles keep it in head.safetensors)."""
     from pathlib import Path
 
-    from domino_graft.checkpoint import check_tensors, load_tensors
+    from domino_graft.artifacts.tensors import check_tensors, load_tensors
 
     cfg, mcfg = config_from_recipe(d, target.shape)
     adapter = DSparkAdapter(cfg, mcfg, target, d.graft)

@@ -366,7 +366,8 @@ def plan(d, tshape):
 
 def load_native_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
     """The heads' tensors from a FasterDecoding folder (Medusa-2 `medusa_head.` prefix stripped)."""
-    from domino_graft.checkpoint import CheckpointError, load_tensors, torch_load
+    from domino_graft.artifacts.files import CheckpointError
+    from domino_graft.artifacts.tensors import load_tensors, torch_load
 
     folder = Path(folder)
     for name in WEIGHT_FILES:
@@ -388,7 +389,7 @@ def load_native_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], Pa
 def build(d, target):
     """-> (adapter, {}): Medusa checkpoints carry no Domino head (bundles keep it beside the
     drafter folder, domino_graft.export). Weights checked strictly."""
-    from domino_graft.checkpoint import check_tensors
+    from domino_graft.artifacts.tensors import check_tensors
 
     cfg = config_from_recipe(d, target.shape)
     if cfg.base_model_name_or_path is None:
@@ -410,7 +411,8 @@ def build(d, target):
 
 def export_faster_decoding(adapter: MedusaAdapter, out_dir: str | Path, *, dtype: Optional[torch.dtype] = None) -> Path:
     """The heads alone in the FasterDecoding layout: config.json + medusa_lm_head.safetensors."""
-    from domino_graft.checkpoint import atomic_dir, atomic_write_json, save_tensors
+    from domino_graft.artifacts.files import atomic_dir, atomic_write_json
+    from domino_graft.artifacts.tensors import save_tensors
 
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:

@@ -425,7 +425,7 @@ def plan(d, tshape):
 
 
 def _load_folder_state(folder: Path) -> tuple[dict, str]:
-    from domino_graft.checkpoint import load_tensors
+    from domino_graft.artifacts.tensors import load_tensors
 
     single = folder / "model.safetensors"
     if single.is_file():
@@ -444,7 +444,7 @@ def build(d, target):
     """-> (adapter, {}): weights checked strictly (no silently re-initialised tensors)."""
     from transformers import AutoModelForCausalLM
 
-    from domino_graft.checkpoint import check_tensors
+    from domino_graft.artifacts.tensors import check_tensors
 
     cfg, token, num_slots, _ = resolve(d, target.shape, target.model.config)
     torch.manual_seed(d.random.seed if d.random is not None else d.seed)

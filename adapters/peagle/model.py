@@ -758,7 +758,7 @@ def build(d, target):
     embed_tokens or lm_head gets the target's (lm_head: its rows t2d marks)."""
     from pathlib import Path
 
-    from domino_graft.checkpoint import check_tensors, load_tensors
+    from domino_graft.artifacts.tensors import check_tensors, load_tensors
 
     cfg = config_from_recipe(d, target.shape)
     adapter = PEagleAdapter(cfg, target)

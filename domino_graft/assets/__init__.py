@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..checkpoint import atomic_dir
+from ..artifacts.files import atomic_dir
 from . import cache, gguf, prompts
 from .base import Asset, AssetError, BuildContext
 from .cache import CACHE_ENV, PROVENANCE, cache_root
