@@ -11,10 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from domino_graft.adapters.dflash import model as dflash
+from domino_graft.adapters.dflash import adapter as dflash, bundle as dflash_bundle
+from domino_graft.adapters.dflash.model import DFlashBackbone
 from domino_graft.apply import apply_recipe
-from domino_graft.adapters.dflash import bundle as dflash_bundle
-from domino_graft.loading import load_bundle
 from domino_graft.artifacts.files import CheckpointError
 from domino_graft.artifacts.tensors import load_tensors, save_tensors
 from domino_graft.export.model_card import model_card
@@ -23,8 +22,8 @@ from domino_graft.export.run import _bench_results, export_run
 from domino_graft.export.self_check import ExportError, _greedy, rounded_weights
 from domino_graft.graft import build_head
 from domino_graft.head import HEAD_TENSOR_NAMES, DominoHead, HeadSpec
+from domino_graft.loading import load_bundle, load_run
 from domino_graft.recipe import load_recipe, parse_recipe
-from domino_graft.loading import load_run
 from domino_graft.target import TargetShape, target_config_dict
 from tests.conftest import randomize_head
 
@@ -185,7 +184,7 @@ def test_qwen3_8b_bundle_has_the_62_native_tensors_and_config_keys():
     drafter_cfg = dflash.config_from_recipe(recipe.drafter, tshape)
     spec = HeadSpec(hidden_dim=4096, emb_dim=4096, gru_hidden_dim=1024, rank=256, vocab_size=151936)
     with torch.device("meta"):
-        backbone = dflash.DFlashBackbone(drafter_cfg)
+        backbone = DFlashBackbone(drafter_cfg)
         head = DominoHead(spec)
     tensors = dflash_bundle.bundle_tensors(backbone.state_dict(), head.state_dict(),
                                           dflash_bundle.planned_tensor_shapes(drafter_cfg, spec), dtype="bf16")

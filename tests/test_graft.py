@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters.dflash import model as dflash
+from domino_graft.adapters.dflash import adapter as dflash
 from domino_graft.artifacts.files import CheckpointError
 from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import Graft, build_head
-from domino_graft.recipe import load_recipe, parse_recipe
 from domino_graft.loading import load_run
+from domino_graft.recipe import load_recipe, parse_recipe
 from domino_graft.target import load_target
 from tests.conftest import randomize_head
 

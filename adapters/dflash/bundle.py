@@ -82,7 +82,7 @@ def bundle_config(drafter_cfg, spec, *, format: str, dtype: str) -> dict:
 
 
 def plan_bundle(drafter, tshape, spec, *, format: str, dtype: str):
-    from .model import config_from_recipe
+    from .adapter import config_from_recipe
 
     drafter_cfg = config_from_recipe(drafter, tshape)
     return (bundle_config(drafter_cfg, spec, format=format, dtype=dtype),

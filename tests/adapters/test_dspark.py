@@ -197,8 +197,7 @@ def test_batched_greedy_decoding_is_lossless():
 def test_export_round_trip_keeps_the_dspark_layout(graft, tmp_path):
     from domino_graft.apply import apply_recipe
     from domino_graft.export.run import export_run
-    from domino_graft.loading import load_run_or_bundle
-    from domino_graft.loading import load_run
+    from domino_graft.loading import load_run, load_run_or_bundle
 
     out = tmp_path / "run"
     apply_recipe(str(RECIPE), str(out), overrides=[f"drafter.graft={graft}"], echo=lambda *_: None)

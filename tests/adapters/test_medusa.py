@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from domino_graft.adapters.medusa import model as medusa
+from domino_graft.adapters.medusa import adapter as medusa
 from domino_graft.artifacts.files import CheckpointError
 from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import build_head

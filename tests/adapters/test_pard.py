@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters.pard import model as pard
+from domino_graft.adapters.pard import adapter as pard
 from domino_graft.artifacts.files import CheckpointError
 from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import build_head

@@ -97,7 +97,7 @@ def test_training_mask_is_speculators_mask_mod():
     """create_peagle_mask_mod (speculators 0.9.0 models/peagle/attention.py), transcribed: entries are
     (anchor_pos, depth) in the shifted sequence; depth-0 entry q has anchor_pos q, the depth-d entry
     of our anchor a has anchor_pos a-1 (its depth-0 entry is (x_a, g_{a-1}))."""
-    from domino_graft.adapters.peagle.model import training_mask
+    from domino_graft.adapters.peagle.adapter import training_mask
 
     c, k = 12, 4
     anchors = torch.tensor([[5, 9, 1]])
@@ -158,8 +158,7 @@ def test_round_tripped_bundle_keeps_d2t_and_t2d_bit_equal(tmp_path):
 
     from domino_graft.apply import apply_recipe
     from domino_graft.export.run import export_run
-    from domino_graft.loading import load_run_or_bundle
-    from domino_graft.loading import load_run
+    from domino_graft.loading import load_run, load_run_or_bundle
 
     maps, d2t, t2d = write_maps(tmp_path)
     run = tmp_path / "run"
@@ -192,9 +191,8 @@ def test_trained_run_and_its_fp32_and_bf16_bundles_keep_the_maps_bit_equal(tmp_p
     from safetensors.torch import load_file
 
     from domino_graft.apply import apply_recipe
-    from domino_graft.loading import load_bundle
     from domino_graft.export.run import export_run
-    from domino_graft.loading import load_run
+    from domino_graft.loading import load_bundle, load_run
     from domino_graft.training.loop import train
 
     run = tmp_path / "run"
@@ -243,10 +241,10 @@ def test_a_bundle_of_older_exact_fp32_maps_still_loads(tmp_path):
     from safetensors.torch import load_file
 
     from domino_graft.apply import apply_recipe
-    from domino_graft.loading import load_bundle
     from domino_graft.artifacts.files import sha256_file
     from domino_graft.artifacts.tensors import save_tensors, tensor_sha256
     from domino_graft.export.run import export_run
+    from domino_graft.loading import load_bundle
 
     maps, d2t, t2d = write_maps(tmp_path)
     run = tmp_path / "run"
