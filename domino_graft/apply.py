@@ -29,8 +29,8 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
 
     # the plan took a fraction of a second; importing torch and loading the models take seconds
     echo("loading torch, the target and the drafter …")
-    from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
+    from .registry import get_family
     from .target import load_target
 
     device = pick_device(recipe.device)

@@ -220,8 +220,8 @@ def run_bench(
     fast engine's static cache where the target supports it, any device; kv="dynamic" forces the
     HF cache); tokens/s are then the batch's totals, per-request tokens/s each request's own.
     verify_budget: a decoding.budget.VerifyBudget for the batched chains (None: verify all K)."""
-    from .progress import Progress
     from .artifacts.provenance import hardware, versions
+    from .progress import Progress
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice

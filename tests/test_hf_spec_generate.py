@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.export.run import export_run
 from domino_graft.adapters.dflash import bundle as dflash_bundle
 from domino_graft.apply import apply_recipe
 from domino_graft.artifacts.tensors import load_tensors, save_tensors
+from domino_graft.export.run import export_run
 from domino_graft.head import DominoHead
 from domino_graft.loading import load_run
 from tests.conftest import randomize_head

@@ -81,8 +81,9 @@ def run(args) -> int:
     from ..progress import loading
 
     loading("bench")
-    from ..benchmark import check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts, run_bench
     from ..artifacts.files import atomic_write_json
+    from ..benchmark import (check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts,
+                             run_bench)
     from ..decoding import Sampling, check_rollout_name, rollout_choice
     from ..decoding.budget import budget_option
     from ..device import pick_device

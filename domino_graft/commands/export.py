@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.dry_run:
-        from ..export.plan import plan_bundle
         from ..artifacts.rundir import resolve_run, run_recipe
+        from ..export.plan import plan_bundle
 
         print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype,
                           engine=args.engine).format_text())

@@ -23,10 +23,10 @@ def run(args) -> int:
 
     loading("replay")
     from ..artifacts.files import atomic_write_json
-    from ..device import pick_device
-    from ..replay import check_responses, read_responses, replay
     from ..artifacts.rundir import resolve_run
+    from ..device import pick_device
     from ..loading import load_run
+    from ..replay import check_responses, read_responses, replay
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:

@@ -15,8 +15,7 @@ from typing import Optional
 from ..artifacts.bundle import BUNDLE_KIND, bundle_family, verify_bundle
 from ..artifacts.files import CheckpointError
 from ..registry import families
-from .engine_rules import (ENGINE_NAMES, Description, EngineReport, check_all, describe, family_module,
-                           read_json_object)
+from .engine_rules import ENGINE_NAMES, Description, EngineReport, check_all, describe, family_module, read_json_object
 
 
 @dataclass

@@ -32,12 +32,12 @@ from typing import Callable, Optional
 import torch
 
 from ..artifacts.files import read_json
+from ..artifacts.lock import RunLock
 from ..progress import Progress
 from ..recipe import Recipe, apply_overrides, parse_recipe, recipe_to_dict
 from .data import StreamSampler, collate, fingerprint, load_examples
 from .distributed import DistInfo, init_distributed, set_grad_sync, shard, teardown
 from .objective import DominoObjective, estimated_tau, lambda_at, lr_factor
-from ..artifacts.lock import RunLock
 from .resume import latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_state, save_checkpoint
 from .weights import final_tensors, update_run_weights
 
@@ -61,8 +61,8 @@ class TrainResult:
 def train(run: Optional[str] = None, overrides: list[str] | None = None, *, max_steps: Optional[int] = None,
           save_every: Optional[int] = None, resume: bool = False, echo: Callable = print,
           progress: bool = True) -> TrainResult:
-    from ..device import pick_device
     from ..artifacts.rundir import check_run_layout, resolve_run
+    from ..device import pick_device
 
     run_dir = resolve_run(run)
     overrides = _train_overrides(overrides, max_steps=max_steps, save_every=save_every)

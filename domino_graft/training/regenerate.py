@@ -176,9 +176,9 @@ def greedy(model, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: set
 def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens: int = 256, batch_size: int = 8,
                overrides: list[str] | None = None, echo: Callable = print, progress: bool = True,
                force: bool = False) -> dict:
+    from ..artifacts.rundir import resolve_run, run_recipe
     from ..device import pick_device
     from ..recipe import load_recipe
-    from ..artifacts.rundir import resolve_run, run_recipe
     from ..target import load_target
 
     if max_new_tokens < 1:

@@ -23,9 +23,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..artifacts.files import CheckpointError, atomic_dir, atomic_write_bytes, atomic_write_json, read_json
+from ..artifacts.provenance import now
 from ..artifacts.tensors import (check_dtypes, check_tensors, dtype_name, first_nonfinite, load_tensors, save_tensors,
                                  torch_load)
-from ..artifacts.provenance import now
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

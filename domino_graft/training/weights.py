@@ -15,8 +15,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from ..artifacts.files import json_bytes, read_json, sha256_file, staged_writes
-from ..artifacts.tensors import cast_floating, check_tensors, tensors_bytes
 from ..artifacts.provenance import now
+from ..artifacts.tensors import cast_floating, check_tensors, tensors_bytes
 from .resume import state_dict_options
 
 HEAD_PREFIX = "head."

@@ -554,8 +554,8 @@ def test_two_exports_to_one_destination(runs, tmp_path, monkeypatch, capsys):
     renames): one writes the bundle; the other refuses, replacing nothing; the bundle verifies."""
     import threading
 
-    from domino_graft.export import run as export
     from domino_graft.artifacts.bundle import verify_bundle
+    from domino_graft.export import run as export
 
     both_checked = threading.Barrier(2, timeout=60)
     real = export.self_check
