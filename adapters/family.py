@@ -86,7 +86,7 @@ class Family:
     def bundle_contents(self, adapter, head, *, format: str, dtype: str):
         """-> ({file: {name: tensor}}, {file: config dict}): floating-point tensors cast to the
         export dtype, integer and bool ones (vocabulary maps) kept exactly (docs/design.md §3)."""
-        from domino_graft.checkpoint import cast_floating, check_tensors
+        from domino_graft.artifacts.tensors import cast_floating, check_tensors
         from domino_graft.target import TORCH_DTYPES
 
         t = TORCH_DTYPES[dtype]
@@ -137,7 +137,7 @@ class Family:
     # ------------------------------------------------------ reading a bundle
     def bundle_implied_tensors(self, bundle_dir: Path, manifest: dict) -> tuple[dict, dict]:
         """-> (the drafter's config.json, {weights file: {name: shape}} the bundle must hold)."""
-        from domino_graft.checkpoint import read_json
+        from domino_graft.artifacts.files import read_json
         from domino_graft.head import HeadSpec
 
         config = read_json(bundle_dir / DRAFTER_DIR / "config.json", missing="file not found; the bundle is incomplete")

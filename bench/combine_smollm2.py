@@ -313,7 +313,7 @@ def main(argv=None) -> int:
                  for n in source_files(v)]
         print(f"{out}: {'matches' if same else 'DIFFERS from'} a rebuild from {', '.join(names)}")
         return 0 if same else 1
-    from domino_graft.checkpoint import atomic_write_text
+    from domino_graft.artifacts.files import atomic_write_text
 
     atomic_write_text(out, text)
     print(f"wrote {out}")

@@ -305,8 +305,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from domino_graft.checkpoint import atomic_write_json
-    from domino_graft.provenance import git_sha, hardware, versions
+    from domino_graft.artifacts.files import atomic_write_json
+    from domino_graft.artifacts.provenance import git_sha, hardware, versions
 
     torch.backends.cuda.matmul.allow_tf32 = False  # as end_to_end.py: identity is compared token for token
     training = None

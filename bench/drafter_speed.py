@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import engine_speed  # noqa: E402  (the row configs, random models and timing helpers)
 
-from domino_graft.adapters.dflash.model import DFlashAdapter, DFlashConfig  # noqa: E402
+from domino_graft.adapters.dflash.adapter import DFlashAdapter  # noqa: E402
+from domino_graft.adapters.dflash.model import DFlashConfig  # noqa: E402
 from domino_graft.target import TargetModel  # noqa: E402
 
 DRAFTERS = {

@@ -90,7 +90,7 @@ def decode(run: Path, dtype: str, items_limit, max_new: int, records, device: st
 
     from domino_graft.decoding import Engine
     from domino_graft.decoding.chat import stop_token_ids
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     loaded = load_run(run, device=device)
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
@@ -139,7 +139,7 @@ def hf_compiled(run: Path, dtype: str, limit: int, max_new: int) -> dict:
     from transformers import StaticCache
 
     from domino_graft.decoding.chat import stop_token_ids
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     loaded = load_run(run, device="cuda")
     model = loaded.target.model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
@@ -246,7 +246,7 @@ def main() -> int:
         return 0
     import torch
 
-    from domino_graft.provenance import git_sha, hardware, versions
+    from domino_graft.artifacts.provenance import git_sha, hardware, versions
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: losslessness is compared token for token
     args.work.mkdir(parents=True, exist_ok=True)

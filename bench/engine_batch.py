@@ -126,8 +126,8 @@ def run_shape(name: str, args, bw_gbs: float) -> dict:
 def propose_by_batch(name: str, model, args) -> dict:
     """The DFlash drafter's block for B rows (graphed, Triton kernels), ms by B."""
     import drafter_speed
+    from domino_graft.adapters.dflash.adapter import DFlashAdapter
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
-    from domino_graft.adapters.dflash.model import DFlashAdapter
     from domino_graft.target import TargetModel
 
     dev = "cuda"

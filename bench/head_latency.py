@@ -101,7 +101,7 @@ def _import_kernels():
 
 K = _import_kernels()
 from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
-from domino_graft.provenance import git_sha  # noqa: E402
+from domino_graft.artifacts.provenance import git_sha  # noqa: E402
 
 DEV = "cuda"
 DT = torch.bfloat16

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from domino_graft.checkpoint import atomic_write_text
+from domino_graft.artifacts.files import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 CTX, BLOCK = 512, 16

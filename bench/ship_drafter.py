@@ -37,8 +37,9 @@ def ship(work: Path, drafter: str, out: Path, command: str) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from domino_graft.checkpoint import atomic_dir, atomic_write_json, check_finite, save_tensors
-    from domino_graft.provenance import git_sha, hardware, versions
+    from domino_graft.artifacts.files import atomic_dir, atomic_write_json
+    from domino_graft.artifacts.provenance import git_sha, hardware, versions
+    from domino_graft.artifacts.tensors import check_finite, save_tensors
 
     src = work / drafter / "drafter"
     cfg = json.loads((src / "config.json").read_text())

@@ -244,7 +244,7 @@ def stage_data(work: Path, scale: dict, shard: tuple[int, int] = (0, 1), reuse: 
     """Regenerate the responses. `--shard i/n` regenerates every n-th prompt into a part file
     (one process per GPU); a later unsharded call merges finished parts instead of regenerating.
     `reuse`: an earlier run's work dir, whose responses to identical prompts are kept, not regenerated."""
-    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.artifacts.files import atomic_write_json
     from domino_graft.training.regenerate import regenerate
 
     prompts = build_prompts(work, scale)
@@ -396,7 +396,7 @@ def stage_train(work: Path, scale: dict, only: list[str]) -> dict:
 
 def _write_training_summary(work: Path, name: str, overrides: list[str], seconds: float) -> None:
     """training_<name>.json: the budget and the last logged metrics, small enough to commit."""
-    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.artifacts.files import atomic_write_json
 
     metrics = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
@@ -437,7 +437,7 @@ def _load(work: Path, device: str):
     """Every trained drafter, sharing one target (same identity, checked by load_run)."""
     from domino_graft.decoding.chat import stop_token_ids
     from domino_graft.decoding.engine import Engine
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     names = [n for n in DRAFTERS if trained(work, n)]
     for n in DRAFTERS:
@@ -458,8 +458,8 @@ def _load(work: Path, device: str):
 
 def _write_environment(work: Path, run, rollout: str) -> None:
     """environment.json: what the eval ran on (the report copies it)."""
-    from domino_graft.checkpoint import atomic_write_json
-    from domino_graft.provenance import git_sha, hardware, versions
+    from domino_graft.artifacts.files import atomic_write_json
+    from domino_graft.artifacts.provenance import git_sha, hardware, versions
 
     atomic_write_json(work / "environment.json", {"target": run.manifest.get("target"), "hardware": hardware(),
                                                   "versions": versions(), "git_sha": git_sha(),
@@ -622,7 +622,7 @@ def _per_prompt_ratio(recs: list[dict], eval_set: str, num: str, den: str) -> di
 
 
 def stage_report(work: Path, out: Path, *, max_new_tokens: int, command: str) -> dict:
-    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.artifacts.files import atomic_write_json
 
     sums: dict = {}
     records = _read_records(work)

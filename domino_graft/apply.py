@@ -14,7 +14,7 @@ from .recipe import load_recipe
 def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool = False,
                  overrides: list[str] | None = None, echo=print, force: bool = False) -> tuple[GraftPlan, Optional[Path]]:
     """force: replace an existing run dir at `out` (never anything else, never a run in training)."""
-    from .rundir import check_run_destination, default_run_dir, write_run_dir
+    from .artifacts.rundir import check_run_destination, default_run_dir, write_run_dir
 
     recipe = load_recipe(recipe_path, overrides)
     plan = plan_graft(recipe, name=Path(recipe_path).stem)
@@ -29,8 +29,8 @@ def apply_recipe(recipe_path: str, out: Optional[str] = None, *, dry_run: bool =
 
     # the plan took a fraction of a second; importing torch and loading the models take seconds
     echo("loading torch, the target and the drafter …")
-    from .registry import get_family
     from .graft import Graft, build_head, effective_recipe
+    from .registry import get_family
     from .target import load_target
 
     device = pick_device(recipe.device)

@@ -221,8 +221,8 @@ def run_bench(
     fast engine's static cache where the target supports it, any device; kv="dynamic" forces the
     HF cache); tokens/s are then the batch's totals, per-request tokens/s each request's own.
     verify_budget: a decoding.budget.VerifyBudget for the batched chains (None: verify all K)."""
+    from .artifacts.provenance import hardware, versions
     from .progress import Progress
-    from .provenance import hardware, versions
 
     target, adapter, head = loaded.target, loaded.adapter, loaded.head
     choice = {"name": rollout} if isinstance(rollout, str) else dict(rollout)  # see decoding.rollout_choice
@@ -504,7 +504,7 @@ def plot_acceptance(rep: dict, path: str) -> None:
     fig.tight_layout()
     import io
 
-    from .checkpoint import atomic_write_bytes
+    from .artifacts.files import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)

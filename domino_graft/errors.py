@@ -79,7 +79,7 @@ def sigterm_unwinds():
 
 
 def run_with_clean_errors(fn, args, *, debug: bool = False) -> int:
-    from .checkpoint import CheckpointError
+    from .artifacts.files import CheckpointError
     from .recipe import RecipeError
 
     expected = (RecipeError, CheckpointError, OSError, ValueError, RuntimeError, KeyError)

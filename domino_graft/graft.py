@@ -223,7 +223,7 @@ def build_head(recipe: Recipe, adapter, head_tensors: dict | None = None):
     """A fresh (seeded) head, or the one found in the drafter's checkpoint (checked strictly)."""
     import torch
 
-    from .checkpoint import check_tensors
+    from .artifacts.tensors import check_tensors
     from .head import DominoHead, HeadSpec
 
     # A checkpoint whose config declares a Domino head (adapters set checkpoint_head_fields)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
-from .provenance import hf_model_identity, random_model_identity
+from .artifacts.provenance import hf_model_identity, random_model_identity
 
 if TYPE_CHECKING:  # annotations only: the recipe schema is not needed to load a model
     from .recipe import RandomModel, Target

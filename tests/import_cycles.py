@@ -1,6 +1,7 @@
-"""Import cycles among domino_graft's modules, from the source alone (nothing is imported).
+"""Import cycles among domino_graft's modules, arrows back up, and long modules, from the source
+alone (nothing is imported).
 
-    python tests/import_cycles.py [REPO]     prints the cycles; exit status 1 if there is one
+    python tests/import_cycles.py [REPO]     prints what it finds; exit status 1 if anything
 
 Every module under domino_graft/, adapters/, kernels/ and recipes/ (installed as
 domino_graft.adapters, .kernels, .recipes) is parsed with ast. An edge A -> B is any import of B in A, at module
@@ -9,6 +10,12 @@ level or inside a function (a lazy import still runs, just later), relative impo
 also runs P.Q's __init__, so it is an edge to P.Q too, unless P.Q is a package A lives in
 (already imported by then). Imports under `if TYPE_CHECKING:` never run and are skipped.
 A cycle is a strongly connected group of two or more modules; one example path is printed.
+
+An arrow back up: a module imports from a package below it (a subpackage, at any depth, of the
+package the module is in) and a module of that package imports it back, e.g. rundir.py ->
+training/lock.py while training/loop.py -> rundir.py. Without a cycle of modules, that is still a
+circle between a module and the package below it. A long module: over MAX_LINES lines, outside
+kernels/ (Triton kernels keep a kernel and its launch table in one file).
 """
 
 from __future__ import annotations
@@ -90,6 +97,45 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     return edges
 
 
+def arrows_back_up(root: Path, edges: dict[str, set[str]]) -> list[tuple[str, str, str, str]]:
+    """(module, package below it, what it imports there, what there imports it back), sorted."""
+    mods = modules(root)
+
+    def inside(m: str, pkg: str) -> bool:
+        return m == pkg or m.startswith(pkg + ".")
+
+    found = []
+    for pkg in sorted(m for m, (_, is_pkg) in mods.items() if is_pkg):
+        above = pkg.rpartition(".")[0]
+        if not above:
+            continue
+        for m in sorted(mods):
+            if inside(m, pkg) or not inside(m, above):
+                continue
+            down = sorted(b for b in edges[m] if inside(b, pkg) and b != pkg) or sorted(b for b in edges[m] if b == pkg)
+            back = sorted(a for a in edges if inside(a, pkg) and m in edges[a])
+            if down and back:
+                found.append((m, pkg, down[0], back[0]))
+    return found
+
+
+MAX_LINES = 650
+LONG_EXEMPT = ("domino_graft.kernels",)
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> list[tuple[str, int]]:
+    """(file relative to root, lines) of every module over `limit` lines, outside kernels/."""
+    out = []
+    for pkg, folder in package_dirs(root).items():
+        if pkg in LONG_EXEMPT:
+            continue
+        for f in sorted(folder.rglob("*.py")):
+            n = len(f.read_text().splitlines())
+            if n > limit:
+                out.append((str(f.relative_to(root)), n))
+    return out
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of >= 2 modules (Tarjan, iterative)."""
     index, low, on, stack, groups, counter = {}, {}, set(), [], [], [0]
@@ -152,11 +198,18 @@ def main(argv: list[str]) -> int:
     root = Path(argv[0] if argv else Path(__file__).resolve().parents[1]).resolve()
     edges = import_graph(root)
     found = cycles(edges)
-    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} import edges, {len(found)} cycle group(s)")
+    up = arrows_back_up(root, edges)
+    long = long_modules(root)
+    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} import edges, {len(found)} cycle group(s), "
+          f"{len(up)} arrow(s) back up, {len(long)} module(s) over {MAX_LINES} lines")
     for group in found:
         print(f"cycle among {len(group)} modules: {', '.join(group)}")
         print("  e.g. " + " -> ".join(example_path(edges, group)))
-    return 1 if found else 0
+    for m, pkg, down, back in up:
+        print(f"arrow back up: {m} -> {down} (in {pkg}), and {back} -> {m}")
+    for f, n in long:
+        print(f"long module: {f}, {n} lines")
+    return 1 if found or up or long else 0
 
 
 if __name__ == "__main__":

@@ -11,16 +11,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from domino_graft import export as ex
-from domino_graft.adapters.dflash import model as dflash
+from domino_graft.adapters.dflash import adapter as dflash, bundle as dflash_bundle
+from domino_graft.adapters.dflash.model import DFlashBackbone
 from domino_graft.apply import apply_recipe
-from domino_graft.adapters.dflash import bundle as dflash_bundle
-from domino_graft.bundle import load_bundle
-from domino_graft.checkpoint import CheckpointError, load_tensors, save_tensors
+from domino_graft.artifacts.files import CheckpointError
+from domino_graft.artifacts.tensors import load_tensors, save_tensors
+from domino_graft.export.model_card import model_card
+from domino_graft.export.plan import plan_bundle
+from domino_graft.export.run import _bench_results, export_run
+from domino_graft.export.self_check import ExportError, _greedy, rounded_weights
 from domino_graft.graft import build_head
 from domino_graft.head import HEAD_TENSOR_NAMES, DominoHead, HeadSpec
+from domino_graft.loading import load_bundle, load_run
 from domino_graft.recipe import load_recipe, parse_recipe
-from domino_graft.rundir import load_run
 from domino_graft.target import TargetShape, target_config_dict
 from tests.conftest import randomize_head
 
@@ -49,7 +52,7 @@ def bundles(trained_run, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("bundles")
     made = {}
     for fmt, dtype in (("native", "fp32"), ("native", "bf16"), ("hf", "fp32")):
-        made[fmt, dtype] = ex.export_run(str(trained_run), str(root / f"{fmt}-{dtype}"), format=fmt, dtype=dtype,
+        made[fmt, dtype] = export_run(str(trained_run), str(root / f"{fmt}-{dtype}"), format=fmt, dtype=dtype,
                                          device="cpu", echo=lambda *_: None)
     return made
 
@@ -68,7 +71,7 @@ def _draft(adapter, head, ids, feats):
         adapter.reset(ids.shape[0])
         adapter.observe(feats[:, :a], torch.arange(a))
         block = adapter.propose(ids[:, a], a)
-        tokens.append(ex._greedy(adapter, head, block, ids[:, a]))
+        tokens.append(_greedy(adapter, head, block, ids[:, a]))
         base.append(block.base_logits.argmax(-1))
     return torch.stack(tokens), torch.stack(base)
 
@@ -106,7 +109,7 @@ def test_round_trip_gives_identical_draft_tokens(trained_run, bundles, dtype, tm
     run = load_run(trained_run)
     ids, feats = _probe(run.target, run.adapter)
     # reference: the trained model, with weights rounded to the export dtype (identity for fp32)
-    with ex.rounded_weights(run.adapter, run.head, dtype):
+    with rounded_weights(run.adapter, run.head, dtype):
         want, base = _draft(run.adapter, run.head, ids, feats)
     assert not torch.equal(want[:, :, 1:], base[:, :, 1:])  # the head changes proposals: it matters
     if dtype == "fp32":
@@ -152,7 +155,7 @@ def test_load_bundle_refuses_another_target(bundles):
 # ------------------------------------------------------------------ Qwen3-8B shapes
 def test_qwen3_8b_bundle_has_the_62_native_tensors_and_config_keys():
     recipe = load_recipe(QWEN)  # target.path absent: planned from configs/qwen3-8b.json
-    plan = ex.plan_bundle(recipe)
+    plan = plan_bundle(recipe)
     assert (plan.format, plan.dtype) == ("native", "bf16")
     assert len(plan.tensors) == 62
     t = plan.tensors
@@ -181,7 +184,7 @@ def test_qwen3_8b_bundle_has_the_62_native_tensors_and_config_keys():
     drafter_cfg = dflash.config_from_recipe(recipe.drafter, tshape)
     spec = HeadSpec(hidden_dim=4096, emb_dim=4096, gru_hidden_dim=1024, rank=256, vocab_size=151936)
     with torch.device("meta"):
-        backbone = dflash.DFlashBackbone(drafter_cfg)
+        backbone = DFlashBackbone(drafter_cfg)
         head = DominoHead(spec)
     tensors = dflash_bundle.bundle_tensors(backbone.state_dict(), head.state_dict(),
                                           dflash_bundle.planned_tensor_shapes(drafter_cfg, spec), dtype="bf16")
@@ -248,8 +251,8 @@ def test_failed_self_check_leaves_no_bundle(trained_run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(dflash_bundle, "domino_native_config", wrong_mask)
     out = tmp_path / "never"
-    with pytest.raises(ex.ExportError, match="self-check failed"):
-        ex.export_run(str(trained_run), str(out), dtype="fp32", device="cpu", echo=lambda *_: None)
+    with pytest.raises(ExportError, match="self-check failed"):
+        export_run(str(trained_run), str(out), dtype="fp32", device="cpu", echo=lambda *_: None)
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -302,12 +305,12 @@ def test_hf_bundle_loads_with_automodel_and_matches(trained_run, bundles, monkey
 def test_model_card_reports_measured_tau_only_from_a_bench_report(bundles, tmp_path):
     manifest = json.loads((bundles["native", "bf16"] / "manifest.json").read_text())
     config = json.loads((bundles["native", "bf16"] / "config.json").read_text())
-    assert "not measured" in ex.model_card(manifest, config) and "τ" in ex.model_card(manifest, config)
+    assert "not measured" in model_card(manifest, config) and "τ" in model_card(manifest, config)
     report = {"tau": 3.25, "speedup": 2.1, "base": {"tau": 2.5}, "per_prompt": [{"tau": 9.0}],
               "run": {"path": "/runs/x"}, "hardware": {"device": "NVIDIA H200"}}
     (tmp_path / "bench.json").write_text(json.dumps(report))
-    manifest["bench"] = ex._bench_results(tmp_path)
-    card = ex.model_card(manifest, config, bundle="out/b")
+    manifest["bench"] = _bench_results(tmp_path)
+    card = model_card(manifest, config, bundle="out/b")
     assert "not measured" not in card
     assert "`tau` = 3.25" in card and "`base.tau` = 2.5" in card and "`speedup` = 2.1" in card
     assert "9.0" not in card and "NVIDIA H200" in card  # lists are per-prompt detail, not headline numbers

@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from domino_graft import engines
 from domino_graft.apply import apply_recipe
-from domino_graft.bundle import load_bundle
-from domino_graft.checkpoint import CheckpointError
-from domino_graft.export import export_run, plan_bundle, resolve_format
+from domino_graft.artifacts.files import CheckpointError
+from domino_graft.export import engine_rules as engines
+from domino_graft.export.plan import plan_bundle, resolve_format
+from domino_graft.export.run import export_run
 from domino_graft.head import HEAD_TENSOR_NAMES
+from domino_graft.loading import load_bundle
 from domino_graft.recipe import load_recipe
 from domino_graft.registry import get_family
 from tests.conftest import REPO, TINY_RECIPE

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters.dflash import model as dflash
-from domino_graft.checkpoint import CheckpointError, save_tensors
+from domino_graft.adapters.dflash import adapter as dflash
+from domino_graft.artifacts.files import CheckpointError
+from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import Graft, build_head
+from domino_graft.loading import load_run
 from domino_graft.recipe import load_recipe, parse_recipe
-from domino_graft.rundir import load_run
 from domino_graft.target import load_target
 from tests.conftest import randomize_head
 
@@ -180,7 +181,7 @@ def test_apply_cli_takes_overrides_after_flags(tmp_path):
 
 
 def test_asset_provenance_names_the_exact_files(tmp_path):
-    from domino_graft.provenance import asset_provenance
+    from domino_graft.artifacts.provenance import asset_provenance
 
     assert asset_provenance(str(tmp_path)) == {}  # a plain HF folder: nothing to add
     (tmp_path / "asset.json").write_text(json.dumps({

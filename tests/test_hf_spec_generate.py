@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft import export as ex
 from domino_graft.adapters.dflash import bundle as dflash_bundle
 from domino_graft.apply import apply_recipe
-from domino_graft.checkpoint import load_tensors, save_tensors
+from domino_graft.artifacts.tensors import load_tensors, save_tensors
+from domino_graft.export.run import export_run
 from domino_graft.head import DominoHead
-from domino_graft.rundir import load_run
+from domino_graft.loading import load_run
 from tests.conftest import randomize_head
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def _export(root: Path, name: str, overrides: list[str], head_scale: float) -> t
     head.load_state_dict(load_tensors(run / "head.safetensors"))
     randomize_head(head, seed=1, scale=head_scale)
     save_tensors(run / "head.safetensors", head.state_dict())
-    bundle = ex.export_run(str(run), str(root / f"{name}-hf"), format="hf", dtype="fp32", device="cpu",
+    bundle = export_run(str(run), str(root / f"{name}-hf"), format="hf", dtype="fp32", device="cpu",
                            echo=lambda *_: None)
     target_dir = root / f"{name}-target"
     load_run(run).target.model.save_pretrained(str(target_dir))

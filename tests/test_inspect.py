@@ -10,8 +10,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from domino_graft.apply import apply_recipe
-from domino_graft.export import export_run
-from domino_graft.inspection import inspect_path
+from domino_graft.export.inspect import inspect_path
+from domino_graft.export.run import export_run
 from tests.conftest import REPO, TINY_RECIPE
 
 SHIPPED = REPO / "models" / "smollm2-135m-dflash"

@@ -160,7 +160,7 @@ def test_a_base_model_report_describes_plain_text_prompts(tmp_path, monkeypatch)
 
 
 def test_git_sha_names_the_commit_given_for_code_outside_its_checkout(monkeypatch):
-    from domino_graft.provenance import git_sha
+    from domino_graft.artifacts.provenance import git_sha
 
     monkeypatch.setenv("DG_GIT_SHA", "621adf70df93733ee9fa122cbaaaf955fe1c86c7")
     assert git_sha() == "621adf70df93733ee9fa122cbaaaf955fe1c86c7"

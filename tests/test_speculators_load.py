@@ -27,7 +27,7 @@ QUIET = dict(echo=lambda *_: None, device="cpu")
 def bundles(tmp_path_factory) -> dict:
     """The tiny random target saved as a folder; DSpark and P-EAGLE runs on it, exported in fp32."""
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
+    from domino_graft.export.run import export_run
     from domino_graft.recipe import load_recipe
     from domino_graft.target import load_target
 
@@ -73,9 +73,9 @@ def test_a_random_target_is_named_in_the_card_and_rebuilds_without_domino_graft(
     """The card's snippet (transformers + torch only) rebuilds the random target bit for bit;
     the DSpark card says its verifier name is null; `--engine vllm` refuses the run by name."""
     from domino_graft.apply import apply_recipe
+    from domino_graft.artifacts.provenance import config_hash
     from domino_graft.cli import main
-    from domino_graft.export import export_run
-    from domino_graft.provenance import config_hash
+    from domino_graft.export.run import export_run
     from domino_graft.recipe import load_recipe
     from domino_graft.target import load_target
 

@@ -1,6 +1,7 @@
 """DFlash (z-lab) block-diffusion drafter; bundles in the engines' DFlash+Domino format.
 
-The model code is adapters/dflash/model.py, the bundle layout adapters/dflash/bundle.py,
+The drafter is adapters/dflash/model.py and its adapter (plan, build) adapters/dflash/adapter.py,
+the bundle layout adapters/dflash/bundle.py,
 the transformers remote code a `--format hf` bundle ships adapters/dflash/hf_modeling/.
 All imported on first use: this module stays torch-free so that `validate` never loads torch.
 """
@@ -17,10 +18,10 @@ class DFlashFamily(Family):
     schema = DFlashDrafter
     export_formats = ("native", "hf")
     bundle_layout = "dflash"
-    model_module = f"{__name__}.model"
+    model_module = f"{__name__}.adapter"
 
     def checkpoint_head_fields(self, drafter) -> dict:
-        from .model import checkpoint_head_fields
+        from .adapter import checkpoint_head_fields
 
         return checkpoint_head_fields(drafter)
 

@@ -82,7 +82,7 @@ def bundle_config(drafter_cfg, spec, *, format: str, dtype: str) -> dict:
 
 
 def plan_bundle(drafter, tshape, spec, *, format: str, dtype: str):
-    from .model import config_from_recipe
+    from .adapter import config_from_recipe
 
     drafter_cfg = config_from_recipe(drafter, tshape)
     return (bundle_config(drafter_cfg, spec, format=format, dtype=dtype),
@@ -92,7 +92,7 @@ def plan_bundle(drafter, tshape, spec, *, format: str, dtype: str):
 def bundle_tensors(backbone_state: dict, head_state: dict, expected: dict, *, dtype: str) -> dict:
     """Native names -> tensors cast to the export dtype, checked against the plan (so an
     adapter whose state_dict drifts from the native names cannot write a bundle)."""
-    from domino_graft.checkpoint import check_tensors
+    from domino_graft.artifacts.tensors import check_tensors
     from domino_graft.target import TORCH_DTYPES
 
     state = {**backbone_state, **head_state}
@@ -110,7 +110,7 @@ def bundle_contents(adapter, head, *, format: str, dtype: str):
 def implied_tensor_shapes(config: dict, *, source: str, headless: bool = False) -> dict[str, tuple[int, ...]]:
     """What a DFlash+Domino config.json implies the weights must be, name by name (headless:
     a bundle whose manifest says the head was dropped, and whose config declares none)."""
-    from domino_graft.checkpoint import CheckpointError
+    from domino_graft.artifacts.files import CheckpointError
     from domino_graft.head import HeadSpec
 
     cfg = DFlashConfig.from_native(config)
@@ -129,7 +129,7 @@ def implied_tensor_shapes(config: dict, *, source: str, headless: bool = False) 
 
 def implied_tensors(bundle_dir: Path, manifest: Optional[dict] = None) -> tuple[dict, dict]:
     """(config.json, {weights file: what config.json implies it holds})."""
-    from domino_graft.checkpoint import read_json
+    from domino_graft.artifacts.files import read_json
 
     f = bundle_dir / "config.json"
     config = read_json(f, missing="file not found; the bundle is incomplete")
@@ -177,7 +177,7 @@ def transformers_check(bundle_dir: Path, *, format: str, probe: dict) -> tuple[d
     """An hf bundle is also reloaded through transformers and its remote code."""
     if format != "hf":
         return {}, []
-    from domino_graft.export import EXACT_TOL, max_rel_diff
+    from domino_graft.export.self_check import EXACT_TOL, max_rel_diff
 
     p = probe
     hf = _hf_logits(bundle_dir, p["target"], p["ids"], p["feats"], p["anchors"], p["tokens"])

@@ -1,4 +1,4 @@
-"""What SGLang, vLLM and transformers require of a DFlash bundle (domino_graft/engines.py).
+"""What SGLang, vLLM and transformers require of a DFlash bundle (domino_graft/export/engine_rules.py).
 
 Each rule names the engine file it was read from (sgl-project/sglang and vllm-project/vllm,
 read 2026-12; docs/serving.md lists them). In short:
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from domino_graft.engines import CheckpointView, Description, EngineSpec, Rule, Unknown
+from domino_graft.export.engine_rules import CheckpointView, Description, EngineSpec, Rule, Unknown
 from domino_graft.head import HEAD_TENSOR_NAMES
 
 from .bundle import AUX_IDS_KEY, HF_AUTO_MAP, hf_shipped_files

@@ -36,8 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from domino_graft.fast import CapturedCall, host_ints
-from domino_graft.fast.llama import (UnsupportedModel, attention_kernels, fuse_linears, layer_out, rms_norm,
-                                     triton_kernels_unsupported)
+from domino_graft.fast.llama import UnsupportedModel, fuse_linears
+from domino_graft.fast.llama_math import rms_norm
+from domino_graft.fast.llama_split import attention_kernels, layer_out, triton_kernels_unsupported
 
 from ..base import DraftBlock
 
@@ -117,7 +118,7 @@ class StaticDFlashDrafter:
             raise ValueError("use_linears() needs use_kernels('triton' or 'reference') first")
         if self.compiled:
             raise ValueError("use_linears() after compile(): choose the kernels first")
-        from domino_graft.fast.llama import linear_kernels
+        from domino_graft.fast.llama_split import linear_kernels
 
         linear, swiglu, norm = linear_kernels(name)
         self._split["pieces"] = _linear_pieces(linear, swiglu, norm)

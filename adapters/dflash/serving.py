@@ -105,7 +105,7 @@ def _layout(cfg: dict, manifest: Optional[dict], head: Optional[dict]) -> str:
 
 def describe(folder: Path):
     """A DFlash folder -> engines.Description, or None when it is not one."""
-    from domino_graft.engines import CheckpointView, Description, read_json_object, tensors_fact
+    from domino_graft.export.engine_rules import CheckpointView, Description, read_json_object, tensors_fact
     from domino_graft.head import HEAD_TENSOR_NAMES
 
     from .model import ARCHITECTURE, DFlashConfig, domino_head_fields

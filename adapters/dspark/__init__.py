@@ -2,7 +2,8 @@
 Markov head and a confidence head; the Domino head grafted in place of the Markov head or on top
 of it (`drafter.graft`). Facts and sources: docs/dspark.md.
 
-The model code is adapters/dspark/model.py (it reuses adapters/dflash/model.py's backbone),
+The drafter is adapters/dspark/model.py (it reuses adapters/dflash/model.py's backbone) and its
+adapter (plan, build) adapters/dspark/adapter.py,
 imported on first use: this module stays torch-free so that `validate` never loads torch.
 The bundle is the default layout: `drafter/` is a speculators DSpark checkpoint (config.json +
 model.safetensors, Markov and confidence tensors included) and `head.safetensors` the Domino head.
@@ -19,7 +20,7 @@ class DSparkFamily(Family):
     display_name = "DSpark"
     names_verifier = True  # adapters/speculators.py
     schema = DSparkDrafter
-    model_module = f"{__name__}.model"
+    model_module = f"{__name__}.adapter"
 
     def drafter_summary(self, adapter):
         cfg, m = adapter.cfg, adapter.mcfg

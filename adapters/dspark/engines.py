@@ -1,9 +1,9 @@
-"""No serving engine runs a Domino head on DSpark drafters (domino_graft/engines.py): every engine
+"""No serving engine runs a Domino head on DSpark drafters (domino_graft/export/engine_rules.py): every engine
 refuses the family by name, saying why; `inspect` reads speculators DSpark folders and bundles."""
 
 from __future__ import annotations
 
-from domino_graft.engines import describe_plain, refusals
+from domino_graft.export.engine_rules import describe_plain, refusals
 
 REFUSED = {
     "sglang": "SGLang's DSPARK algorithm runs DSpark's own Markov head, not a Domino head (SGLang's Domino runtime is a "

@@ -1,7 +1,7 @@
 """Medusa-1 heads (FasterDecoding layout) on the frozen target; static trees.
 
-The model code is adapters/medusa/model.py (imported on first use: this module stays
-torch-free so that `validate` never loads torch)."""
+The drafter is adapters/medusa/model.py and its adapter (plan, build) adapters/medusa/adapter.py
+(imported on first use: this module stays torch-free so that `validate` never loads torch)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class MedusaFamily(Family):
     schema = MedusaDrafter
     # drafter/ of a bundle is a FasterDecoding folder: config.json + medusa_lm_head.safetensors
     drafter_weights_file = "medusa_lm_head.safetensors"
-    model_module = f"{__name__}.model"
+    model_module = f"{__name__}.adapter"
 
 
 FAMILY = MedusaFamily()

@@ -1,9 +1,9 @@
-"""No serving engine runs a Domino head on Medusa-1 heads (domino_graft/engines.py): every
+"""No serving engine runs a Domino head on Medusa-1 heads (domino_graft/export/engine_rules.py): every
 engine refuses the family by name, saying why; `inspect` reads FasterDecoding folders."""
 
 from __future__ import annotations
 
-from domino_graft.engines import describe_plain, refusals
+from domino_graft.export.engine_rules import describe_plain, refusals
 
 SGLANG_ALGORITHMS = "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK, UNO"
 REFUSED = {

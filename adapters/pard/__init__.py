@@ -1,7 +1,7 @@
 """PARD: a small causal LM drafting k tokens in one forward (its own embedding and LM head).
 
-The model code is adapters/pard/model.py (imported on first use: this module stays
-torch-free so that `validate` never loads torch)."""
+The drafter is adapters/pard/model.py and its adapter (plan, build) adapters/pard/adapter.py
+(imported on first use: this module stays torch-free so that `validate` never loads torch)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class PardFamily(Family):
     display_name = "PARD"
     schema = PardDrafter
     # drafter/ of a bundle is a plain HF causal-LM folder with `pard_token` in its config.json
-    model_module = f"{__name__}.model"
+    model_module = f"{__name__}.adapter"
 
 
 FAMILY = PardFamily()

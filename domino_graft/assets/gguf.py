@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..checkpoint import sha256_file
+from ..artifacts.files import sha256_file
 from .base import AssetError, BuildContext
 from .wheels import extract_member
 

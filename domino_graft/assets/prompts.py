@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from ..checkpoint import sha256_file
+from ..artifacts.files import sha256_file
 from ..pysource import functions, skipped_path
 from .base import AssetError, BuildContext, write_jsonl
 from .wheels import extract_member

@@ -56,14 +56,14 @@ def is_bench_report(path) -> bool:
 
 
 def check_json_destination(path, force: bool) -> None:
-    from ..checkpoint import check_destination
+    from ..artifacts.destination import check_destination
 
     check_destination(path, kind="bench report", option="--json", force=force, is_kind=is_bench_report)
 
 
 def engine_rollout(loaded, engine: str, override) -> dict:
     """The rollout that drafts what `engine` drafts: SGLang's block-shared candidate pool."""
-    from ..engines import ENGINE_NAMES, engine_spec
+    from ..export.engine_rules import ENGINE_NAMES, engine_spec
     from ..registry import get_family
 
     family = get_family(loaded.recipe.drafter.family)
@@ -81,8 +81,9 @@ def run(args) -> int:
     from ..progress import loading
 
     loading("bench")
-    from ..benchmark import check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts, run_bench
-    from ..checkpoint import atomic_write_json
+    from ..artifacts.files import atomic_write_json
+    from ..benchmark import (check_plot_available, format_report, plot_acceptance, read_prompts, resolve_prompts,
+                             run_bench)
     from ..decoding import Sampling, check_rollout_name, rollout_choice
     from ..decoding.budget import budget_option
     from ..device import pick_device

@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.dry_run:
-        from ..export import plan_bundle
-        from ..rundir import resolve_run, run_recipe
+        from ..artifacts.rundir import resolve_run, run_recipe
+        from ..export.plan import plan_bundle
 
         print(plan_bundle(run_recipe(resolve_run(args.run)), format=args.format, dtype=args.dtype,
                           engine=args.engine).format_text())
@@ -34,7 +34,7 @@ def run(args) -> int:
     from ..progress import loading
 
     loading("export")
-    from ..export import export_run
+    from ..export.run import export_run
 
     export_run(args.run, args.out, format=args.format, dtype=args.dtype, device=args.device, force=args.force,
                engine=args.engine)

@@ -1,6 +1,6 @@
 """`domino-graft inspect BUNDLE_OR_CHECKPOINT [--target DIR] [--json]`: family, shapes, dtype,
 head, the sha256 status and every engine checklist, for a bundle or a third-party folder
-(domino_graft.inspection)."""
+(domino_graft/export/inspect.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import json
 
-    from ..inspection import inspect_path
+    from ..export.inspect import inspect_path
 
     report = inspect_path(args.path, target=args.target)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format_text())

@@ -22,10 +22,11 @@ def run(args) -> int:
     from ..progress import loading
 
     loading("replay")
-    from ..checkpoint import atomic_write_json
+    from ..artifacts.files import atomic_write_json
+    from ..artifacts.rundir import resolve_run
     from ..device import pick_device
+    from ..loading import load_run
     from ..replay import check_responses, read_responses, replay
-    from ..rundir import load_run, resolve_run
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value is not None and value < 1:

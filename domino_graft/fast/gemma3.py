@@ -27,8 +27,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .llama import (ARCHITECTURES, STATIC_ROPE_TYPES, FastConfig, FastLM, UnsupportedModel, attention_mask,
-                    fuse_linears, rope_cos_sin, rotate_half)
+from .llama import ARCHITECTURES, STATIC_ROPE_TYPES, FastConfig, FastLM, UnsupportedModel, fuse_linears
+from .llama_math import attention_mask, rope_cos_sin, rotate_half
+from .llama_split import attention_reference, rope_qkv_reference
 from .static_cache import StaticKVCache
 
 MODEL_TYPE = "gemma3_text"
@@ -301,8 +302,6 @@ def run_gemma3_split(ids, pos, kcs, vcs, embed, embed_scale, layers, kinds, norm
 def _gemma_attention(kernels: str):
     """(rope, attend) for Gemma: the norm_rope_cache of the kernels in Gemma's norm convention
     (``plus_one``), and attention with a scale and a window."""
-    from .llama import attention_reference, rope_qkv_reference
-
     if kernels == "reference":
         def rope(qkv, kc, vc, pos, inv_freq, scaling, qn, kn, eps, h, hkv, d):
             return rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling, qn, kn, eps, h, hkv, d,

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import atomic_write_json, save_tensors
+from ..artifacts.files import atomic_write_json
+from ..artifacts.tensors import save_tensors
 from ..progress import Progress
 from .attention import run_with_fallback
 

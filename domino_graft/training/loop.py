@@ -31,13 +31,13 @@ from typing import Callable, Optional
 
 import torch
 
-from ..checkpoint import read_json
+from ..artifacts.files import read_json
+from ..artifacts.lock import RunLock
 from ..progress import Progress
 from ..recipe import Recipe, apply_overrides, parse_recipe, recipe_to_dict
 from .data import StreamSampler, collate, fingerprint, load_examples
 from .distributed import DistInfo, init_distributed, set_grad_sync, shard, teardown
 from .objective import DominoObjective, estimated_tau, lambda_at, lr_factor
-from .lock import RunLock
 from .resume import latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_state, save_checkpoint
 from .weights import final_tensors, update_run_weights
 
@@ -61,8 +61,8 @@ class TrainResult:
 def train(run: Optional[str] = None, overrides: list[str] | None = None, *, max_steps: Optional[int] = None,
           save_every: Optional[int] = None, resume: bool = False, echo: Callable = print,
           progress: bool = True) -> TrainResult:
+    from ..artifacts.rundir import check_run_layout, resolve_run
     from ..device import pick_device
-    from ..rundir import check_run_layout, resolve_run
 
     run_dir = resolve_run(run)
     overrides = _train_overrides(overrides, max_steps=max_steps, save_every=save_every)
@@ -194,8 +194,8 @@ class TrainingRun:
         """Check the batch split, seed every RNG, load the run's target, drafter and head."""
         import numpy as np
 
-        from ..checkpoint import sha256_file
-        from ..rundir import load_run
+        from ..artifacts.files import sha256_file
+        from ..loading import load_run
 
         cfg, info = self.cfg, self.info
         per_micro, rem = divmod(cfg.batch_size, cfg.grad_accum * info.world)
@@ -295,7 +295,7 @@ class TrainingRun:
                 _truncate_metrics(self.metrics_path, self.start)
             echo(f"resumed from {ckpt} (step {self.start})")
         elif info.main:
-            from ..checkpoint import atomic_write_text
+            from ..artifacts.files import atomic_write_text
 
             atomic_write_text(self.metrics_path, "")
         info.barrier()
@@ -441,7 +441,7 @@ class TrainingRun:
 
     def check_finite_weights(self, step: int) -> None:
         """Before a checkpoint or the final save: every trainable tensor finite (collective)."""
-        from ..checkpoint import nonfinite_count
+        from ..artifacts.tensors import nonfinite_count
 
         counts = torch.tensor([float(nonfinite_count(p.to_local() if hasattr(p, "to_local") else p))
                                for p in self.params], dtype=torch.float64)
@@ -456,7 +456,7 @@ class TrainingRun:
     def log(self, rec: dict, writer, bar) -> None:
         """metrics.jsonl and TensorBoard (rank 0), the progress bar."""
         if self.info.main:
-            from ..checkpoint import with_path
+            from ..artifacts.files import with_path
 
             try:
                 with open(self.metrics_path, "a") as f:
@@ -527,7 +527,7 @@ class TrainingRun:
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop lines a killed run logged after its last checkpoint: they will be recomputed."""
-    from ..checkpoint import atomic_write_text
+    from ..artifacts.files import atomic_write_text
 
     if not path.is_file():
         return

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..checkpoint import with_path
+from ..artifacts.files import with_path
 from ..progress import Progress
 
 
@@ -76,7 +76,7 @@ def is_regenerate_output(path: Path) -> bool:
 def check_output(out_path: Path, *, force: bool) -> bool:
     """-o may be written: new, empty, or an earlier regenerate output (resumed, or with force
     replaced). Returns whether an existing output is resumed/replaced."""
-    from ..checkpoint import check_destination
+    from ..artifacts.destination import check_destination
 
     if out_path.exists() and out_path.is_file() and is_regenerate_output(out_path) and not force:
         return True  # resumed: appended to, never replaced
@@ -176,9 +176,9 @@ def greedy(model, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: set
 def regenerate(source: Optional[str], prompts: str, out: str, *, max_new_tokens: int = 256, batch_size: int = 8,
                overrides: list[str] | None = None, echo: Callable = print, progress: bool = True,
                force: bool = False) -> dict:
+    from ..artifacts.rundir import resolve_run, run_recipe
     from ..device import pick_device
     from ..recipe import load_recipe
-    from ..rundir import resolve_run, run_recipe
     from ..target import load_target
 
     if max_new_tokens < 1:

@@ -8,7 +8,7 @@
 
 Full (unsharded) state dicts via torch.distributed.checkpoint's helpers, so a checkpoint
 written by N ranks resumes on M ranks, and a single process uses the same code. The files
-themselves go through domino_graft/checkpoint.py (atomic writes, strict tensor checks); what
+themselves go through domino_graft/artifacts/ (atomic writes, strict tensor checks); what
 training finally writes into the run is training/weights.py.
 """
 
@@ -22,21 +22,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..checkpoint import (
-    CheckpointError,
-    atomic_dir,
-    atomic_write_bytes,
-    atomic_write_json,
-    check_dtypes,
-    check_tensors,
-    dtype_name,
-    first_nonfinite,
-    load_tensors,
-    read_json,
-    save_tensors,
-    torch_load,
-)
-from ..provenance import now
+from ..artifacts.files import CheckpointError, atomic_dir, atomic_write_bytes, atomic_write_json, read_json
+from ..artifacts.provenance import now
+from ..artifacts.tensors import (check_dtypes, check_tensors, dtype_name, first_nonfinite, load_tensors, save_tensors,
+                                 torch_load)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from ..checkpoint import (cast_floating, check_tensors, json_bytes, read_json, sha256_file, staged_writes,
-                          tensors_bytes)
-from ..provenance import now
+from ..artifacts.files import json_bytes, read_json, sha256_file, staged_writes
+from ..artifacts.provenance import now
+from ..artifacts.tensors import cast_floating, check_tensors, tensors_bytes
 from .resume import state_dict_options
 
 HEAD_PREFIX = "head."

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.registry import get_family
 from domino_graft.adapters.base import DraftBlock
 from domino_graft.graft import Graft, build_head
 from domino_graft.recipe import load_recipe
+from domino_graft.registry import get_family
 from domino_graft.target import load_target
 from tests.conftest import randomize_head
 
@@ -244,7 +244,7 @@ def _drafts_of(target, adapter, head, seed=4):
 
 def test_run_dir_round_trip(family, tmp_path):
     from domino_graft.apply import apply_recipe
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     out = tmp_path / "run"
     apply_recipe(str(recipe_path(family)), str(out), echo=lambda *_: None)
@@ -283,7 +283,7 @@ def test_short_training_lowers_the_loss(family, trained):
     first = sum(m["loss"] for m in metrics[:3]) / 3
     last = sum(m["loss"] for m in metrics[-3:]) / 3
     assert last < first - 0.1, (first, last)
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     run = load_run(out)  # the trained weights reload strictly, and the head is no longer identity
     assert not run.head.is_identity()
@@ -291,9 +291,8 @@ def test_short_training_lowers_the_loss(family, trained):
 
 @pytest.mark.skipif(importlib.util.find_spec("domino_graft.export") is None, reason="no export module")
 def test_export_import_round_trip(family, trained, tmp_path):
-    from domino_graft.export import export_run
-    from domino_graft.loading import load_run_or_bundle
-    from domino_graft.rundir import load_run
+    from domino_graft.export.run import export_run
+    from domino_graft.loading import load_run, load_run_or_bundle
 
     out, _ = trained(family)
     bundle = export_run(str(out), str(tmp_path / "bundle"), dtype="fp32", device="cpu", echo=lambda *_: None)

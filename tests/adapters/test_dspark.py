@@ -94,7 +94,7 @@ def test_native_layout_names_and_layer_ids():
 def test_imports_a_speculators_checkpoint(tmp_path):
     """A folder as speculators saves it: diff-style transformer_layer_config, a `model.` prefix-free
     state dict, plus verifier-owned tensors a self-contained checkpoint may hold (ignored)."""
-    from domino_graft.checkpoint import save_tensors
+    from domino_graft.artifacts.tensors import save_tensors
 
     _, target, src, _ = build(markov_scale=0.2)
     folder = tmp_path / "dspark"
@@ -196,9 +196,8 @@ def test_batched_greedy_decoding_is_lossless():
 @pytest.mark.parametrize("graft", ["in_place", "on_top"])
 def test_export_round_trip_keeps_the_dspark_layout(graft, tmp_path):
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
-    from domino_graft.loading import load_run_or_bundle
-    from domino_graft.rundir import load_run
+    from domino_graft.export.run import export_run
+    from domino_graft.loading import load_run, load_run_or_bundle
 
     out = tmp_path / "run"
     apply_recipe(str(RECIPE), str(out), overrides=[f"drafter.graft={graft}"], echo=lambda *_: None)

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from domino_graft.adapters.medusa import model as medusa
-from domino_graft.checkpoint import CheckpointError, save_tensors
+from domino_graft.adapters.medusa import adapter as medusa
+from domino_graft.artifacts.files import CheckpointError
+from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe
 from domino_graft.target import load_target
@@ -159,7 +160,7 @@ def test_slot_base_logits_routes_each_row_through_its_own_head():
 
 def test_run_dir_round_trip(tmp_path):
     from domino_graft.apply import apply_recipe
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     out = tmp_path / "run"
     apply_recipe(str(REPO / "recipes" / "tiny_medusa.yaml"), str(out), echo=lambda *_: None)
@@ -214,7 +215,7 @@ def test_faster_decoding_folder_named_by_a_recipe_is_grafted_and_decodes_lossles
     """Issue 7: `drafter.path` -> a FasterDecoding Medusa-1 folder; greedy speculation == the target."""
     from domino_graft.apply import apply_recipe
     from domino_graft.decoding import Engine, stop_token_ids
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
     from tests.conftest import randomize_head
 
     _, _, adapter, _ = _tiny()

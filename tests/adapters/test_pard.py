@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters.pard import model as pard
-from domino_graft.checkpoint import CheckpointError, save_tensors
+from domino_graft.adapters.pard import adapter as pard
+from domino_graft.artifacts.files import CheckpointError
+from domino_graft.artifacts.tensors import save_tensors
 from domino_graft.graft import build_head
 from domino_graft.recipe import RecipeError, load_recipe, parse_recipe
 from domino_graft.target import load_target
@@ -169,7 +170,7 @@ def test_recipe_sources_are_exclusive_and_layers_bounded():
 
 def test_run_dir_round_trip(tmp_path):
     from domino_graft.apply import apply_recipe
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     out = tmp_path / "run"
     apply_recipe(str(REPO / "recipes" / "tiny_pard.yaml"), str(out), echo=lambda *_: None)

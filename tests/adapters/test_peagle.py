@@ -97,7 +97,7 @@ def test_training_mask_is_speculators_mask_mod():
     """create_peagle_mask_mod (speculators 0.9.0 models/peagle/attention.py), transcribed: entries are
     (anchor_pos, depth) in the shifted sequence; depth-0 entry q has anchor_pos q, the depth-d entry
     of our anchor a has anchor_pos a-1 (its depth-0 entry is (x_a, g_{a-1}))."""
-    from domino_graft.adapters.peagle.model import training_mask
+    from domino_graft.adapters.peagle.adapter import training_mask
 
     c, k = 12, 4
     anchors = torch.tensor([[5, 9, 1]])
@@ -157,9 +157,8 @@ def test_round_tripped_bundle_keeps_d2t_and_t2d_bit_equal(tmp_path):
     from safetensors.torch import load_file
 
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
-    from domino_graft.loading import load_run_or_bundle
-    from domino_graft.rundir import load_run
+    from domino_graft.export.run import export_run
+    from domino_graft.loading import load_run, load_run_or_bundle
 
     maps, d2t, t2d = write_maps(tmp_path)
     run = tmp_path / "run"
@@ -172,7 +171,7 @@ def test_round_tripped_bundle_keeps_d2t_and_t2d_bit_equal(tmp_path):
     stored = load_file(str(bundle / "drafter" / "model.safetensors"))  # speculators' dtypes, as the run's
     assert stored["d2t"].dtype == torch.int64 and torch.equal(stored["d2t"], d2t)
     assert stored["t2d"].dtype == torch.bool and torch.equal(stored["t2d"], t2d)
-    from domino_graft.inspection import inspect_path
+    from domino_graft.export.inspect import inspect_path
 
     assert "draft 40 of 97 (d2t/t2d maps)" in inspect_path(bundle).format_text()
     loaded = load_run_or_bundle(str(bundle))
@@ -192,9 +191,8 @@ def test_trained_run_and_its_fp32_and_bf16_bundles_keep_the_maps_bit_equal(tmp_p
     from safetensors.torch import load_file
 
     from domino_graft.apply import apply_recipe
-    from domino_graft.bundle import load_bundle
-    from domino_graft.export import export_run
-    from domino_graft.rundir import load_run
+    from domino_graft.export.run import export_run
+    from domino_graft.loading import load_bundle, load_run
     from domino_graft.training.loop import train
 
     run = tmp_path / "run"
@@ -223,7 +221,7 @@ def test_trained_run_and_its_fp32_and_bf16_bundles_keep_the_maps_bit_equal(tmp_p
 
 def test_a_run_with_vocab_maps_resumes(tmp_path):
     from domino_graft.apply import apply_recipe
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
     from domino_graft.training.loop import train
 
     run = tmp_path / "run"
@@ -243,9 +241,10 @@ def test_a_bundle_of_older_exact_fp32_maps_still_loads(tmp_path):
     from safetensors.torch import load_file
 
     from domino_graft.apply import apply_recipe
-    from domino_graft.bundle import load_bundle
-    from domino_graft.checkpoint import save_tensors, sha256_file, tensor_sha256
-    from domino_graft.export import export_run
+    from domino_graft.artifacts.files import sha256_file
+    from domino_graft.artifacts.tensors import save_tensors, tensor_sha256
+    from domino_graft.export.run import export_run
+    from domino_graft.loading import load_bundle
 
     maps, d2t, t2d = write_maps(tmp_path)
     run = tmp_path / "run"
@@ -268,7 +267,7 @@ def test_a_bundle_of_older_exact_fp32_maps_still_loads(tmp_path):
 def _speculators_folder(tmp_path, target, src, *, drop=()):
     """A folder as speculators' save_pretrained writes it: diff-style transformer_layer_config,
     int64 d2t / bool t2d, embed_tokens and lm_head included (minus `drop`)."""
-    from domino_graft.checkpoint import save_tensors
+    from domino_graft.artifacts.tensors import save_tensors
 
     folder = tmp_path / "peagle"
     folder.mkdir(exist_ok=True)
@@ -310,7 +309,7 @@ def test_a_checkpoint_without_d2t_fails_with_one_line_naming_it(tmp_path):
 
 
 def test_a_d2t_that_disagrees_with_t2d_is_refused(tmp_path):
-    from domino_graft.checkpoint import save_tensors
+    from domino_graft.artifacts.tensors import save_tensors
 
     maps, _, _ = write_maps(tmp_path)
     _, target, src, _ = build(maps)
@@ -327,7 +326,7 @@ def test_older_float_maps_are_rebuilt_exactly_from_t2d_or_refused(tmp_path):
     """Older files held the maps as floats, bf16 ones with offsets above 256 rounded. d2t is rebuilt
     from t2d (0/1, exact in any float dtype) and must agree with the stored value at its precision;
     a float d2t of another vocabulary is refused on one line."""
-    from domino_graft.checkpoint import save_tensors
+    from domino_graft.artifacts.tensors import save_tensors
 
     _, target, src, _ = build(BIG_VOCAB)
     folder = _speculators_folder(tmp_path, target, src)

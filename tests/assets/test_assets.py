@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from domino_graft import assets
+from domino_graft.artifacts.files import sha256_file
 from domino_graft.assets import AssetError, asset_dir, fetch, is_fetched
-from domino_graft.checkpoint import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -114,7 +114,7 @@ def test_batch_harness_reaches_ragged_acceptance_and_early_stops():
 
 
 def test_batched_medusa_chain_equals_solo():
-    from domino_graft.adapters.medusa import model as medusa
+    from domino_graft.adapters.medusa import adapter as medusa
     from domino_graft.graft import build_head
     from domino_graft.recipe import load_recipe
     from domino_graft.target import load_target

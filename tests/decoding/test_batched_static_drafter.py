@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (as tests/kernels does)
 
 from domino_graft.adapters.dflash.fast import StaticDFlashDrafter  # noqa: E402
-from domino_graft.adapters.dflash.model import DFlashAdapter  # noqa: E402
+from domino_graft.adapters.dflash.adapter import DFlashAdapter  # noqa: E402
 from domino_graft.decoding import Engine, stop_token_ids  # noqa: E402
 from domino_graft.decoding.batched import batched_chain  # noqa: E402
 from tests.decoding.test_batched import RowOracle  # noqa: E402

@@ -20,8 +20,8 @@ import warnings
 import pytest
 import torch
 
-from domino_graft.adapters.dflash import model as dflash
 from domino_graft.adapters.base import DraftBlock
+from domino_graft.adapters.dflash import adapter as dflash
 from domino_graft.decoding import Engine, Sampling, get_rollout, rollout, rollout_names, stop_token_ids, warp
 from domino_graft.graft import build_head
 from domino_graft.recipe import parse_recipe
@@ -176,8 +176,8 @@ TINY_RECIPES = sorted(p.name for p in (REPO / "recipes").glob("tiny_*.yaml"))
 def test_every_shipped_family_decodes_losslessly(name):
     """The engine serves ANY chain adapter: each shipped tiny recipe (one per drafter
     family), with an untied target (varied outputs) and a randomized head."""
-    from domino_graft.registry import get_family
     from domino_graft.recipe import apply_overrides, load_recipe_text
+    from domino_graft.registry import get_family
 
     _, data = load_recipe_text(REPO / "recipes" / name)
     data = apply_overrides(data, ["target.random.tie_word_embeddings=false", "device=cpu"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from domino_graft.adapters.medusa import model as medusa
 from domino_graft.adapters.base import DraftBlock
+from domino_graft.adapters.medusa import adapter as medusa
 from domino_graft.decoding import Engine, Sampling
 from domino_graft.decoding.tree import ROOT, TreeSpec, draft_tree
 from domino_graft.graft import build_head

@@ -53,7 +53,7 @@ def test_replay_accepts_what_decoding_accepts(seed, vocab, block_size, shift, pp
 def _responses(run_dir, path, n=2, tokens=12):
     """The run's target's own greedy responses, as `regenerate` writes them for an id-only target."""
     from domino_graft.decoding.chat import stop_token_ids
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     loaded = load_run(run_dir)
     engine = Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))

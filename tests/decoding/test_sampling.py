@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from domino_graft.adapters.dflash import model as dflash
 from domino_graft.adapters.base import DraftBlock
+from domino_graft.adapters.dflash import adapter as dflash
 from domino_graft.decoding import Engine, Sampling, rollout, sample, verify_sampling, warp
 from domino_graft.graft import build_head
 from domino_graft.recipe import parse_recipe

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from domino_graft.adapters.base import DraftBlock
-from domino_graft.adapters.medusa import model as medusa
-from domino_graft.decoding import Engine, Sampling, sample, warp
-from domino_graft.decoding import tree as tree_mod
+from domino_graft.adapters.medusa import adapter as medusa
+from domino_graft.decoding import Engine, Sampling, sample, tree as tree_mod, warp
 from domino_graft.decoding.tree import ROOT, TreeSpec, grow_tree, verify_tree_sampling
 from domino_graft.graft import build_head
 from domino_graft.recipe import load_recipe

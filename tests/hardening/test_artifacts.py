@@ -39,7 +39,7 @@ RUN, BUNDLE = "runs/tiny", "bundles/b"
 def made(tmp_path_factory) -> dict:
     """One trained tiny run (checkpoints step-2, step-4) and its fp32 bundle, built once."""
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
+    from domino_graft.export.run import export_run
     from domino_graft.training.loop import train
 
     root = tmp_path_factory.mktemp("made")
@@ -91,7 +91,7 @@ class Env:
     def holder(self, *, flock: bool = True) -> subprocess.Popen:
         """Another process: holding RUN's lock (flock=True), or a bare live pid (flock=False)."""
         code = ("import sys, time\n"
-                "from domino_graft.training.lock import RunLock\n"
+                "from domino_graft.artifacts.lock import RunLock\n"
                 "RunLock(sys.argv[1], echo=lambda *a: None).acquire()\n" if flock else "import sys, time\n")
         code += "print('ready', flush=True)\ntime.sleep(120)\n"
         proc = subprocess.Popen([sys.executable, "-c", code, str(self.p(RUN))], stdout=subprocess.PIPE,
@@ -212,7 +212,7 @@ def _(env):
 
 @case("apply-force-onto-run-being-trained", "outputs", [RUN, "in use", f"pid {os.getpid()}"])
 def _(env):
-    from domino_graft.training.lock import RunLock
+    from domino_graft.artifacts.lock import RunLock
 
     env.stack.enter_context(RunLock(env.p(RUN), echo=lambda *a: None))
     return ["apply", "tiny_dflash", "-o", RUN, "--force"]
@@ -443,7 +443,8 @@ def _(env):
 # ------------------------------------------------------------------------------ bundles
 def _resign(env: Env) -> None:
     """Update the bundle manifest's checksums to the (damaged) files: only the finite check can tell."""
-    from domino_graft.checkpoint import sha256_file, tensor_sha256
+    from domino_graft.artifacts.files import sha256_file
+    from domino_graft.artifacts.tensors import tensor_sha256
 
     state = load_file(str(env.p(f"{BUNDLE}/model.safetensors")))
 
@@ -651,7 +652,7 @@ def test_artifact_case(c: Case, made, tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------ the rest
 def test_self_check_comparison_propagates_nan():
-    from domino_graft.export import max_rel_diff
+    from domino_graft.export.self_check import max_rel_diff
 
     a = torch.zeros(2, 3)
     nan = a.clone()
@@ -662,7 +663,7 @@ def test_self_check_comparison_propagates_nan():
 
 
 def test_debug_flag_and_env_reraise(made, tmp_path, monkeypatch):
-    from domino_graft.checkpoint import CheckpointError
+    from domino_graft.artifacts.files import CheckpointError
 
     run = tmp_path / "run"
     shutil.copytree(made["run"], run)
@@ -677,7 +678,8 @@ def test_debug_flag_and_env_reraise(made, tmp_path, monkeypatch):
 
 
 def test_save_tensors_refuses_nan_and_writes_nothing(tmp_path):
-    from domino_graft.checkpoint import CheckpointError, save_tensors
+    from domino_graft.artifacts.files import CheckpointError
+    from domino_graft.artifacts.tensors import save_tensors
 
     with pytest.raises(CheckpointError, match=r"'w'.*1 non-finite"):
         save_tensors(tmp_path / "x.safetensors", {"w": torch.tensor([1.0, float("nan")])})

@@ -30,7 +30,7 @@ GENERATE = ["--prompt-ids", "5 9 12", "--max-new-tokens", "2"]
 @pytest.fixture(scope="module")
 def bf16_bundle(tmp_path_factory):
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
+    from domino_graft.export.run import export_run
 
     root = tmp_path_factory.mktemp("exact")
     apply_recipe(str(RECIPE), str(root / "run"), overrides=BIG_VOCAB, echo=lambda *_: None)
@@ -57,7 +57,8 @@ def rewrite(bundle, name: str, dtype: torch.dtype) -> None:
 def resign(bundle) -> None:
     """Every checksum and shape of the manifest made to agree with the files again, the recorded
     dtypes left as they were (what a careless converter would do)."""
-    from domino_graft.checkpoint import sha256_file, tensor_sha256
+    from domino_graft.artifacts.files import sha256_file
+    from domino_graft.artifacts.tensors import tensor_sha256
 
     m = json.loads((bundle / "manifest.json").read_text())
     state = load_file(str(bundle / WEIGHTS))
@@ -127,7 +128,7 @@ def test_a_weight_stored_as_integers_is_refused_even_when_recorded_so(bundle, ca
 
 
 def test_the_strict_loader_reads_the_maps_back_bit_equal(bf16_bundle):
-    from domino_graft.bundle import load_bundle
+    from domino_graft.loading import load_bundle
 
     stored = load_file(str(bf16_bundle / WEIGHTS))
     a = load_bundle(bf16_bundle).adapter
@@ -138,7 +139,8 @@ def test_the_strict_loader_reads_the_maps_back_bit_equal(bf16_bundle):
 def test_export_refuses_a_family_that_casts_an_integer_tensor(bf16_bundle, tmp_path, monkeypatch):
     """The rule is the core's: a family's bundle_contents that rounds d2t to the export dtype fails
     the export on one line, and nothing is written."""
-    from domino_graft.export import ExportError, export_run
+    from domino_graft.export.run import export_run
+    from domino_graft.export.self_check import ExportError
     from domino_graft.registry import get_family
 
     family = get_family("peagle")

@@ -119,7 +119,7 @@ def _self_link(work: Path) -> None:
 def _copy_hf_bundle(swap: Optional[str] = None, extra: Optional[str] = None):
     """The hf bundle copied to ./b, one .py replaced (or one added) and manifest.json re-signed."""
     def setup(work: Path) -> None:
-        from domino_graft.checkpoint import sha256_file
+        from domino_graft.artifacts.files import sha256_file
 
         shutil.copytree(Path(os.environ["_ROUND2_HFB"]), work / "b")
         target = work / "b" / (swap or extra)
@@ -411,7 +411,7 @@ def __getattr__(name):
 def runs(tmp_path_factory) -> dict:
     """A fresh tiny run of every family, and an fp32 hf bundle of the DFlash one."""
     from domino_graft.apply import apply_recipe
-    from domino_graft.export import export_run
+    from domino_graft.export.run import export_run
 
     root = tmp_path_factory.mktemp("round2")
     out = {fam: root / fam for fam in FAMILIES}
@@ -554,8 +554,8 @@ def test_two_exports_to_one_destination(runs, tmp_path, monkeypatch, capsys):
     renames): one writes the bundle; the other refuses, replacing nothing; the bundle verifies."""
     import threading
 
-    from domino_graft import export
-    from domino_graft.bundle import verify_bundle
+    from domino_graft.artifacts.bundle import verify_bundle
+    from domino_graft.export import run as export
 
     both_checked = threading.Barrier(2, timeout=60)
     real = export.self_check
@@ -583,7 +583,7 @@ def test_two_exports_to_one_destination(runs, tmp_path, monkeypatch, capsys):
 def test_export_refuses_a_run_being_trained(runs, tmp_path, monkeypatch, capsys):
     """`export` while `train` holds the run (its lock, taken by a live process): refused at once,
     naming the run and the trainer; nothing written, the run untouched."""
-    from domino_graft.training.lock import RunLock
+    from domino_graft.artifacts.lock import RunLock
 
     run = tmp_path / "run"
     shutil.copytree(runs["dflash"], run)
@@ -644,7 +644,7 @@ def test_signal_during_export_leaves_nothing(sig, rc, said, runs, tmp_path, monk
     export to the same -o is unaffected.)"""
     import signal
 
-    from domino_graft import export
+    from domino_graft.export import run as export
 
     def signalled(*a, **k):
         os.kill(os.getpid(), getattr(signal, sig))

@@ -23,7 +23,7 @@ if not _CUDA:
 triton = pytest.importorskip("triton")
 
 from domino_graft.fast import FastLM, GraphRunner  # noqa: E402
-from domino_graft.fast.llama import attention_reference, rope_qkv_reference  # noqa: E402
+from domino_graft.fast.llama_split import attention_reference, rope_qkv_reference  # noqa: E402
 
 from ..fast.test_static_engine import build, ids_of  # noqa: E402
 

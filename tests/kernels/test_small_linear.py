@@ -474,7 +474,7 @@ def test_gpu_tune_fills_the_table():
 @pytest.mark.parametrize("m,h", [(1, 64), (5, 576), (17, 100)])
 def test_rms_norm_rows_equals_the_engine_norm(m, h):
     """One program per row (kernels/row_norm.py) = domino_graft.fast.llama.rms_norm, fp32."""
-    from domino_graft.fast.llama import rms_norm
+    from domino_graft.fast.llama_math import rms_norm
     from domino_graft.kernels.row_norm import rms_norm_rows
 
     g = torch.Generator().manual_seed(m + h)

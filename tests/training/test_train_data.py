@@ -177,7 +177,7 @@ def test_regenerate_with_chat_template_then_train_on_it(hf_target_dir, tmp_path)
     assert {r["id"] for r in rows} == {str(i) for i in range(6)}
 
     _, run = apply_recipe(str(tmp_path / "r.yaml"), str(tmp_path / "run"), echo=lambda *a: None)
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     loaded = load_run(run)
     examples = load_examples(loaded.recipe, loaded.target.tokenizer, vocab_size=97, eos_id=1, reserved={96})

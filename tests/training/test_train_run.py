@@ -63,8 +63,8 @@ def test_tiny_run_learns_head_beats_base_and_lambda_decays(run):
     assert "slot   base    final" in text and "τ est" in text
 
     # the run dir now holds the trained weights, and load_run picks them up
-    from domino_graft.checkpoint import sha256_file
-    from domino_graft.rundir import load_run
+    from domino_graft.artifacts.files import sha256_file
+    from domino_graft.loading import load_run
 
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["training"]["steps"] == 100 and manifest["training"]["tokens"] > 0
@@ -103,7 +103,7 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(tiny_run, tmp_path):
         for key in ("loss", "loss_final", "loss_base", "lambda", "lr", "grad_norm"):
             assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9), (x["step"], key)
         assert x["acc_final"] == y["acc_final"] and x["acc_base"] == y["acc_base"]
-    from domino_graft.checkpoint import load_tensors
+    from domino_graft.artifacts.tensors import load_tensors
 
     for f in ("head.safetensors", "drafter/model.safetensors"):
         ta, tb = load_tensors(killed / f), load_tensors(clean / f)
@@ -118,7 +118,7 @@ def test_resume_inside_the_backbone_only_phase_matches_an_uninterrupted_run(tiny
     run (the H200 bench splits training over device calls) must not fail on that, and must continue
     exactly where the uninterrupted run goes."""
     import domino_graft.training.loop as loop
-    from domino_graft.checkpoint import load_tensors
+    from domino_graft.artifacts.tensors import load_tensors
 
     args = ["train.backbone_only_steps=8", "train.keep_last=3", *LEARN]
     cut, clean = tmp_path / "cut", tmp_path / "clean"
@@ -145,7 +145,7 @@ def test_resume_inside_the_backbone_only_phase_matches_an_uninterrupted_run(tiny
     for f in ("head.safetensors", "drafter/model.safetensors"):
         ta, tb = load_tensors(cut / f), load_tensors(clean / f)
         assert all(torch.equal(ta[k], tb[k]) for k in tb), f
-    from domino_graft.rundir import load_run
+    from domino_graft.loading import load_run
 
     assert load_run(cut).head.is_identity()  # the head never trained, before or after the resume
 
@@ -207,8 +207,9 @@ def test_overrides_are_revalidated_and_graft_sections_refused(run):
 
 
 def test_lora_run_merges_into_the_saved_drafter(run):
-    from domino_graft.checkpoint import load_tensors, sha256_file
-    from domino_graft.rundir import load_run
+    from domino_graft.artifacts.files import sha256_file
+    from domino_graft.artifacts.tensors import load_tensors
+    from domino_graft.loading import load_run
 
     before = load_tensors(run / "drafter" / "model.safetensors")
     train(str(run), ["train.backbone=lora", "train.lora_rank=4", "train.save_every=1", *LEARN], max_steps=3,
@@ -226,7 +227,7 @@ def test_lora_run_merges_into_the_saved_drafter(run):
 
 
 def test_backbone_only_warmup_leaves_the_head_untouched(run, tiny_run):
-    from domino_graft.checkpoint import load_tensors
+    from domino_graft.artifacts.tensors import load_tensors
 
     train(str(run), ["train.backbone_only_steps=2", *LEARN], max_steps=2, progress=False, echo=lambda *a: None)
     head0, head1 = load_tensors(tiny_run / "head.safetensors"), load_tensors(run / "head.safetensors")
@@ -239,7 +240,7 @@ def test_backbone_only_warmup_leaves_the_head_untouched(run, tiny_run):
 
 
 def test_resume_refuses_an_optimizer_file_missing_a_trained_parameters_state(run):
-    from domino_graft.checkpoint import CheckpointError
+    from domino_graft.artifacts.files import CheckpointError
 
     train(str(run), ["train.save_every=1", *LEARN], max_steps=2, progress=False, echo=lambda *a: None)
     ckpt = run / "checkpoints" / "step-2"

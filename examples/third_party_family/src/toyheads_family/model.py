@@ -124,7 +124,7 @@ def plan(d, tshape) -> FamilyPlan:
 
 
 def build(d, target):
-    from domino_graft.checkpoint import check_tensors, load_tensors
+    from domino_graft.artifacts.tensors import check_tensors, load_tensors
 
     adapter = ToyHeadsAdapter(_num_slots(d), target)
     if d.path is not None:

@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .engines import ENGINE_NAMES, Description, EngineReport, check_all, describe, family_module, read_json_object
+from ..artifacts.bundle import BUNDLE_KIND, bundle_family, verify_bundle
+from ..artifacts.files import CheckpointError
+from ..registry import families
+from .engine_rules import ENGINE_NAMES, Description, EngineReport, check_all, describe, family_module, read_json_object
 
 
 @dataclass
@@ -63,9 +66,6 @@ def _target_vocab(target: Optional[str]) -> Optional[int]:
 
 
 def _checksums(folder: Path) -> str:
-    from .bundle import verify_bundle
-    from .checkpoint import CheckpointError
-
     try:
         manifest, _ = verify_bundle(folder)
     except CheckpointError as e:
@@ -76,9 +76,6 @@ def _checksums(folder: Path) -> str:
 def inspect_path(path, *, target: Optional[str] = None) -> Inspection:
     """A bundle or checkpoint folder (or its config.json) -> Inspection; ValueError when no
     registered family recognises it."""
-    from .bundle import BUNDLE_KIND, bundle_family
-    from .registry import families
-
     folder = Path(path)
     if folder.is_file() and folder.name in ("config.json", "manifest.json"):
         folder = folder.parent

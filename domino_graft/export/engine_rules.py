@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .recipe import RecipeError
+from ..artifacts.bundle import read_header
+from ..artifacts.files import CheckpointError, parse_json_file, read_json
+from ..artifacts.tensors import SAFETENSORS_DTYPES
+from ..recipe import RecipeError
 
 ENGINES = ("sglang", "vllm", "hf")
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "hf": "transformers"}
@@ -47,9 +50,6 @@ class CheckpointView:
     def read(cls, folder, *, weights: Optional[list[str]] = None, target_vocab: Optional[int] = None,
              config: str = "config.json") -> "CheckpointView":
         """A folder's config and the headers of `weights` (default: its top-level *.safetensors)."""
-        from .bundle import SAFETENSORS_DTYPES, read_header
-        from .checkpoint import read_json
-
         folder = Path(folder)
         cfg = read_json(folder / config, missing="file not found; not a checkpoint folder")
         names = weights if weights is not None else sorted(p.name for p in folder.glob("*.safetensors"))
@@ -203,8 +203,6 @@ def read_json_object(path: Path) -> Optional[dict]:
     """A JSON object file, or None when it is missing or not one (recognising a folder). A file
     no config can be (too big, nested too deeply, a symlink loop) is refused by name instead:
     "no family recognises it" would hide the reason."""
-    from .checkpoint import CheckpointError, parse_json_file
-
     path = Path(path)
     if not path.is_file() and not path.is_symlink():
         return None
@@ -234,7 +232,7 @@ def describe_plain(folder: Path, *, family: str, layout: str, recognise: Callabl
     adapters/family.py): its description, or None when `recognise(config)` says it is not one."""
     import math
 
-    from .head import HEAD_TENSOR_NAMES
+    from ..head import HEAD_TENSOR_NAMES  # torch
 
     manifest = read_json_object(folder / "manifest.json")
     bundle = manifest is not None and (folder / "drafter" / "config.json").is_file()
@@ -248,8 +246,6 @@ def describe_plain(folder: Path, *, family: str, layout: str, recognise: Callabl
     rows.append(("tensors", tensors_fact(view, found)))
     head = None
     if bundle and (folder / "head.safetensors").is_file():
-        from .bundle import read_header
-
         shapes = {n: list(h.shape) for n, h in read_header(folder / "head.safetensors").items()}
         h = (manifest or {}).get("head") or {}
         head = {"gru_hidden_dim": h.get("gru_hidden_dim"), "rank": h.get("rank"),

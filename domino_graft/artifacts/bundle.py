@@ -1,9 +1,9 @@
 """Reading bundles written by `domino-graft export`, strictly.
 
-A bundle holds the drafter and its head, never the target. `load_bundle` rebuilds the
-target from the recipe recorded in manifest.json (a random target from its seed, an HF or
-asset target from its path), or takes an explicit one, and refuses a target whose config
-hash differs from the one the bundle was exported for.
+A bundle holds the drafter and its head, never the target. `load_bundle` (domino_graft/loading.py,
+after the checks here) rebuilds the target from the recipe recorded in manifest.json (a random
+target from its seed, an HF or asset target from its path), or takes an explicit one, and
+refuses a target whose config hash differs from the one the bundle was exported for.
 
 Checks, in the order that gives the most useful message first: every tensor name and
 shape against what config.json implies (header only, no data read), each tensor's dtype
@@ -16,14 +16,13 @@ make NaN weights loadable).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Union
 
-from .checkpoint import (FLOAT_DTYPE_NAMES, SAFETENSORS_DTYPES, CheckpointError, check_dtypes, check_tensors,
-                         read_json, sha256_file)
-from .registry import get_family
+from ..registry import get_family
+from .files import CheckpointError, read_json, sha256_file
+from .tensors import FLOAT_DTYPE_NAMES, check_dtypes, check_tensors, tensor_sha256
 
 BUNDLE_KIND = "domino-graft bundle"
 
@@ -86,8 +85,6 @@ def verify_bundle(path: Union[str, os.PathLike]) -> tuple[dict, dict]:
     """Strict structural and checksum verification; returns (manifest, drafter config)."""
     from safetensors import safe_open
 
-    from .checkpoint import tensor_sha256
-
     path = Path(path)
     manifest = read_manifest(path)
     family = bundle_family(manifest, str(path / "manifest.json"))
@@ -137,75 +134,3 @@ def _foreign_code(path: Path, shipped: dict) -> list[str]:
         elif sha256_file(path / f) != sha256_file(src):
             bad.append(f"{f} differs from the remote code this domino-graft ships ({src.name}); transformers would run it")
     return bad
-
-
-def _load_target_for(recipe, target, device):
-    from .recipe import Target
-    from .target import TargetModel, load_target
-
-    if target is None:
-        return load_target(recipe.target, device=device)
-    if isinstance(target, TargetModel):
-        return target
-    if isinstance(target, Target):
-        return load_target(target, device=device)
-    if isinstance(target, (str, os.PathLike)):
-        spec = Target.model_validate({"path": str(target), "dtype": recipe.target.dtype, "chat": recipe.target.chat})
-        return load_target(spec, device=device)
-    raise TypeError(f"load_bundle(target=...): expected a TargetModel, a recipe Target or a model folder, got {type(target).__name__}")
-
-
-def _describe(identity: dict) -> str:
-    if identity.get("kind") == "random":
-        return f"random target, seed {identity.get('seed')}"
-    return identity.get("path") or identity.get("name_or_path") or identity.get("kind") or "?"
-
-
-def load_bundle(path: Union[str, os.PathLike], *, device: str = "cpu", target=None, verify: bool = True):
-    """A bundle -> LoadedRun (target, drafter adapter, Domino head), checked strictly.
-
-    target: None (rebuild from the manifest's recipe), a loaded TargetModel, a recipe
-    `Target`, or a Hugging Face model folder. It must be the target the bundle was exported
-    for (same config hash). verify=False skips the checksum pass (the shape checks stay)."""
-    from .checkpoint import load_tensors
-    from .graft import build_head, effective_recipe
-    from .recipe import parse_recipe
-    from .rundir import LoadedRun, check_model_finite, check_recipe_matches_manifest
-    from .provenance import config_hash
-
-    path = Path(path).resolve()
-    manifest = verify_bundle(path)[0] if verify else read_manifest(path)
-    source = f"{path}/manifest.json"
-    if manifest.get("head_in_bundle") is False:
-        raise CheckpointError(
-            f"{path}: a bundle without its Domino head (format {manifest.get('format')!r}, for an engine that cannot "
-            "run one); domino-graft loads bundles with their head: use the run's native bundle, or point a recipe's "
-            "drafter.path at this folder to graft a new head onto its drafter"
-        )
-    family = bundle_family(manifest, source)
-    if not isinstance(manifest.get("recipe"), dict):
-        raise CheckpointError(f"{source}: field 'recipe' is missing or not an object; the manifest is damaged")
-    check_recipe_matches_manifest(manifest["recipe"], manifest, recipe_source=f"{source}: recipe",
-                                  manifest_source="its target/drafter/head identity")
-    recipe = family.bundle_recipe(parse_recipe(manifest["recipe"], source=source), path)
-
-    tgt = _load_target_for(recipe, target, device)
-    want = (manifest.get("target") or {}).get("config_hash")
-    got = tgt.identity.get("config_hash") or config_hash(tgt.model.config.to_dict())
-    if want != got:
-        raise ValueError(
-            f"{path}: this bundle was exported for target config {want} ({_describe(manifest.get('target') or {})}), "
-            f"but the target given has config {got} ({_describe(tgt.identity)}); load it with the target it was "
-            "trained for"
-        )
-    adapter, head_tensors = family.build(recipe.drafter, tgt)
-    head = build_head(recipe, adapter, head_tensors)
-    head_file = family.bundle_head_file()
-    if head_file is not None:
-        state = load_tensors(path / head_file)
-        check_tensors(state, head.spec.tensor_shapes(), source=str(path / head_file))
-        head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
-    check_model_finite(adapter, head, source=str(path))
-    head.to(device)
-    adapter.to(device)
-    return LoadedRun(path, effective_recipe(recipe, head.spec), manifest, tgt, adapter, head)

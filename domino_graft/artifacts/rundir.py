@@ -8,7 +8,7 @@
     RUN/drafter/               drafter weights + config in the family's native format (always a
                                copy: training rewrites them)
     RUN/checkpoints/step-N/    training checkpoints (atomic), RUN/metrics.jsonl
-    RUN/train.lock             held while a process trains in the run (training/lock.py)
+    RUN/train.lock             held while a process trains in the run (artifacts/lock.py)
 
 Reading a run is strict: every JSON file must parse (the error names it), the resolved recipe
 must agree with the manifest on what the weights were made for (target, drafter, head), and
@@ -19,23 +19,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .checkpoint import (
-    CheckpointError,
-    atomic_dir,
-    atomic_write_json,
-    atomic_write_text,
-    check_destination,
-    check_finite,
-    read_json,
-    save_tensors,
-    sha256_file,
-)
+from ..recipe import Recipe, apply_overrides, load_recipe_text, parse_recipe, recipe_to_dict
+from .destination import check_destination
+from .files import CheckpointError, atomic_dir, atomic_write_json, atomic_write_text, read_json, sha256_file
+from .lock import held_by
 from .provenance import git_sha, now, versions
-from .recipe import Recipe, load_recipe_text, parse_recipe
+from .tensors import check_finite, save_tensors
 
 LATEST_POINTER = Path("runs") / ".latest"
 
@@ -75,7 +67,6 @@ RUN_LAYOUT = {"manifest.json": "file", "recipe.resolved.json": "file", "head.saf
 def check_run_destination(out, *, force: bool = False, option: str = "-o") -> bool:
     """`apply` may write a run dir at `out`: nothing there, an empty folder, or (with --force)
     a run that no process is training. Returns whether a run is being replaced."""
-    from .training.lock import held_by
 
     return check_destination(out, kind="run", option=option, force=force,
                              locked=lambda p: (f"trained by {held_by(p)}" if held_by(p) else None))
@@ -174,8 +165,6 @@ def write_run_dir(
     target_identity: dict,
     force: bool = False,
 ) -> Path:
-    from .recipe import recipe_to_dict
-
     text, _ = load_recipe_text(recipe_path)
     check_model_finite(adapter, head, source=str(out))
     with atomic_dir(out, overwrite=force) as tmp:
@@ -210,16 +199,6 @@ def write_run_dir(
     return out
 
 
-@dataclass
-class LoadedRun:
-    path: Path
-    recipe: Recipe
-    manifest: dict
-    target: object  # TargetModel
-    adapter: object  # DrafterAdapter
-    head: object  # DominoHead
-
-
 def _check_family(run_dir, data: dict) -> None:
     """The drafter family first, before the schema reads the section as that family's (one
     line naming both, not a list of unknown keys)."""
@@ -237,54 +216,9 @@ def _check_family(run_dir, data: dict) -> None:
 
 def run_recipe(run_dir: Path, overrides: list[str] | None = None) -> Recipe:
     """The run's resolved recipe, optionally with KEY=VALUE overrides (re-validated)."""
-    from .recipe import apply_overrides
-
     data = read_json(Path(run_dir) / "recipe.resolved.json", missing="file not found; not a run directory written "
                      "by `domino-graft apply`")
     _check_family(run_dir, data)
     if overrides:
         data = apply_overrides(data, overrides, source="overrides")
     return parse_recipe(data, source=f"{run_dir}/recipe.resolved.json")
-
-
-def load_run(run_dir: str | os.PathLike, *, device: str = "cpu", head_file: Optional[str] = None) -> LoadedRun:
-    """Rebuild target, drafter and head from a run dir (the weights it holds, strictly checked)."""
-    from .registry import get_family
-    from .checkpoint import check_tensors, load_tensors
-    from .graft import build_head
-    from .recipe import recipe_to_dict
-    from .target import load_target
-
-    run_dir = Path(run_dir)
-    check_run_layout(run_dir)
-    recipe = run_recipe(run_dir)
-    manifest = read_run_manifest(run_dir)
-    check_recipe_matches_manifest(recipe_to_dict(recipe), manifest, recipe_source=f"{run_dir}/recipe.resolved.json",
-                                  manifest_source="manifest.json")
-    target = load_target(recipe.target, device=device)
-    if target.identity.get("config_hash") != manifest["target"].get("config_hash"):
-        raise ValueError(
-            f"{run_dir}: target.config_hash: the target now loaded (config {target.identity.get('config_hash')}) is "
-            f"not the one this run was grafted for (config {manifest['target'].get('config_hash')}, manifest.json)"
-        )
-    drafter_recipe = recipe.drafter.model_copy(update={"path": str(run_dir / "drafter")})
-    try:
-        adapter, _ = get_family(recipe.drafter.family).build(drafter_recipe, target)
-    except CheckpointError:
-        raise
-    except ValueError as e:  # a drafter field of the resolved recipe that the run's drafter/ contradicts
-        raise CheckpointError(f"{run_dir}/recipe.resolved.json against {run_dir}/drafter/: {e}") from None
-    head = build_head(recipe, adapter)
-    state = load_tensors(head_file or run_dir / "head.safetensors")
-    check_tensors(state, head.spec.tensor_shapes(), source=str(head_file or run_dir / "head.safetensors"))
-    head.load_state_dict(state, strict=True)
-    check_model_finite(adapter, head, source=str(run_dir))
-    got = head.spec.to_dict()
-    wrong = [k for k, v in manifest["head"].items() if k in got and got[k] != v]
-    if wrong:
-        k = wrong[0]
-        raise CheckpointError(f"{run_dir}: head.{k}: the head built from the run is {got[k]!r}, but manifest.json "
-                              f"has {manifest['head'][k]!r}")
-    head.to(device)
-    adapter.to(device)
-    return LoadedRun(run_dir, recipe, manifest, target, adapter, head)
