@@ -212,7 +212,7 @@ def main(argv=None) -> int:
 
     from concurrency import read_items  # the GSM8K prompts bench/concurrency.py decodes
 
-    from domino_graft.checkpoint import atomic_write_json
+    from domino_graft.artifacts.files import atomic_write_json
     from domino_graft.loading import load_run_or_bundle
 
     start = time.monotonic()
