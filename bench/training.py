@@ -1,7 +1,7 @@
-"""Where a training step's time goes: the SmolLM2 pipeline's drafters (bench/smollm2_pipeline.py),
+"""Where a training step's time goes: the SmolLM2 pipeline's drafters (experiments/smollm2_pipeline.py),
 applied at a scale's settings, timed step by step and then profiled with torch.profiler.
 
-    python bench/profile_train.py --work /tmp/prof --scale gpu-block16 --names dspark_base,peagle_base \
+    python bench/training.py --work /tmp/prof --scale gpu-block16 --names dspark_base,peagle_base \
         --out prof.json
 
 Each drafter is applied fresh under WORK/<name> (the pipeline's own plan: recipe, overrides, data at
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))  # the pipeline prepares the run
 
 import smollm2_pipeline as pipeline  # noqa: E402
 

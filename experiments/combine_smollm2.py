@@ -2,8 +2,8 @@
 section copied from the run that measured it at its table configuration, with that run's
 provenance beside it.
 
-    python bench/combine_smollm2.py            # the table's three sources (TABLE below)
-    python bench/combine_smollm2.py --check    # exit 1 if the committed file differs from a rebuild
+    python experiments/combine_smollm2.py            # the table's three sources (TABLE below)
+    python experiments/combine_smollm2.py --check    # exit 1 if the committed file differs from a rebuild
 
 Each source is itself rebuilt from its committed per-prompt records by `smollm2_pipeline.py
 --stages report` (its "command" key). Combining is allowed only when every source trained on the
@@ -190,7 +190,7 @@ def _read_sources(fam: str, names, results: Path) -> list[tuple[str, dict]]:
         path = results / name
         if not path.is_file():
             raise FileNotFoundError(f"{fam}: source {path} does not exist (valid: a report written by "
-                                    "bench/smollm2_pipeline.py --stages report)")
+                                    "experiments/smollm2_pipeline.py --stages report)")
         rep = json.loads(path.read_text())
         if fam not in rep:
             have = sorted(k for k in rep if k in ("dflash", "medusa", "pard", "dspark", "peagle"))
@@ -267,7 +267,7 @@ def combine(table: dict = TABLE, results: Path = RESULTS, beside: dict | None = 
         "data": first["data"],
         "eval": first["eval"],
         "target": first["target"],
-        "command": "python bench/combine_smollm2.py",
+        "command": "python experiments/combine_smollm2.py",
     }
     return out
 

@@ -1,8 +1,8 @@
-"""Plots of bench/results/smollm2_h200.json (or any report of bench/smollm2_pipeline.py, e.g.
+"""Plots of bench/results/smollm2_h200.json (or any report of experiments/smollm2_pipeline.py, e.g.
 bench/results/gemma3_h200.json): per drafter family, tau per eval set (greedy and
 temperature 1) and greedy acceptance by slot, base vs Domino vs head-only.
 
-    python bench/plot_smollm2.py bench/results/smollm2_h200.json bench/results/smollm2_h200.png
+    python experiments/plot_smollm2.py bench/results/smollm2_h200.json bench/results/smollm2_h200.png
 """
 
 from __future__ import annotations
