@@ -76,7 +76,7 @@ def triton_unavailable_reason(device: torch.device) -> Optional[str]:
 
 @dataclass
 class KernelConfig:
-    """Launch constants, chosen on the H200 by bench/head_latency.py's sweeps (Qwen3-8B shapes,
+    """Launch constants, chosen on the H200 by bench/rollout.py's sweeps (Qwen3-8B shapes,
     bf16; bench/results/head_latency_h200.json "w2_sweep", "gru_sweep", "pool_sweep",
     "pool_select_sweep"). The interpreter ignores them except for program counts."""
 
@@ -186,7 +186,7 @@ class KernelConfig:
     # bf16, CUDA graph, head_latency's "pdl_probe" at commit 22c64d4): full vocabulary 0.395 -> 0.373 ms at
     # batch 1 and 0.433 -> 0.417 at batch 4, pool 0.201 -> 0.174 and 0.315 -> 0.306, identical
     # drafts in all four, so it is on. It is ignored where it cannot run (CPU, the interpreter,
-    # pre-sm_90 GPUs, sampling). On another GPU, time it with bench/head_latency.py (docs/kernels.md).
+    # pre-sm_90 GPUs, sampling). On another GPU, time it with bench/rollout.py (docs/kernels.md).
     pdl: bool = True
 
 
