@@ -122,18 +122,18 @@ _FIELDS = {"gpu": ("gpu", "device", "device_name"), "commit": ("commit", "git_sh
            "command": ("command",)}
 
 
-def _first(report, names, depth: int = 0):
-    """The first scalar under any of `names`, top level first, then one and two levels down."""
-    if not isinstance(report, dict):
-        return None
-    for name in names:
-        if name in report and not isinstance(report[name], (dict, list)):
-            return report[name]
-    if depth < 2:
-        for value in report.values():
-            found = _first(value, names, depth + 1)
-            if found is not None:
-                return found
+# where a report keeps its provenance beside the top level (not a section's own run: engine_h200.json's
+# end_to_end section carries the end-to-end call's command, not the file's)
+_PROVENANCE = ("hardware", "versions", "environment", "env")
+
+
+def _first(report: dict, names):
+    """The first scalar under any of `names`: at the top level, else in a provenance section."""
+    for where in (report, *(report.get(k) for k in _PROVENANCE)):
+        if isinstance(where, dict):
+            for name in names:
+                if name in where and not isinstance(where[name], (dict, list)):
+                    return where[name]
     return None
 
 

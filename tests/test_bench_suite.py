@@ -34,7 +34,8 @@ def test_environment_names_where_a_number_was_measured(monkeypatch):
 
 
 def test_reports_read_plain_or_gzipped_and_the_index(tmp_path):
-    report = {"device": "NVIDIA H200", "git_sha": "d735f8a", "command": "python bench/a.py", "rows": {"date": "x"}}
+    report = {"git_sha": "d735f8a", "command": "python bench/a.py", "hardware": {"device": "NVIDIA H200"},
+              "section": {"date": "not the file's", "command": "nor this"}}
     (tmp_path / "a_h200.json").write_text(json.dumps(report))
     (tmp_path / "b.json.gz").write_bytes(gzip.compress(json.dumps({"n": 1}).encode()))
     (tmp_path / "r.jsonl.gz").write_bytes(gzip.compress(b'{"i": 0}\n{"i": 1}\n'))
@@ -44,7 +45,7 @@ def test_reports_read_plain_or_gzipped_and_the_index(tmp_path):
     (tmp_path / "index.json").write_text("{}")  # the index itself is not a row
     rows = harness.index_rows(tmp_path, root=tmp_path.parent)
     assert [r for r in rows if r["file"].endswith("a_h200.json")] == [{"file": f"{tmp_path.name}/a_h200.json", "gpu": "NVIDIA H200", "commit": "d735f8a",
-                     "date": "x", "command": "python bench/a.py"}]
+                     "date": None, "command": "python bench/a.py"}]
 
 
 def test_kernel_entries_on_the_cpu(tmp_path):
