@@ -43,7 +43,6 @@ import torch.nn.functional as F
 from .reference import (POOL_SELECTS, bucket_candidates, draw_uniforms, filtered_probs, inverse_cdf, is_sampling,
                         radix_candidates, reference_rollout)
 
-ROLLOUT_NAMES = ("torch", "triton", "triton_pool")
 # the persistent pool rollout's grid-barrier waits: triton_persistent.BARRIERS's names (kept here
 # too because that module imports triton, which validating a KernelConfig must not need)
 PERSISTENT_BARRIERS = ("rmw", "volatile", "ld_acquire")
@@ -213,23 +212,6 @@ def build_gru_table(embedding_weight: torch.Tensor, w_ih: torch.Tensor, rows_per
         e = embedding_weight[s:s + rows_per_chunk].to(device=w_ih.device, dtype=torch.float32)
         out[s:s + rows_per_chunk] = (e @ w).to(w_ih.dtype)
     return out
-
-
-class TorchRollout:
-    """The eager reference behind the common signature (pool semantics when pool_size > 0)."""
-
-    name = "torch"
-
-    def __init__(self, head, pool_size: int = 0, pool_select: str = "topk"):
-        self.head = head
-        self.pool_size = int(pool_size)
-        self.pool_select = pool_select
-
-    def __call__(self, head, block, anchor, embed, *, temperature=0.0, top_k=0, top_p=1.0, generator=None,
-                 use_head=True):
-        return reference_rollout(head if head is not None else self.head, block, anchor, embed,
-                                 temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
-                                 use_head=use_head, pool_size=self.pool_size, pool_select=self.pool_select)
 
 
 # Capture hygiene (CudaGraphRollout._capture). On two H200 machines that had been training drafters,
@@ -708,10 +690,27 @@ def make_rollout(name: str, head, embedding_weight: Optional[torch.Tensor] = Non
     without it the fused path builds its table from `embed(arange(V))` at the first call.
     pool_size only applies to "triton_pool" (0 = full vocabulary).
     """
-    if name == "torch":
-        return TorchRollout(head)
-    if name == "triton":
-        return FusedRollout(head, embedding_weight, pool_size=0, cuda_graphs=cuda_graphs, config=config)
-    if name == "triton_pool":
-        return FusedRollout(head, embedding_weight, pool_size=pool_size, cuda_graphs=cuda_graphs, config=config)
-    raise ValueError(f"unknown rollout {name!r}; valid: {', '.join(ROLLOUT_NAMES)}")
+    if name not in ROLLOUTS:
+        raise ValueError(f"unknown rollout {name!r}; valid: {', '.join(ROLLOUTS)}")
+    return ROLLOUTS[name](head, embedding_weight, pool_size=pool_size, cuda_graphs=cuda_graphs, config=config)
+
+
+def _torch(head, embedding_weight=None, **_):
+    """The eager reference, used as it is: it keeps no state per head, so it is not built."""
+    return reference_rollout
+
+
+def _triton(head, embedding_weight=None, *, cuda_graphs=True, config=None, **_):
+    return FusedRollout(head, embedding_weight, pool_size=0, cuda_graphs=cuda_graphs, config=config)
+
+
+def _triton_pool(head, embedding_weight=None, *, pool_size=2048, cuda_graphs=True, config=None):
+    return FusedRollout(head, embedding_weight, pool_size=pool_size, cuda_graphs=cuda_graphs, config=config)
+
+
+# The one rollout registry: name -> builder(head, embedding_weight, *, pool_size, cuda_graphs, config)
+# -> a callable with the decoding signature. `make_rollout` and `domino_graft.decoding.get_rollout`
+# both read it, so "torch" is one thing everywhere: reference.reference_rollout, the eager reference
+# every kernel is tested against. Plug-ins add names with decoding.register_rollout.
+ROLLOUTS: dict[str, Callable] = {"torch": _torch, "triton": _triton, "triton_pool": _triton_pool}
+ROLLOUT_NAMES = tuple(ROLLOUTS)  # the built-in names (the recipe's `bench.head_kernel` choices)

@@ -199,10 +199,11 @@ def reference_rollout(head, block, anchor: torch.Tensor, embed: Callable[[torch.
     """Eager incremental rollout: one `DominoHead.step` per slot. Returns (draft_ids [B,K], q [B,K,V] | None)."""
     hidden, base = block.hidden, block.base_logits
     bsz, k, vocab = base.shape
+    use_head = use_head and head is not None  # no head: the base drafter
     sampling = is_sampling(temperature)
     if sampling and uniforms is None:
         uniforms = draw_uniforms(bsz, k, generator, base.device)
-    pure = head.spec.pure_prefix_len
+    pure = head.spec.pure_prefix_len if use_head else 0
     pool = min(int(pool_size), vocab) if pool_size else 0
     state = head.init_state(bsz, device=base.device) if use_head else None
     shared = (block_shared_ids(base[:, pure:], pool) if pool and use_head and k > pure and pool_select == "block_shared"
