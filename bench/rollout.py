@@ -99,7 +99,7 @@ def _import_kernels():
         return mod
 
 
-K = _import_kernels()
+K = _import_kernels().head  # the Domino head's kernels: make_rollout, reference, domino_rollout, head_ce, ...
 from domino_graft.head import DominoHead, HeadSpec  # noqa: E402
 from domino_graft.provenance import git_sha  # noqa: E402
 

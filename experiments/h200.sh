@@ -160,8 +160,8 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     FW=$WORK/families
     mkdir -p "$FO"
     if [ ! -f "$FO/families_report.json" ] && ! fam_driver_alive; then
-      # from its own copy of bench/ and recipes/: the next call's checkout replaces this one's files
-      rm -rf /tmp/famsrc && mkdir -p /tmp/famsrc && cp -r "$SRC/bench" "$SRC/recipes" /tmp/famsrc/
+      # from its own copy of bench/, experiments/ and recipes/: the next call's checkout replaces this one's files
+      rm -rf /tmp/famsrc && mkdir -p /tmp/famsrc && cp -r "$SRC/bench" "$SRC/experiments" "$SRC/recipes" /tmp/famsrc/
       (cd /tmp/famsrc && OUT=$FO FAM_S=${FAM_TOTAL_S:-3600} setsid nohup bash /tmp/famsrc/experiments/h200.sh \
         families-driver >> "$FO/driver.log" 2>&1 < /dev/null &)
       sleep 2
