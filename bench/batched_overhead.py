@@ -2,7 +2,7 @@
 (target: 30 layers, H = 576; drafter: the shipped DFlash shape, 4 layers, block 16; a Domino head at
 smollm2_dflash.yaml's shape), bf16 on the fast engine, CUDA graphs.
 
-    source bench/gpu_env.sh; python3 bench/batched_overhead.py --out bench/results/batched_overhead_h200.json
+    source experiments/gpu_env.sh; python3 bench/batched_overhead.py --out bench/results/batched_overhead_h200.json
 
 For B in --batches: ms per step (wall clock over a whole decode / the target forwards of its longest
 row) of the target alone (solo at B = 1, batched otherwise), the solo chain (B = 1), the batched

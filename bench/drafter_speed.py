@@ -52,9 +52,9 @@ DRAFTERS = {
     "smollm2_135m": "models/smollm2-135m-dflash/config.json",
 }
 # eager math in the graph; torch.compile'd math; the block through the Triton attention kernels
-# (kernels/decode_attention.py) with eager or compiled pieces around them (cdt: with inductor's
+# (kernels/engine/decode_attention.py) with eager or compiled pieces around them (cdt: with inductor's
 # coordinate-descent tuning)
-# cdt: coordinate descent; linears: every norm and projection through kernels/small_linear.py too
+# cdt: coordinate descent; linears: every norm and projection through kernels/engine/small_linear.py too
 VARIANTS = ("graph", "compiled", "triton", "triton_compiled", "triton_compiled_cdt", "triton_linears")
 # the fused exact rollout (make_rollout("triton"), CUDA graph) at each row's head shape
 HEAD_KEYS = {"qwen3_8b": ("qwen3_8b", "1"), "smollm2_135m": ("smollm2_k15", "1")}

@@ -1,9 +1,9 @@
 """The target's step and verify by batch size on one GPU: the engine's default kernels (every
-projection through kernels/small_linear.py, batch-invariant) against cuBLAS (F.linear,
+projection through kernels/engine/small_linear.py, batch-invariant) against cuBLAS (F.linear,
 DOMINO_GRAFT_LINEARS=torch) in the same process, beside the byte and compute floors; and the
 DFlash drafter's batched propose. Random bf16 weights at real shapes (issue #39).
 
-    source bench/gpu_env.sh
+    source experiments/gpu_env.sh
     python3 bench/engine_batch.py --out bench/results/engine_batch_h200.json
 
 Per shape (qwen3_8b: recipes/configs/qwen3-8b.json, z-lab's 5-layer DFlash drafter; smollm2_135m:
@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -37,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 import engine_speed  # noqa: E402  (row configs, random models, timing)
+import harness  # noqa: E402
 
 SHAPES = ("qwen3_8b", "smollm2_135m")
 T0 = time.time()
@@ -169,10 +169,10 @@ def propose_by_batch(name: str, model, args) -> dict:
 
 def register_wide_configs(path: str) -> dict:
     """The many-rows tiles of a linear_rows_probe report, registered as small_linear.WIDE."""
-    from domino_graft.kernels import small_linear as S
+    from domino_graft.kernels.engine import small_linear as S
 
     done = {}
-    for name, row in json.loads(Path(path).read_text())["shapes"].items():
+    for name, row in harness.read_json(path)["shapes"].items():  # plain or .json.gz
         best = row.get("best_wide")
         if not best:
             continue
@@ -213,13 +213,7 @@ def main(argv=None) -> int:
     bw = engine_speed.read_bandwidth_gbs()
     import triton
 
-    sha = args.git_sha
-    if not sha:
-        try:
-            sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                 text=True).stdout.strip() or None
-        except OSError:
-            sha = None
+    sha = args.git_sha or harness.git_sha()
     report = {"command": "python3 bench/engine_batch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "git_sha": sha, "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "read_bandwidth_gbs": round(bw, 1),

@@ -56,6 +56,8 @@ import transformers
 from domino_graft.fast import FastLM, GraphRunner
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import harness  # noqa: E402  (bench/ is not a package)
 ROWS = {
     "smollm2_135m": "recipes/configs/smollm2-135m-instruct.json",
     "qwen3_8b": "recipes/configs/qwen3-8b.json",
@@ -63,7 +65,7 @@ ROWS = {
 # own-engine variants: eager math in a graph; the whole forward compiled as one graph (scope
 # "model"); per-layer compiled pieces (scope "layer"), with the boolean and with an additive
 # float attention mask; the forward split around the Triton attention kernels
-# (kernels/decode_attention.py), eager pieces or compiled ones (with or without inductor's
+# (kernels/engine/decode_attention.py), eager pieces or compiled ones (with or without inductor's
 # coordinate-descent tuning). Each compiled variant starts
 # from a reset dynamo cache, so none reuses another's compiled code.
 VARIANTS = {
@@ -76,7 +78,7 @@ VARIANTS = {
     # inductor's coordinate-descent tuning of its own kernels' launch parameters (gpt-fast sets it)
     "compiled_layer_triton_cdt": {"scope": "layer", "kernels": "triton",
                                   "options": {"coordinate_descent_tuning": True}},
-    # every projection through kernels/small_linear.py too (FastLM.use_linears): rows independent of
+    # every projection through kernels/engine/small_linear.py too (FastLM.use_linears): rows independent of
     # the batch; configs from --linear-configs (bench/linear_speed.py's winners) or default_config
     "compiled_layer_triton_linears": {"scope": "layer", "kernels": "triton", "linears": "triton"},
 }
@@ -483,10 +485,10 @@ def run_row(name: str, args, deadline: float, save) -> dict:
 
 def register_linear_configs(path: str) -> dict:
     """small_linear's table from bench/linear_speed.py's winners: {"N,K[,swiglu]": config}."""
-    from domino_graft.kernels import small_linear as S
+    from domino_graft.kernels.engine import small_linear as S
 
     table = {}
-    for key, w in json.loads(Path(path).read_text())["winners"].items():
+    for key, w in harness.read_json(path)["winners"].items():  # plain or .json.gz
         if w.get("config_all_m"):
             swiglu = key.endswith("/swiglu")
             S.register_config(w["n"], w["k"], S.Config(**w["config_all_m"]), swiglu=swiglu)

@@ -1,10 +1,10 @@
 """Which tiles can serve many rows with the few-row kernel's bits? (issue #39, step 1)
 
-    source bench/gpu_env.sh; python3 bench/linear_rows_probe.py --out bench/results/linear_rows_probe_h200.json
+    source experiments/gpu_env.sh; python3 bench/linear_rows_probe.py --out bench/results/linear_rows_probe_h200.json
     CUBLAS_WORKSPACE_CONFIG=:0:0 python3 bench/linear_rows_probe.py --cublas-only --out OUT.json
 
 For each Qwen3-8B and SmolLM2-135M projection (bf16, random weights): the few-row config's output over 1,024 rows
-(a row's bits depend on that row only: 16-row tiles, see kernels/small_linear.py) against the same
+(a row's bits depend on that row only: 16-row tiles, see kernels/engine/small_linear.py) against the same
 rows through larger tiles (BLOCK_M 64-256, other BLOCK_N / BLOCK_K / warps / stages) that keep the
 few-row config's SPLIT and K ranges: ``bits_equal`` says whether every row came out the same. Then
 each config's time by M against cuBLAS (weights cycled over twice the L2, CUDA events, median), and
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from domino_graft.kernels import small_linear as S
+    from domino_graft.kernels.engine import small_linear as S
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)

@@ -1,4 +1,4 @@
-"""Few-row linear layers on one GPU: cuBLAS (F.linear) against kernels/small_linear.py's Triton
+"""Few-row linear layers on one GPU: cuBLAS (F.linear) against kernels/engine/small_linear.py's Triton
 kernels at the decode shapes of Qwen3-8B and SmolLM2-135M (batch 1: M = 1 a decode step, M = 16
 a verify of 16 tokens), bf16, random non-zero weights.
 
@@ -135,7 +135,7 @@ def git_sha() -> str | None:
 
 def _import_small_linear():
     try:
-        from domino_graft.kernels import small_linear
+        from domino_graft.kernels.engine import small_linear
 
         return small_linear
     except ImportError:  # uninstalled checkout: map kernels/ into the namespace as pyproject does
@@ -145,7 +145,7 @@ def _import_small_linear():
         mod = importlib.util.module_from_spec(spec)
         sys.modules["domino_graft.kernels"] = mod
         spec.loader.exec_module(mod)
-        from domino_graft.kernels import small_linear
+        from domino_graft.kernels.engine import small_linear
 
         return small_linear
 

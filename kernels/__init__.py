@@ -1,41 +1,20 @@
-"""Fused kernels for the Domino head (installed as `domino_graft.kernels`).
+"""Triton kernels of domino-graft (installed as `domino_graft.kernels`), grouped by the code they serve:
 
-* rollout (decoding): `make_rollout("torch" | "triton" | "triton_pool", head, embedding_weight)`
-  -> a drop-in `rollout(head, block, anchor, embed, *, temperature, top_k, top_p, generator,
-  use_head)`; Triton kernels in `triton_rollout.py` (imported only when used), eager reference
-  in `reference.py`.
-* training: `head_ce` — cross-entropy over `base + W2·z` without materialising all logits.
+* `head/`: the Domino head's kernels. Decoding: `make_rollout("torch" | "triton" | "triton_pool",
+  head, embedding_weight)` -> a drop-in rollout (`domino_rollout.py`; the Triton programs in
+  `triton_rollout.py` and `triton_persistent.py`, imported only when used; the eager reference
+  every rollout is tested against in `reference.py`). Training: `head_ce`, cross-entropy over
+  `base + W2·z` without materialising all logits (`head_ce.py`).
+* `engine/`: the fast target engine's kernels (`domino_graft.fast`): `small_linear.py` (few-row
+  linears with fused epilogues), `decode_attention.py` (norm + RoPE + cache write, decode
+  attention), `row_norm.py` (RMSNorm per row). They import Triton: import them by module.
 
-Importing this package needs torch only (no Triton, no pydantic).
+Each kernel has a test of its own name (tests/kernels/test_<kernel>.py) and a bench entry of
+its own name (bench/README.md, "Kernels"). Importing this package needs torch only (no Triton,
+no pydantic); the names below are the head's, re-exported.
 """
 
-from .domino_rollout import (
-    ROLLOUT_NAMES,
-    CudaGraphRollout,
-    FusedRollout,
-    KernelConfig,
-    TorchRollout,
-    build_gru_table,
-    make_rollout,
-    triton_unavailable_reason,
-)
-from .head_ce import dense_head_ce, head_ce
-from .reference import argmax_lowest_id, filtered_probs, inverse_cdf, reference_rollout, teacher_forced_logits
+from . import head
+from .head import *  # noqa: F403  (the head's names, re-exported: head.__all__)
 
-__all__ = [
-    "ROLLOUT_NAMES",
-    "CudaGraphRollout",
-    "FusedRollout",
-    "KernelConfig",
-    "TorchRollout",
-    "argmax_lowest_id",
-    "build_gru_table",
-    "dense_head_ce",
-    "filtered_probs",
-    "head_ce",
-    "inverse_cdf",
-    "make_rollout",
-    "reference_rollout",
-    "teacher_forced_logits",
-    "triton_unavailable_reason",
-]
+__all__ = list(head.__all__)

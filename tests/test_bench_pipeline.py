@@ -1,4 +1,4 @@
-"""The SmolLM2 benchmark pipeline (bench/smollm2_pipeline.py) end to end at its smoke scale:
+"""The SmolLM2 benchmark pipeline (experiments/smollm2_pipeline.py) end to end at its smoke scale:
 real SmolLM2 target, every stage, on the CPU (opt-in: fetches assets, ~4 minutes)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_smollm2_pipeline_smoke(tmp_path):
     out = tmp_path / "report.json"
-    pipe = [sys.executable, str(REPO / "bench" / "smollm2_pipeline.py"), "--work", str(tmp_path / "work"),
+    pipe = [sys.executable, str(REPO / "experiments" / "smollm2_pipeline.py"), "--work", str(tmp_path / "work"),
             "--scale", "smoke"]
     # the data stage as the GPU script runs it: the prompts, two regeneration shards, a merge
     subprocess.run(pipe + ["--stages", "prompts"], check=True, cwd=REPO, timeout=1200)
@@ -53,7 +53,7 @@ def test_smollm2_pipeline_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_profile_train_reports_step_times_and_ops(tmp_path):
-    """bench/profile_train.py at the smoke scale on the CPU: a pipeline drafter applied and stepped,
+    """bench/training.py at the smoke scale on the CPU: a pipeline drafter applied and stepped,
     its step times, its busiest ops and the profiler's table written (opt-in: the real target)."""
     work = tmp_path / "work"
     work.mkdir()
@@ -62,7 +62,7 @@ def test_profile_train_reports_step_times_and_ops(tmp_path):
             for i in range(12)]
     (work / "train.regen.jsonl").write_text("\n".join(rows) + "\n")
     out = tmp_path / "prof.json"
-    subprocess.run([sys.executable, str(REPO / "bench" / "profile_train.py"), "--work", str(work), "--scale", "smoke",
+    subprocess.run([sys.executable, str(REPO / "bench" / "training.py"), "--work", str(work), "--scale", "smoke",
                     "--names", "peagle_base", "--warmup", "0", "--steps", "2", "--profile", "1", "--out", str(out)],
                    check=True, cwd=REPO, timeout=900)
     d = json.loads(out.read_text())["drafters"]["peagle_base"]

@@ -1,4 +1,4 @@
-"""bench/code_prompts.py: every function of the `first` file (the python-puzzles asset) comes
+"""experiments/code_prompts.py: every function of the `first` file (the python-puzzles asset) comes
 before the shuffled stdlib and library functions, and HumanEval's names stay out."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_puzzles_come_first_and_eval_names_stay_out(tmp_path):
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "experiments"))
     from code_prompts import code_prompts
 
     puzzles = tmp_path / "puzzles.jsonl"

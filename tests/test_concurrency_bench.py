@@ -16,8 +16,8 @@ ROW_KEYS = ("target_tokens_per_s", "base_tokens_per_s", "domino_tokens_per_s", "
             "identical_to_target", "identical_to_batch_target", "path", "kv_path", "complete")
 
 
-def load_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / "bench" / f"{name}.py")
+def load_module(name: str, folder: str = "bench"):
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -68,7 +68,7 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     assert rep["rows"]["2"]["kv_path"]["domino"] == ["static"] and rep["rows"]["2"]["num_batches"] == 3
     assert rep["rows"]["2"]["path"]["drafter"] == "static over the ragged batch, eager"
 
-    plot = load_module("plot_concurrency")
+    plot = load_module("plot_concurrency", "experiments")
     pts = plot.speedups(rep)
     assert [p[0] for p in pts] == [1, 2] and all(p[3] > 0 for p in pts)
     plot.main(str(out), str(tmp_path / "c.png"))

@@ -100,7 +100,7 @@ def test_bundle_ships_rollout_and_triton_kernels(tiny):
     names = {p.name for p in bundle.iterdir()}
     assert set(dflash_bundle.hf_shipped_files()) <= names
     shipped = (bundle / "triton_rollout_domino.py").read_bytes()
-    assert shipped == (REPO / "kernels" / "triton_rollout.py").read_bytes()  # the project's kernels, verbatim
+    assert shipped == (REPO / "kernels" / "head" / "triton_rollout.py").read_bytes()  # the project's kernels, verbatim
     code = (bundle / "rollout_domino.py").read_text()
     imports = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", code, re.M)
     assert {i.split(".")[0] for i in imports} <= {"__future__", "typing", "torch", "transformers", ""}
@@ -190,7 +190,7 @@ want = ro.reference_rollout(model, hidden, base, anchor, embed)[0]
 got = ro.FusedGreedyRollout(model, embed.weight)(hidden, base, anchor)
 assert torch.equal(got, want), (got, want)
 # in bf16 the fused path accumulates in fp32 and may break near-ties the eager path rounds:
-# there the reference is the project's own fused rollout (kernels/domino_rollout.py), token for token
+# there the reference is the project's own fused rollout (kernels/head/domino_rollout.py), token for token
 import copy
 from domino_graft.adapters.base import DraftBlock
 from domino_graft.head import DominoHead, HeadSpec

@@ -70,3 +70,18 @@ def test_shipped_recipe_by_name_from_any_folder_and_copied_out(tmp_path):
     r = subprocess.run([sys.executable, "-m", "domino_graft", "apply", "no_such_recipe"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0 and "neither a file nor a shipped recipe; shipped: dflash_qwen3_8b" in r.stderr
+
+
+def test_every_kernel_has_a_test_and_a_bench_entry_of_its_name():
+    """Liger's triad: kernels/<client>/<name>.py, tests/kernels/test_<name>.py and the bench entry
+    `<name>` of bench/kernels.py. reference.py is the eager reference the rollout kernels are tested
+    against: a test of its own, no bench entry (it is every entry's baseline)."""
+    entries = set(re.findall(r"^def ([a-z_0-9]+)\(s, smoke\)", (REPO / "bench" / "kernels.py").read_text(), re.M))
+    kernels = {f.stem for client in ("engine", "head") for f in (REPO / "kernels" / client).glob("*.py")
+               if f.stem != "__init__"}
+    assert kernels, "no kernels found under kernels/engine, kernels/head"
+    no_test = sorted(k for k in kernels if not (REPO / "tests" / "kernels" / f"test_{k}.py").is_file())
+    no_bench = sorted(kernels - entries - {"reference"})
+    assert not no_test and not no_bench, f"no tests/kernels/test_<name>.py: {no_test}; no bench entry: {no_bench}"
+    assert not (set(f.stem for f in (REPO / "kernels").glob("*.py")) - {"__init__"}), \
+        "a kernel outside kernels/engine and kernels/head: put it under the client it serves"

@@ -1,4 +1,4 @@
-"""bench/smollm2_pipeline.py --reuse: an earlier run's responses to identical prompts are kept, only
+"""experiments/smollm2_pipeline.py --reuse: an earlier run's responses to identical prompts are kept, only
 the other prompts are regenerated (in shards), and the merged file keeps this run's prompt order."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _runs(tmp_path: Path, prompts: list[dict], old: list[dict], tokens: int) -> 
 
 @pytest.fixture
 def pipeline(monkeypatch):
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "experiments"))
     import smollm2_pipeline
     import domino_graft.training.regenerate as regen_module
 

@@ -8,7 +8,7 @@ use (docs/design.md §3), and its transformers remote-code variant.
                                  vllm: the z-lab layout (no Domino keys) + vLLM's aux layer ids
     BUNDLE/configuration_domino.py, modeling_domino.py, rollout_domino.py    (hf only: torch +
                                  transformers; rollout_domino.py holds spec_generate)
-    BUNDLE/triton_rollout_domino.py    (hf only: domino-graft's kernels/triton_rollout.py verbatim,
+    BUNDLE/triton_rollout_domino.py    (hf only: domino-graft's kernels/head/triton_rollout.py verbatim,
                                  the fused rollout's Triton kernels, imported only when triton is)
 """
 
@@ -24,7 +24,7 @@ TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 HF_CODE_FILES = ("configuration_domino.py", "modeling_domino.py", "rollout_domino.py")  # torch + transformers only
 HF_CODE_DIR = Path(__file__).resolve().parent / "hf_modeling"
 # Shipped beside the remote code, imported (inside a try) by rollout_domino.py: needs triton
-HF_KERNEL_FILES = {"triton_rollout_domino.py": "triton_rollout.py"}  # bundle name -> file in kernels/
+HF_KERNEL_FILES = {"triton_rollout_domino.py": "head/triton_rollout.py"}  # bundle name -> file in kernels/
 HF_AUTO_MAP = {
     "AutoConfig": "configuration_domino.DominoDFlashConfig",
     "AutoModel": "modeling_domino.DominoDraftModel",

@@ -71,7 +71,7 @@ class StaticDFlashDrafter:
         self._split = None  # use_kernels: (fused per-layer weights, inv_freq, compiled pieces)
 
     def use_kernels(self, name: str) -> "StaticDFlashDrafter":
-        """"triton": a block runs through the fast engine's attention kernels (kernels/decode_attention.py):
+        """"triton": a block runs through the fast engine's attention kernels (kernels/engine/decode_attention.py):
         per layer one q/k/v matmul over [the pending context rows; the block's rows] (the weights
         are read once for both), norm + RoPE + cache write of the context's k/v and then of the
         block's (the block's keys overwrite the rejected drafts' slots: the order is the launch
@@ -108,7 +108,7 @@ class StaticDFlashDrafter:
 
     def use_linears(self, name: str) -> "StaticDFlashDrafter":
         """After use_kernels: "triton" runs every norm and projection of the block (and of the
-        context rows) through kernels/small_linear.py and kernels/row_norm.py, as the target's
+        context rows) through kernels/engine/small_linear.py and kernels/engine/row_norm.py, as the target's
         FastLM.use_linears does, with the residual adds and SiLU·mul in the projections'
         epilogues; nothing is left to compile. "reference": their torch math (a CPU check).
         Not the CUDA default: not measured yet (bench/drafter_speed.py variant triton_linears)."""
@@ -244,7 +244,7 @@ class StaticDFlashDrafter:
         return feats, self._positions(start)
 
     def _propose_with_kernels(self, anchor: torch.Tensor, host: list[int]) -> DraftBlock:
-        from domino_graft.kernels.decode_attention import attention_splits
+        from domino_graft.kernels.engine.decode_attention import attention_splits
 
         b = anchor.shape[0]
         end = max(host) + self.block

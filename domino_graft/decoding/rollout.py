@@ -1,4 +1,4 @@
-"""Chain rollout over one DraftBlock: the drafter's proposals d_1..d_K.
+"""Chain rollout over one DraftBlock: the drafter's proposals d_1..d_K, and the registry of its implementations.
 
 The Domino head is causal over the *drafted* prefix: slot j reads the GRU state after
 E(x_0), E(d_1) .. E(d_{j-1}), so each draft must be chosen before the next slot can be
@@ -15,6 +15,13 @@ temperature 0: d_j = argmax(final_j), q is None. temperature > 0: d_j ~ q_j, whe
 the warped, Domino-corrected distribution of slot j; it is returned because speculative
 sampling is only lossless when the verifier divides by the distribution the draft was
 actually drawn from. use_head=False: the base drafter (slots independent, head unused).
+
+One registry names every implementation (`domino_graft.kernels.head.domino_rollout.ROLLOUTS`,
+read here and by `make_rollout`): "torch" is `rollout`, the eager reference
+(`kernels/head/reference.py`: one `DominoHead.step` per slot, sampling by inverse CDF from one
+uniform per slot), which every fused kernel is tested against; "triton" and "triton_pool" are
+the fused kernels. Importing this module needs torch only: a kernel's Triton code is imported
+when that kernel is built.
 """
 
 from __future__ import annotations
@@ -24,77 +31,32 @@ from typing import Callable, Optional
 
 import torch
 
-from ..sampling import sample, warp
+from domino_graft.kernels.head.domino_rollout import ROLLOUTS, KernelConfig, make_rollout
+from domino_graft.kernels.head.reference import reference_rollout as rollout
 
 RolloutFn = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 
-
-def rollout(
-    head,
-    block,
-    anchor: torch.Tensor,
-    embed: Callable[[torch.Tensor], torch.Tensor],
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: Optional[torch.Generator] = None,
-    use_head: bool = True,
-):
-    """The PyTorch reference rollout (see the module docstring for the contract)."""
-    base = block.base_logits
-    greedy = temperature == 0.0
-    if not use_head or head is None:
-        # Without the head the slots do not depend on each other: draft them all at once.
-        if greedy:
-            return base.argmax(-1), None
-        q = warp(base, temperature, top_k, top_p)
-        return sample(q, generator), q
-
-    b, k, _ = base.shape
-    state = head.init_state(b, device=base.device)
-    prev = anchor
-    drafts, qs = [], []
-    for j in range(k):
-        final, state = head.step(state, embed(prev), block.hidden[:, j], base[:, j])
-        if greedy:
-            d = final.argmax(-1)
-        else:
-            qj = warp(final, temperature, top_k, top_p)
-            d = sample(qj, generator)
-            qs.append(qj)
-        drafts.append(d)
-        prev = d
-    return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
-
-
-# name -> "module:attribute" of a function with the signature above. Names not listed here
-# are looked up in domino_graft.kernels (make_rollout: "triton", "triton_pool"), imported
-# only when asked for, so "torch" never imports Triton.
-ROLLOUTS: dict[str, str] = {
-    "torch": "domino_graft.decoding.rollout:rollout",
-}
+__all__ = ["ROLLOUTS", "RolloutFn", "check_rollout_name", "get_rollout", "register_rollout", "rollout",
+           "rollout_choice", "rollout_names"]
 
 
 def register_rollout(name: str, target: str) -> None:
-    """Make `get_rollout(name)` resolve to `target` ("package.module:function")."""
-    ROLLOUTS[name] = target
+    """Make `get_rollout(name)` resolve to `target` ("package.module:function"), a function with
+    the signature above, imported when first asked for."""
 
+    def build(head=None, embedding_weight=None, **_):
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
 
-def _kernel_names() -> tuple[str, ...]:
-    try:
-        from domino_graft.kernels import ROLLOUT_NAMES
-    except ImportError:
-        return ()
-    return tuple(n for n in ROLLOUT_NAMES if n not in ROLLOUTS)
+    ROLLOUTS[name] = build
 
 
 def rollout_names() -> tuple[str, ...]:
-    return tuple(ROLLOUTS) + _kernel_names()
+    return tuple(ROLLOUTS)
 
 
 def check_rollout_name(name: str) -> str:
-    if name not in rollout_names():
+    if name not in ROLLOUTS:
         raise ValueError(f"--rollout: {name!r} is not a rollout implementation; valid: {', '.join(rollout_names())}")
     return name
 
@@ -104,14 +66,9 @@ def get_rollout(name: str, head=None, *, pool_size: Optional[int] = None,
     """The rollout called `name`. Kernel rollouts are built per head (they precompute weight
     layouts from it), so pass the head that will be used. pool_size / pool_select configure
     "triton_pool" (None = the kernels' defaults)."""
-    if check_rollout_name(name) in ROLLOUTS:
-        module, attr = ROLLOUTS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
-    from domino_graft.kernels import KernelConfig, make_rollout  # a kernel name (check_rollout_name passed)
-
     kw = {} if pool_size is None else {"pool_size": int(pool_size)}
     config = KernelConfig(pool_select=pool_select) if pool_select is not None else None
-    return make_rollout(name, head, config=config, **kw)
+    return make_rollout(check_rollout_name(name), head, config=config, **kw)
 
 
 def rollout_choice(bench_section, override: Optional[str] = None) -> dict:

@@ -312,7 +312,7 @@ def _gemma_attention(kernels: str):
                                        scale=scale, window=window)
 
         return rope, attend
-    from domino_graft.kernels import decode_attention as kern
+    from domino_graft.kernels.engine import decode_attention as kern
 
     def rope(qkv, kc, vc, pos, inv_freq, scaling, qn, kn, eps, h, hkv, d):
         return kern.norm_rope_cache(qkv, kc, vc, pos, inv_freq, scaling, qn, kn, eps, h, hkv, d, plus_one=True)

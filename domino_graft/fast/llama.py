@@ -21,7 +21,7 @@ to HF's to ~1e-6. What differs is the machinery:
   whole forward as one graph);
 * ``use_kernels("triton")`` (the CUDA default, ``prepare_for_cuda_decoding``) splits each layer
   around two Triton launches, norm + RoPE + cache write and an attention bounded by the positions
-  on the device (kernels/decode_attention.py); the torch math above stays their reference.
+  on the device (kernels/engine/decode_attention.py); the torch math above stays their reference.
 
 The torch math is llama_math.py and the layer split around the kernels llama_split.py; this
 module reads the config, fuses the weights and holds FastLM.
@@ -142,7 +142,7 @@ def prepare_for_cuda_decoding(lm: "FastLM") -> "FastLM":
         except UnsupportedModel:
             pass  # an architecture without the small_linear forward keeps cuBLAS
         else:
-            from domino_graft.kernels.small_linear import use_measured_configs
+            from domino_graft.kernels.engine.small_linear import use_measured_configs
 
             use_measured_configs(lm.device)
     return lm.compile()
@@ -315,7 +315,7 @@ class FastLM:
     def use_kernels(self, name: str) -> "FastLM":
         """How a layer's attention sub-block runs. "torch" (the default): run_model's per-layer math
         (one SDPA over a mask, kv_len a static bucket). "triton": the forward split around two
-        Triton kernels (kernels/decode_attention.py: norm + RoPE + cache write, attention that
+        Triton kernels (kernels/engine/decode_attention.py: norm + RoPE + cache write, attention that
         reads the positions on the device) with each layer's last residual add deferred into the
         next layer's norm; "reference": the same split with the kernels' torch math (a CPU check
         of the split). Call before compile()."""
@@ -339,9 +339,9 @@ class FastLM:
 
     def use_linears(self, name: str) -> "FastLM":
         """How the projections run. "torch" (the default): F.linear (cuBLAS) inside the compiled
-        pieces. "triton": kernels/small_linear.py for every projection and the LM head at any
+        pieces. "triton": kernels/engine/small_linear.py for every projection and the LM head at any
         number of rows, with the residual adds and SiLU·mul in their epilogues; a row's bits then
-        depend only on that row (its K ranges are fixed per weight shape: kernels/small_linear.py,
+        depend only on that row (its K ranges are fixed per weight shape: kernels/engine/small_linear.py,
         "Bits"), not on the batch size or T, so a row decoded in a batch is the row decoded alone. "reference": the same forward
         with the kernels' torch math (a CPU check). Needs use_kernels first (the split forward);
         call before compile()."""

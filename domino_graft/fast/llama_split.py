@@ -1,6 +1,6 @@
 """The decoder layer split around the attention and linear kernels (FastLM.use_kernels /
 use_linears): the "triton" kernels or their "reference" torch twins, which are the spec the
-kernels are tested against (kernels/decode_attention.py, kernels/small_linear.py)."""
+kernels are tested against (kernels/engine/decode_attention.py, kernels/engine/small_linear.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from .llama_math import epilogue, rms_norm, rope_cos_sin, rotate_half
 # With kernels "triton" (or their torch twins, "reference") a layer runs as
 #   layer_in    residual add of the previous layer's MLP output + RMSNorm + the q/k/v matmul
 #   rope + attention   q/k norms + RoPE, k and v written into the cache, attention over the
-#               cache's first pos + T keys: one Triton launch at decode shapes (kernels/decode_attention.py)
+#               cache's first pos + T keys: one Triton launch at decode shapes (kernels/engine/decode_attention.py)
 #   layer_out   o matmul + residual add + RMSNorm + gate/up + SiLU·mul + down
 # Deferring each layer's last residual add into the next layer's norm saves a kernel a layer;
 # reading the positions on the device means no mask tensor and no kv bucket in the attention.
 def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_norm, eps: float, num_heads: int,
                        num_kv_heads: int, head_dim: int, kv_only: bool = False,
                        norm: Callable = rms_norm) -> Optional[torch.Tensor]:
-    """The torch math of ``kernels.decode_attention.norm_rope_cache``: qkv ``[B, T, (H+2Hkv)D]``
+    """The torch math of ``kernels.engine.decode_attention.norm_rope_cache``: qkv ``[B, T, (H+2Hkv)D]``
     at positions ``pos[b] + t`` -> q ``[B, T, H·D]`` (None if kv_only); k and v written into kc / vc.
     norm: the q/k norm (gemma3.gemma_norm is the kernel's ``plus_one``)."""
     b, t, _ = qkv.shape
@@ -48,7 +48,7 @@ def rope_qkv_reference(qkv, kc, vc, pos, inv_freq, scaling: float, q_norm, k_nor
 
 def attention_reference(q, kc, vc, pos, *, num_heads: int, num_kv_heads: int, head_dim: int, causal: bool = True,
                         kv_len: Optional[int] = None, scale: Optional[float] = None, window: int = 0) -> torch.Tensor:
-    """The torch math of ``kernels.decode_attention.decode_attention``: q ``[B, T, H·D]`` ->
+    """The torch math of ``kernels.engine.decode_attention.decode_attention``: q ``[B, T, H·D]`` ->
     ``[B, T, H·D]``; causal: query t sees keys ``<= pos + t``, else every key ``< pos + T``.
     window > 0 (causal only): also only keys ``> pos + t - window`` (a sliding layer, HF's convention)."""
     b, t, _ = q.shape
@@ -115,7 +115,7 @@ def attention_kernels(name: str) -> tuple[Callable, Callable]:
 
         return rope_qkv_reference, rope_attention
     if name == "triton":
-        from domino_graft.kernels import decode_attention as kern
+        from domino_graft.kernels.engine import decode_attention as kern
 
         def rope_attention(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d, kv_len, causal=True):
             return kern.rope_attention(qkv, kc, vc, pos, inv_freq, scaling, q_norm, k_norm, eps, h, hkv, d,
@@ -149,17 +149,17 @@ def run_model_split(ids, pos, kcs, vcs, embed, layers, norm_w, lm_w, inv_freq, s
 
 
 def linear_kernels(name: str) -> tuple[Callable, Callable, Callable]:
-    """(linear, swiglu, norm) of the "triton" kernels (kernels/small_linear.py, kernels/row_norm.py)
+    """(linear, swiglu, norm) of the "triton" kernels (kernels/engine/small_linear.py, kernels/engine/row_norm.py)
     or their "reference" torch math: linear(x, w, bias, residual=None) = x @ w.T + bias + residual
     and swiglu(x, w_gate_up, bias) = silu(g) * u, each accumulated in fp32 and rounded once;
     norm(x, w, eps) = rms_norm."""
     if name == "triton":
-        from domino_graft.kernels.row_norm import rms_norm_rows
-        from domino_graft.kernels.small_linear import small_linear, small_linear_swiglu
+        from domino_graft.kernels.engine.row_norm import rms_norm_rows
+        from domino_graft.kernels.engine.small_linear import small_linear, small_linear_swiglu
 
         return small_linear, small_linear_swiglu, rms_norm_rows
     if name == "reference":
-        from domino_graft.kernels.small_linear import small_linear_reference, small_linear_swiglu_reference
+        from domino_graft.kernels.engine.small_linear import small_linear_reference, small_linear_swiglu_reference
 
         return small_linear_reference, small_linear_swiglu_reference, rms_norm
     raise ValueError(f"linear kernels {name!r}; valid: torch, triton, reference")

@@ -183,7 +183,7 @@ class TrainingRun:
         return self.finish()
 
     def prepare(self, ckpt: Optional[Path]) -> None:
-        """Everything before the first step (bench/profile_train.py steps a run prepared this way)."""
+        """Everything before the first step (bench/training.py steps a run prepared this way)."""
         self.setup_model()
         self.setup_data()
         self.setup_optimizer()

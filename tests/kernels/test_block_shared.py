@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_kernels import K, first_mismatches, make_head, make_inputs, needs_interpreter
+from tests.kernels.head_kit import K, first_mismatches, make_head, make_inputs, needs_interpreter
 
 CASES = [(v, pool, seed) for v in (97, 49152) for pool in (16, 256, 2048) for seed in (0, 1)]
 
@@ -81,7 +81,7 @@ def test_triton_block_shared_is_sglangs_rule(v, pool, seed):
 @pytest.mark.parametrize("v,pool,dtype", [(49152, 16, torch.float32), (49152, 256, torch.float32),
                                           (49152, 2048, torch.float32), (1013, 256, torch.bfloat16)])
 def test_triton_block_shared_candidates_equal_the_reference(v, pool, dtype):
-    from domino_graft.kernels import triton_rollout as tr
+    from domino_graft.kernels.head import triton_rollout as tr
 
     rows = (torch.randn(2, 3, v, generator=torch.Generator().manual_seed(3)) * 2).to(dtype)
     vals, ids = tr.block_shared(rows, pool)

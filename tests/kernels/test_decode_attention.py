@@ -1,4 +1,4 @@
-"""The fast engine's attention kernels (kernels/decode_attention.py) against their torch math
+"""The fast engine's attention kernels (kernels/engine/decode_attention.py) against their torch math
 (domino_graft.fast.llama: rope_qkv_reference, attention_reference), and the FastLM forward
 with kernels "triton" against the default per-layer math.
 
@@ -33,7 +33,7 @@ ATOL = 2e-5  # fp32 with another summation order
 
 
 def _kernels():
-    from domino_graft.kernels import decode_attention as k
+    from domino_graft.kernels.engine import decode_attention as k
 
     return k
 

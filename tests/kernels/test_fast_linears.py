@@ -1,4 +1,4 @@
-"""FastLM.use_linears: every projection of the fast forward through kernels/small_linear.py.
+"""FastLM.use_linears: every projection of the fast forward through kernels/engine/small_linear.py.
 
 CPU (default): the "reference" linears (the kernels' torch math) and, in Triton's interpreter
 (TRITON_INTERPRET=1, set before triton is imported), the "triton" ones give the default
@@ -105,7 +105,7 @@ def test_gpu_rows_do_not_depend_on_the_batch_or_t():
         sstep, _ = solo.forward(prompts[:1, 24:25], 24)
         assert torch.equal(sstep[0], bstep[0]), "step row 0: alone != inside a batch of 8"
         # a batch of 64 (its prefill 1,536 rows, its 16-token verify 1,024: the many-rows tier of
-        # kernels/small_linear.py) gives row 0 the bits of the 16-row verify alone
+        # kernels/engine/small_linear.py) gives row 0 the bits of the 16-row verify alone
         many = torch.randint(0, 97, (64, 40), generator=g).to(dev)
         many[0] = prompts[0]
         big = FastLM.from_hf(model, max_batch=64, max_len=128).use_kernels("triton").use_linears("triton")

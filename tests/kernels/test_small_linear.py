@@ -1,4 +1,4 @@
-"""kernels/small_linear.py (few-row ``x @ w.T`` with a fused bias / residual / SwiGLU epilogue)
+"""kernels/engine/small_linear.py (few-row ``x @ w.T`` with a fused bias / residual / SwiGLU epilogue)
 against its torch reference (``small_linear_reference`` / ``small_linear_swiglu_reference``),
 its input checks, its config table and tune()'s selection; bench/linear_speed.py's pure parts.
 
@@ -24,7 +24,7 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from domino_graft.kernels import small_linear as S  # noqa: E402
+from domino_graft.kernels.engine import small_linear as S  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="CPU kernel tests run in Triton's interpreter")
@@ -467,20 +467,3 @@ def test_gpu_tune_fills_the_table():
         _bf16_close(S.small_linear(x, w), S.small_linear_reference(x, w), 2 ** -7, 1e-3, "tuned config")
     finally:
         S.clear_configs()
-
-
-# ------------------------------------------------------------------------ kernels/row_norm.py
-@needs_interpreter
-@pytest.mark.parametrize("m,h", [(1, 64), (5, 576), (17, 100)])
-def test_rms_norm_rows_equals_the_engine_norm(m, h):
-    """One program per row (kernels/row_norm.py) = domino_graft.fast.llama.rms_norm, fp32."""
-    from domino_graft.fast.llama_math import rms_norm
-    from domino_graft.kernels.row_norm import rms_norm_rows
-
-    g = torch.Generator().manual_seed(m + h)
-    x = torch.randn((m, h), generator=g) * 3
-    w = 1 + 0.1 * torch.randn((h,), generator=g)
-    err = (rms_norm_rows(x, w, 1e-6) - rms_norm(x, w, 1e-6)).abs().max().item()
-    assert err <= 1e-5, err
-    with pytest.raises(ValueError, match=r"rms_norm_rows: weight shape \(3,\) does not match x's last dim"):
-        rms_norm_rows(x, w[:3], 1e-6)
