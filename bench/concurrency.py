@@ -15,12 +15,13 @@ runs the batched chain one row at a time); B > 1 the batched chains
 drafter over the ragged batch, graphed too). --also-batched-1 adds a row "1_batched": the batched path at B = 1, to see
 what the batched code itself costs. Each row says which path ran (`path`).
 
-Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is
-decoded once untimed first (compile, graph capture, cache sizing); then the prompts in order, B at a
-time, each batch by the three modes in turn. tokens/s = generated tokens / wall seconds of the
-batches (prefill included); per-request tokens/s = each request's tokens over its own latency (a
-row's latency ends when it does), averaged. identical_to_target: every row of every batch, in every
-mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
+Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
+once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
+verified and at each shorter K' the budget may choose, so that no timed batch captures a graph); then the
+prompts in order, B at a time, each batch by the three modes in turn. tokens/s = generated tokens / wall
+seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
+latency (a row's latency ends when it does), averaged. identical_to_target: every row of every batch, in
+every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
 first when 1 is not among the sizes).
 
 --deadline-s S: the report is rewritten after every batch, and no batch starts after S seconds
@@ -155,13 +156,19 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             temperature: float = 0.0, budget=None) -> dict:
     import torch
 
+    from domino_graft.decoding.budget import VerifyBudget, candidate_budgets
     from domino_graft.decoding.divergence import first_divergence
 
     runs = decoders(engine, max_new, solo, temperature, budget)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
-    if budget is not None:  # every draft verified first: each verify shape's graphs captured before any timing
+    if budget is not None:  # every verify shape the budget may choose, its graphs captured before any timing
         warm_up(decoders(engine, max_new, solo, temperature, None), items, b)
+        if budget.mode == "auto" and not solo:
+            for kk in candidate_budgets(engine.adapter.num_slots, budget.lengths):
+                if kk < engine.adapter.num_slots:
+                    fixed = VerifyBudget("fixed", n=kk, costs=budget.costs)
+                    warm_up(decoders(engine, max_new, solo, temperature, fixed), items, b)
     warm_up(runs, items, b)  # under the budget: its costs measured, its first estimates made
     if device == "cuda":
         torch.cuda.synchronize()

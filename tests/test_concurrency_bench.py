@@ -93,5 +93,13 @@ def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
         assert row["identical_to_target"] is True, key
         assert set(row["verify_budget_k"]["domino"]) == {"1"} and row["verify_budget_k"]["domino"]["1"] > 0
     assert "batched chain one row at a time" in rep["rows"]["1"]["path"]["decoder"]
+    # auto over a cost table (CPU): the warm-up also runs each shorter K', the rows stay identical
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"step_ms": {"1": {"1": 1.0, "8": 1.1}, "3": {"1": 1.0, "8": 1.3}},
+                                 "propose_ms": {"1": 0.1, "3": 0.2}}))
+    _, _, rep = run_bench(tiny_run, tmp_path, [list(range(2, 2 + n)) for n in (5, 11, 3)], "--batch-sizes", "1,3",
+                          "--max-new-tokens", "8", "--verify-budget", "auto", "--verify-costs", str(costs))
+    assert all(rep["rows"][key]["identical_to_target"] is True for key in ("1", "3"))
+    assert rep["rows"]["3"]["verify_budget_k"]["domino"] and rep["rows"]["3"]["verify_budget_last"]["domino"]
     with pytest.raises(SystemExit):
         script.main(args + ["--verify-budget", "-2"])

@@ -21,7 +21,7 @@ mask, a memset, cuDNN's flash kernel: ~14 us a layer; bench/results/engine_h200.
   ``splits`` programs, 512 positions each, and merge them (flash-decoding). A query row's output
   bits do not depend on T (``attention_splits``).
 
-The reference is ``domino_graft.fast.llama``'s torch math (``rope_qkv_reference`` /
+The reference is ``domino_graft.fast.llama_split``'s torch math (``rope_qkv_reference`` /
 ``attention_reference``): tests/kernels/test_decode_attention.py checks these kernels against
 it in fp32 under ``TRITON_INTERPRET=1`` on a CPU and in bf16 on a GPU.
 """

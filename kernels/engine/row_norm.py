@@ -7,7 +7,7 @@ the layout, so a row's bits could depend on how many other rows share the call. 
 is reduced by one program with the same block and warp count whatever M is: a row normalised
 alone, in a batch of 32 or as one row of a 16-token verify is the same bits.
 
-Rounding follows domino_graft.fast.llama.rms_norm (the reference, and Hugging Face's
+Rounding follows domino_graft.fast.llama_math.rms_norm (the reference, and Hugging Face's
 LlamaRMSNorm): the mean of squares and the scaling in fp32, the result rounded to x's dtype,
 then multiplied by the weight in that dtype (computed in fp32, rounded once).
 tests/kernels/test_small_linear.py checks it against the reference in the interpreter.
