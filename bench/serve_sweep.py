@@ -5,6 +5,9 @@ budget on auto) and off (`serve --target-only`, the baseline), on the same promp
     python bench/serve_sweep.py --run WORK/graft --out bench/results/serve_sweep_h200.json \
         --num-prompts 64 --rates 4,16,64 --concurrency 1,8,32 --max-batch 32 --dtype bf16
 
+(On the GPU image, which lacks FastAPI, uvicorn and httpx2: `bash experiments/serve_wheels.sh` here first,
+then carry .whl/ and `source experiments/gpu_env.sh` there.)
+
 For each mode a server is started on a free 127.0.0.1 port (`python -m domino_graft serve`), warmed
 up untimed (every padded batch size once), then driven over HTTP by an asyncio client (httpx,
 streamed /v1/completions with token-id prompts, greedy, `stream_options.include_usage`):
