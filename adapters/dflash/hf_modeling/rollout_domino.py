@@ -1,7 +1,7 @@
 """Domino-head rollout and lossless speculative decoding for the hf bundle (remote code).
 
 Self-contained: torch only here. The fused greedy rollout runs the Triton kernels shipped next
-to this file (`triton_rollout_domino.py`, domino-graft's kernels/triton_rollout.py verbatim)
+to this file (`triton_rollout_domino.py`, domino-graft's kernels/head/triton_rollout.py verbatim)
 when triton imports and the tensors are on CUDA (or TRITON_INTERPRET=1 on the CPU); everywhere
 else, and for every sampled rollout, the PyTorch reference below runs. Either way the output of
 `spec_generate` is the target's: greedy drafts are only proposals that the target verifies, and
