@@ -12,13 +12,13 @@ E(K') / cost(K'). At a large batch a long verify costs several decode steps (iss
 6.2 steps for T = 16 at B = 16 with the default kernels), so a low acceptance makes K' = 0 (the target
 alone) the best choice: a speculative batch is then never slower than the target.
 
-On CUDA the cost of a step is also read off the wall clock: a step's time from one loop top to the
-next includes what the device-side costs leave out (the host's bookkeeping between steps, eager
-launches), and the median of each kind's recent excess (plain steps, speculative steps) is added to
-the device-side cost of that kind, so the choice compares whole steps. A kind not yet seen adds
-nothing (it looks cheap, so it gets tried and measured). The first step of a decode is not sampled
-(it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER times its
-device-side cost; the committed plain loop samples its own steps.
+On CUDA the cost of a step is also read off the wall clock: a step's time from one loop top to the next
+includes what the device-side costs leave out (the host's bookkeeping between steps, eager launches),
+and the median of each kind's recent excess (plain steps, speculative steps; a K' with samples of its
+own, its own) is added to the device-side cost of that kind, so the choice compares whole steps. A kind
+not yet seen adds nothing (it looks cheap, so it gets tried and measured). The first step of a decode is
+not sampled (it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER
+times its device-side cost; the committed plain loop samples its own steps.
 
 What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
 at that size starts from its acceptance estimate and excess samples instead of verifying everything
@@ -64,6 +64,8 @@ COMMIT_AFTER = 3
 # a step whose wall time is over OUTLIER x its device-side cost is not sampled (a graph capture or a
 # compile: the real run of d5c6fde had plain-step medians of 33-63 ms at B >= 8 from such steps)
 OUTLIER = 4.0
+# a K' with this many wall-clock samples of its own is costed by them, not by its kind's
+MIN_OWN = 3
 
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
@@ -347,11 +349,13 @@ class BudgetRun:
         return propose + costs.step(self.batch, kk + 1)
 
     def cost_ms(self, kk: int) -> float:
-        """The device-side cost and, with the wall clock on, the step kind's measured excess."""
-        return self.device_cost_ms(kk) + self.excess_ms("spec" if kk else "plain")
+        """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has
+        MIN_OWN samples (a longer verify rolls out and books more), else its kind's."""
+        own = self.excess.get(str(kk), [])
+        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
 
-    def excess_ms(self, kind: str) -> float:
-        samples = sorted(self.excess[kind][-WALL_WINDOW:])
+    def excess_ms(self, key: str) -> float:
+        samples = sorted(self.excess.get(key, [])[-WALL_WINDOW:])
         return max(samples[len(samples) // 2], 0.0) if samples else 0.0
 
     def add_wall(self, kk: int, ms: float) -> None:
@@ -363,9 +367,10 @@ class BudgetRun:
         device = self.device_cost_ms(kk)
         if ms > OUTLIER * device:  # a step that captured a graph or compiled: not what the kind costs
             return
-        kind = self.excess["spec" if kk else "plain"]
-        kind.append(ms - device)
-        del kind[:-WALL_WINDOW]
+        for key in ("spec" if kk else "plain", str(kk)):  # the kind's samples and K''s own
+            samples = self.excess.setdefault(key, [])
+            samples.append(ms - device)
+            del samples[:-WALL_WINDOW]
 
     def choose(self) -> int:
         """K' for the next step."""
@@ -411,7 +416,7 @@ class BudgetRun:
                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
                "alpha": [round(a, 4) for a in self.alphas()]}
         if self.wall_clock:
-            out["excess_ms"] = {kind: round(self.excess_ms(kind), 4) for kind, v in self.excess.items() if v}
+            out["excess_ms"] = {key: round(self.excess_ms(key), 4) for key, v in self.excess.items() if v}
             out["cost_ms"] = {str(kk): round(self.cost_ms(kk), 4) for kk in self.candidates} \
                 if self.budget.costs is not None and self.budget.costs.step_ms else None
             out["decodes_seen"] = self.decodes

@@ -122,6 +122,26 @@ def test_wall_clock_excess_moves_the_choice():
     assert rebuilt.alphas() == dear.alphas() and rebuilt.choose() == 0
 
 
+def test_each_k_is_costed_by_its_own_samples_once_it_has_them():
+    """A long verify books more host time than a short one: with MIN_OWN samples of its own a K' is
+    costed by them, not by its kind's median (which the other K' fill too)."""
+    from domino_graft.decoding.budget import MIN_OWN
+
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.2, "8": 1.4, "16": 2.0}},
+                                   "propose_ms": {"8": 0.3}})
+    run = VerifyBudget("auto", costs=costs).start(15, 8, "cuda")
+    run.decode_steps = 2  # past the decode's first step
+    for _ in range(MIN_OWN):
+        run.add_wall(15, run.device_cost_ms(15) + 2.0)
+    for _ in range(2 * MIN_OWN):
+        run.add_wall(3, run.device_cost_ms(3) + 0.2)
+    assert run.cost_ms(15) == pytest.approx(run.device_cost_ms(15) + 2.0)
+    assert run.cost_ms(3) == pytest.approx(run.device_cost_ms(3) + 0.2)
+    # K' = 7 has no samples of its own: its kind's median (mostly K' = 3's)
+    assert run.cost_ms(7) == pytest.approx(run.device_cost_ms(7) + 0.2)
+    assert set(run.report()["excess_ms"]) == {"spec", "15", "3"}
+
+
 def test_fixed_and_full_ignore_costs():
     assert VerifyBudget.parse("full").start(7, 3, "cpu").choose() == 7
     run = VerifyBudget.parse("fixed:2").start(7, 3, "cpu")
