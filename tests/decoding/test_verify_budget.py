@@ -323,6 +323,52 @@ def test_budgeted_sampling_matches_target_distribution(spec):
     assert max(wrong) < ALPHA, f"budget {spec}: the test cannot tell a wrong q from the right one: {wrong}"
 
 
+@pytest.mark.parametrize("warmup", [1, 0])
+def test_auto_budget_that_commits_mid_decode_matches_target_distribution(monkeypatch, warmup):
+    """auto at T = 1 over a table that makes every verify dear, COMMIT_AFTER shortened to 1. warmup 1:
+    the first step verifies all K, the second is a plain step through the chain (chosen from the
+    first's outcome); warmup 0: a plain step through the chain, then the committed target-alone loop.
+    The first three tokens of every row follow the target's exact joint law; with a speculative step
+    in them, the wrong-q control is rejected."""
+    from domino_graft.decoding import budget as budget_mod
+
+    monkeypatch.setattr(budget_mod, "WARMUP_STEPS", warmup)
+    monkeypatch.setattr(budget_mod, "PROBE_STEPS", warmup)  # a first decode probes too, else
+    monkeypatch.setattr(budget_mod, "COMMIT_AFTER", 1)
+    rows_per_prompt, seed = 2000, 1
+    target, adapter, head = build(seed, vocab=8, ppl=0, block_size=5, head_scale=2.0)
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(15.0)
+    warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
+    sampling = Sampling(seed=seed, **warp_)
+    with torch.inference_mode():
+        joints = []
+        for prompt in PROMPTS:
+            p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), 8, warp_)
+            joints.append(p1[:, None, None] * p2[:, :, None] * p3)
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * rows_per_prompt)]
+    dear = {"step_ms": {str(len(batch)): {"1": 1.0, "2": 50.0, "4": 60.0, "5": 70.0}},
+            "propose_ms": {str(len(batch)): 5.0}}
+    k = adapter.num_slots
+    want = {str(k): 1, "0": 1} if warmup else {"0": 2}  # the committed loop's steps count as K' = 0 too
+    engine = Engine(target, adapter, head)
+
+    def decode():
+        budget = VerifyBudget.parse("auto", VerifyCosts.from_dict(dear))
+        out = engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling, budget=budget)
+        assert engine.last_budget["k_hist"] == want, engine.last_budget["k_hist"]
+        return out
+
+    results = decode()
+    right = row_pvalues(results, joints)
+    assert min(right) > ALPHA, f"a row deviates from the target: {right}"
+    if warmup:
+        assert any(r.accepted[0] >= 2 for r in results) and any(r.accepted[0] == 0 for r in results)
+        engine.rollout = wrong_q
+        wrong = row_pvalues(decode(), joints)
+        assert max(wrong) < ALPHA, f"the test cannot tell a wrong q from the right one: {wrong}"
+
+
 # ------------------------------------------------- DFlash's static drafter
 def test_static_drafter_takes_short_blocks_and_blocks_without_a_propose():
     """Blocks of T = 1..K+1 verified features, two of them (K' = 0 steps) with no propose between:
