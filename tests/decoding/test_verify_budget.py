@@ -295,22 +295,28 @@ def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
 
 
 # ------------------------------------------------------------- T > 0: in law
-@pytest.mark.parametrize("spec", ["1", "3"])
-def test_budgeted_sampling_matches_target_distribution(spec):
-    """K = 4 (block 5): the budget verifies 1 or 3 of them; the same chi-square as the full verify's
-    (test_batched_sampling.py), the wrong-q control rejected."""
-    rows_per_prompt, seed = 2000, 0
+def sampled_setup(seed: int, rows_per_prompt: int = 2000):
+    """K = 4 (block 5) over an 8-token vocabulary, the target peaked (as test_batched_sampling.peaked):
+    (target, adapter, head, each prompt's exact joint law of its first three tokens at T = 1, the
+    sampling, the batch of rows_per_prompt rows per prompt)."""
     target, adapter, head = build(seed, vocab=8, ppl=0, block_size=5, head_scale=2.0)
     with torch.no_grad():
-        target.model.get_output_embeddings().weight.mul_(15.0)  # peaked, as test_batched_sampling.peaked
+        target.model.get_output_embeddings().weight.mul_(15.0)
     warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
-    sampling = Sampling(seed=seed, **warp_)
     with torch.inference_mode():
         joints = []
         for prompt in PROMPTS:
             p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), 8, warp_)
             joints.append(p1[:, None, None] * p2[:, :, None] * p3)
     batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * rows_per_prompt)]
+    return target, adapter, head, joints, Sampling(seed=seed, **warp_), batch
+
+
+@pytest.mark.parametrize("spec", ["1", "3"])
+def test_budgeted_sampling_matches_target_distribution(spec):
+    """K = 4 (block 5): the budget verifies 1 or 3 of them; the same chi-square as the full verify's
+    (test_batched_sampling.py), the wrong-q control rejected."""
+    target, adapter, head, joints, sampling, batch = sampled_setup(seed=0)
     engine = Engine(target, adapter, head)
     budget = VerifyBudget.parse(spec)
     results = engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling, budget=budget)
@@ -335,18 +341,7 @@ def test_auto_budget_that_commits_mid_decode_matches_target_distribution(monkeyp
     monkeypatch.setattr(budget_mod, "WARMUP_STEPS", warmup)
     monkeypatch.setattr(budget_mod, "PROBE_STEPS", warmup)  # a first decode probes too, else
     monkeypatch.setattr(budget_mod, "COMMIT_AFTER", 1)
-    rows_per_prompt, seed = 2000, 1
-    target, adapter, head = build(seed, vocab=8, ppl=0, block_size=5, head_scale=2.0)
-    with torch.no_grad():
-        target.model.get_output_embeddings().weight.mul_(15.0)
-    warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
-    sampling = Sampling(seed=seed, **warp_)
-    with torch.inference_mode():
-        joints = []
-        for prompt in PROMPTS:
-            p1, p2, p3 = exact_tables(target, torch.tensor([prompt]), 8, warp_)
-            joints.append(p1[:, None, None] * p2[:, :, None] * p3)
-    batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * rows_per_prompt)]
+    target, adapter, head, joints, sampling, batch = sampled_setup(seed=1)
     dear = {"step_ms": {str(len(batch)): {"1": 1.0, "2": 50.0, "4": 60.0, "5": 70.0}},
             "propose_ms": {str(len(batch)): 5.0}}
     k = adapter.num_slots
