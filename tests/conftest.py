@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,26 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_RECIPE = REPO / "recipes" / "tiny_dflash.yaml"
+
+
+def _bind_hub_kernels() -> None:
+    """transformers >= 5.25 imports the distribution `kernels` (the Hub's kernels) under that top-level
+    name; with the repository root on sys.path, as under pytest, the checkout's own kernels/ folder
+    (installed as domino_graft.kernels) would answer it instead. Bind the name to the distribution first."""
+    try:
+        importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(os.path.abspath(p or os.curdir)) != REPO]
+    try:
+        sys.modules.pop("kernels", None)
+        import kernels  # noqa: F401  (the distribution's)
+    finally:
+        sys.path[:] = saved
+
+
+_bind_hub_kernels()
 
 # Two cores on CI: keep each test process from oversubscribing them.
 torch.set_num_threads(1)  # measured: on 2 shared cores, tiny models run 10-100x slower with 2 threads
