@@ -36,7 +36,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,7 +90,7 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
     # one budget per mode (what decodes learn is the mode's own); a fixed N at B = 1 is the batched chain's
-    budgets = {m: None if budget is None else replace(budget, memory={}) for m in ("base", "domino")}
+    budgets = {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
     if solo and budget is not None and budget.mode == "fixed":
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
                 "base": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=False,

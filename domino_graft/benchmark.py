@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -230,7 +229,7 @@ def run_bench(
     encoded = [encode(loaded, item, max_new_tokens=max_new_tokens) for item in prompts]  # all, before any decode
     k = adapter.num_slots
     # one budget per speculative mode: what a decode learns (acceptance by batch size) is the mode's own
-    budgets = {m: None if verify_budget is None else replace(verify_budget, memory={}) for m in ("base", "domino")}
+    budgets = {m: None if verify_budget is None else verify_budget.fresh() for m in ("base", "domino")}
     runs = {
         "target": lambda ids, i: engine.target_only(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed_offset=i),
         "base": lambda ids, i: engine.speculative(ids, max_new_tokens=max_new_tokens, sampling=sampling,

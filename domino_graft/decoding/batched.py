@@ -62,7 +62,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import DecodeResult, Output, check_kv, check_prompt, new_cache, rollback, stop_set
+from .common import (DecodeResult, Output, check_kv, check_prompt, cuda_median_ms, new_cache, propose_timer,
+                     rollback, stop_set)
 from .ragged_static import StaticRaggedTarget
 from .verify import verify_chain
 
@@ -200,14 +201,9 @@ def _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, f
     tail of a batched chain whose verify budget committed to plain steps (`run` counts them, and
     each live row's `accepted` gets a 0 per step, as a K' = 0 step records)."""
     dev = tok.device
-    clock = run is not None and run.wall_clock
-    last = None
     while any(live):
-        if clock:  # the lean loop's own cost: the plain kind's wall-clock samples
-            now = time.perf_counter()
-            if last is not None:
-                run.add_wall(0, (now - last) * 1e3)
-            last = now
+        if run is not None:  # the lean loop's own cost: the plain kind's wall-clock samples
+            run.tick(0)
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)
@@ -287,18 +283,13 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     offs = torch.arange(k + 1, device=dev)
     if run is not None and dev.type == "cuda":  # the target's cost of each candidate length not known yet
         run.add_measured(measure_step_costs(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
-    last = None  # (K', loop-top time) of the step before: the budget's wall clock (CUDA)
     while any(live):
-        if run is not None and run.wall_clock:
-            now = time.perf_counter()
-            if last is not None:
-                run.add_wall(last[0], (now - last[1]) * 1e3)
         if run is not None and run.committed():  # plain from here on: the target alone's loop
             _target_steps(target, anchor, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run, accepted)
             break
         kk = k if run is None else run.choose()  # K': the drafts this step verifies
-        if run is not None and run.wall_clock:
-            last = (kk, now)
+        if run is not None:
+            run.tick(kk)
         timer = propose_timer(run, dev) if kk else None
         if kk == 0:  # a plain target step: the anchor alone, the next token the target's own pick
             seq = anchor[:, None]
@@ -307,9 +298,8 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
         else:
             block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
-            if kk < k:  # only the first K' slots are rolled out (slot j reads slots < j only)
-                block = replace(block, hidden=block.hidden[:, :kk].contiguous(),
-                                base_logits=block.base_logits[:, :kk].contiguous())
+            if kk < k:  # only the first K' slots are rolled out
+                block = first_slots(block, kk)
             drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
                                        top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
             if timer is not None:
@@ -354,35 +344,19 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
 
 def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,
-                lengths: list[int], repeats: int = 5) -> dict[int, float]:
+                       lengths: list[int]) -> dict[int, float]:
     """ms of the target's forward of T tokens per row at this batch and these positions, for each T
-    in `lengths` (CUDA events; the median of `repeats` after a first call, which may compile and
-    capture the graph). Nothing stays: the static cache is overwritten by the next step before any
-    query reads it (ragged_static.py), the dynamic one is cropped back."""
-    out = {}
+    in `lengths` (`cuda_median_ms`). Nothing stays: the static cache is overwritten by the next step
+    before any query reads it (ragged_static.py), the dynamic one is cropped back."""
     none_kept = torch.zeros_like(pos)
+    out = {}
     for t in lengths:
         seq = anchor[:, None].expand(-1, t).contiguous()
-        events = []
-        for i in range(repeats + 1):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            target.step(seq, pos, capture, pos_h)
-            end.record()
-            target.keep(none_kept, 0)
-            if i:
-                events.append((start, end))
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in events)
-        out[t] = ms[len(ms) // 2]
+        out[t] = cuda_median_ms(lambda: target.step(seq, pos, capture, pos_h), lambda: target.keep(none_kept, 0))
     return out
 
 
-def propose_timer(run, dev):
-    """CUDA events around this step's propose + rollout, while the auto budget has no propose cost
-    for this batch size (read after the step's sync, so they cost no extra sync); else None."""
-    if run is None or not run.times_propose(dev.type):
-        return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    return start, end
+def first_slots(block, kk: int):
+    """The drafter's block cut to its first kk slots (a verify budget's K' < K): slot j reads only
+    slots < j, so the rollout over them is the full block's first kk."""
+    return replace(block, hidden=block.hidden[:, :kk].contiguous(), base_logits=block.base_logits[:, :kk].contiguous())

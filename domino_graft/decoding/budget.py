@@ -36,7 +36,8 @@ it measures them, costs.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -248,6 +249,11 @@ class VerifyBudget:
             raise ValueError(f"{flag}: {n} is negative; valid: {VALID}")
         return cls(mode="fixed", n=n, costs=costs)
 
+    def fresh(self) -> "VerifyBudget":
+        """The same policy and costs with nothing learned yet (one per decoder whose acceptance differs,
+        e.g. the drafter alone and + Domino)."""
+        return replace(self, memory={})
+
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
         """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
         if self.mode == "fixed" and self.n > k:
@@ -292,6 +298,7 @@ class BudgetRun:
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
         self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
+        self._step_start: Optional[tuple[int, float]] = None  # (K', when) of the step under way (tick)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
         if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
             self.reached, self.accepted = list(carry.reached), list(carry.accepted)
@@ -357,6 +364,16 @@ class BudgetRun:
     def excess_ms(self, key: str) -> float:
         samples = sorted(self.excess.get(key, [])[-WALL_WINDOW:])
         return max(samples[len(samples) // 2], 0.0) if samples else 0.0
+
+    def tick(self, kk: int) -> None:
+        """At the top of a step that will verify kk drafts (0: a plain step): the step before it has
+        ended, and its wall time (loop top to loop top) is a sample of its own kind (CUDA only)."""
+        if not self.wall_clock:
+            return
+        now = time.perf_counter()
+        if self._step_start is not None:
+            self.add_wall(self._step_start[0], (now - self._step_start[1]) * 1e3)
+        self._step_start = (kk, now)
 
     def add_wall(self, kk: int, ms: float) -> None:
         """A whole step that verified kk drafts took `ms` on the wall clock (loop top to loop top)."""

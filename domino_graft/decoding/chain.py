@@ -34,7 +34,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import DecodeResult, OnTokens, Output, check_prompt, new_cache, positions, rollback, stop_set
+from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, new_cache, positions, propose_timer,
+                     rollback, stop_set)
 from .verify import verify_chain
 
 
@@ -94,17 +95,13 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     pos = n
     done = out.push([int(anchor)])
     run = _solo_budget(budget, k, dev, forward, keep, anchor, pos)
-    last = None  # (K', loop-top time): the budget's wall clock (CUDA)
     while not done:
         if run is not None:
-            now = time.perf_counter()
-            if last is not None:
-                run.add_wall(last[0], (now - last[1]) * 1e3)
-            last = (run.choose(), now)
-            if last[0] == 0:  # the rest is the target alone's loop
+            if run.choose() == 0:  # the rest is the target alone's loop
                 forwards += _plain_tail(forward, keep, anchor, pos, out, sampling, gen, run, accepted)
                 break
-        timer = _timer(run, dev)
+            run.tick(k)
+        timer = propose_timer(run, dev)
         block = (drafter or adapter).propose(anchor, pos)
         drafts, q = engine.rollout(
             engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
@@ -147,8 +144,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
 
 def _solo_budget(budget: Optional[VerifyBudget], k: int, dev, forward, keep, anchor, pos: int):
     """The auto budget's run for this decode (None otherwise): candidates all K or none; on CUDA
-    the target's T = 1 and T = K + 1 costs measured once (CUDA events, the median of 5 after a
-    first call; the cache is rolled back to `pos`)."""
+    the target's T = 1 and T = K + 1 costs measured once (`cuda_median_ms`; the cache is rolled
+    back to `pos`)."""
     if budget is None or budget.mode != "auto":
         return None
     run = budget.start(k, 1, dev.type, key="solo")
@@ -158,29 +155,9 @@ def _solo_budget(budget: Optional[VerifyBudget], k: int, dev, forward, keep, anc
         measured = {}
         for t in todo:
             seq = anchor[:, None].expand(-1, t).contiguous()
-            events = []
-            for i in range(6):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                forward(seq, pos, capture=())
-                end.record()
-                keep(pos)
-                if i:
-                    events.append((start, end))
-            torch.cuda.synchronize()
-            ms = sorted(s.elapsed_time(e) for s, e in events)
-            measured[t] = ms[len(ms) // 2]
+            measured[t] = cuda_median_ms(lambda: forward(seq, pos, capture=()), lambda: keep(pos))
         run.add_measured(measured)
     return run
-
-
-def _timer(run, dev):
-    """CUDA events around the propose + rollout while the budget lacks a propose cost at B = 1."""
-    if run is None or not run.times_propose(dev.type):
-        return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    return start, end
 
 
 def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run, accepted: list) -> int:
@@ -190,11 +167,13 @@ def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run
     forwards = 0
     done = False
     while not done:
+        run.tick(0)  # the plain kind's wall-clock samples
         logits, _ = forward(anchor[:, None], pos, capture=())
         keep(pos + 1)
         forwards += 1
         accepted.append(0)
-        run.count_plain()
+        if forwards > 1:  # the first is the step run.choose() chose, and counted
+            run.count_plain()
         anchor = pick(logits[:, -1], sampling, gen)
         done = out.push([int(anchor)])
         pos += 1

@@ -4,7 +4,8 @@ engine's static cache (`StaticTarget`, opt-in via `Engine(kv="static")`).
 
 The target-only baseline (engine.py), chain decoding (chain.py) and tree decoding (tree.py)
 each import this module and none of the others, so a measured speedup compares decoders
-that stop, count and cache exactly alike.
+that stop, count and cache exactly alike. The verify budget's CUDA timings (`cuda_median_ms`,
+`propose_timer`) live here too: the solo, batched and served chains measure alike.
 """
 
 from __future__ import annotations
@@ -254,3 +255,31 @@ class StaticTarget(GraphedSteps):
     def rollback(self, keep: int) -> None:
         """Keep the first `keep` positions: the cache's length moves, nothing is copied."""
         self.lm.cache.set_lengths(int(keep))
+
+
+# ------------------------------------------------------------------ the budget's CUDA timings
+def cuda_median_ms(call: Callable[[], object], after: Callable[[], object], repeats: int = 5) -> float:
+    """Median ms of `call()` by CUDA events over `repeats` calls after a first one (which may compile
+    or capture a graph); `after()` runs after each call (a rollback), outside the timing."""
+    events = []
+    for i in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        after()
+        if i:
+            events.append((start, end))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in events)
+    return ms[len(ms) // 2]
+
+
+def propose_timer(run, dev):
+    """CUDA events around a step's propose + rollout, while the auto budget `run` has no propose cost
+    for its batch size (read after the step's sync, so they cost no extra sync); else None."""
+    if run is None or not run.times_propose(dev.type):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end

@@ -32,14 +32,14 @@ at T > 0 a row's samples depend on its batch (its distribution does not; batched
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..decoding.batched import measure_step_costs, propose_timer, ragged_target, static_batch_drafter
+from ..decoding.batched import first_slots, measure_step_costs, ragged_target, static_batch_drafter
 from ..decoding.budget import BudgetRun, VerifyBudget
+from ..decoding.common import propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
 
@@ -204,21 +204,16 @@ class ChainBatch(_Rows):
         self._anchor(logits)
         self.offs = torch.arange(k + 1, device=self.dev)
         self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
-        self._last: Optional[tuple[int, float]] = None  # (K', start) of the block before: the budget's wall clock
         if self.run is not None and self.dev.type == "cuda":  # the target's cost of each candidate length, once per B
             self.run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
                                                      self.run.lengths_to_measure()))
 
     def _choose(self) -> int:
-        """K' for this block (all K without a budget); feeds the budget the last block's wall time."""
-        run = self.run
-        if run is None:
+        """K' for this block (all K without a budget); the budget's wall clock starts its step."""
+        if self.run is None:
             return self.k
-        now = time.perf_counter()
-        if self._last is not None and run.wall_clock:
-            run.add_wall(self._last[0], (now - self._last[1]) * 1e3)
-        kk = run.choose()
-        self._last = (kk, now)
+        kk = self.run.choose()
+        self.run.tick(kk)
         return kk
 
     @torch.inference_mode()
@@ -229,6 +224,7 @@ class ChainBatch(_Rows):
             return
         if self.run is not None and self.run.committed():  # plain until the next rebuild: the target alone's step
             rows = sum(self.live)
+            self.run.tick(0)
             self._target_step()
             self.run.count_plain()
             if self.on_step is not None:
@@ -247,9 +243,8 @@ class ChainBatch(_Rows):
         else:
             timer = propose_timer(self.run, self.dev)
             block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
-            if kk < k:  # only the first K' slots are rolled out (slot j reads slots < j only)
-                block = replace(block, hidden=block.hidden[:, :kk].contiguous(),
-                                base_logits=block.base_logits[:, :kk].contiguous())
+            if kk < k:  # only the first K' slots are rolled out
+                block = first_slots(block, kk)
             drafts, qs = self._rollout(block, anchor)
             if timer is not None:
                 timer[1].record()

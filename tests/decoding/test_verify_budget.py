@@ -142,6 +142,26 @@ def test_each_k_is_costed_by_its_own_samples_once_it_has_them():
     assert set(run.report()["excess_ms"]) == {"spec", "15", "3"}
 
 
+def test_tick_samples_each_step_under_its_own_k(monkeypatch):
+    """tick(K') at each step's top: the step before, now ended, is sampled under its own K' (loop top
+    to loop top); off CUDA the clock is off."""
+    from domino_graft.decoding import budget as budget_mod
+
+    costs = VerifyCosts.from_dict({"step_ms": {"2": {"1": 1.0, "16": 2.0}}, "propose_ms": {"2": 0.5}})
+    now = iter([10.0, 10.0035, 10.0046])  # seconds: a 3.5 ms step with 15 drafts, then a 1.1 ms plain one
+    monkeypatch.setattr(budget_mod.time, "perf_counter", lambda: next(now))
+    run = VerifyBudget("auto", costs=costs).start(15, 2, "cuda")
+    run.decode_steps = 2  # past the decode's first step
+    for kk in (15, 0, 15):
+        run.tick(kk)
+    assert run.excess["15"] == [pytest.approx(3.5 - run.device_cost_ms(15))]
+    assert run.excess["0"] == [pytest.approx(1.1 - run.device_cost_ms(0))]
+    off = VerifyBudget("auto", costs=costs).start(15, 2, "cpu")
+    off.tick(15)
+    off.tick(0)
+    assert off.excess == {"plain": [], "spec": []}
+
+
 def test_fixed_and_full_ignore_costs():
     assert VerifyBudget.parse("full").start(7, 3, "cpu").choose() == 7
     run = VerifyBudget.parse("fixed:2").start(7, 3, "cpu")
