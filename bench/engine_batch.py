@@ -100,6 +100,8 @@ def run_shape(name: str, args, bw_gbs: float) -> dict:
                 r["default_over_cublas"] = round(r["default_ms"] / r["cublas_ms"], 3)
             rows.append(r)
             print(f"[{name}] {r}", flush=True)
+    if args.profile:
+        out["profile"] = {variant: profile_step(lm, ids, args) for variant, (lm, _) in lms.items()}
     ref = bits.get(min(bits)) if bits else None
     out = {"params": params, "context": args.context, "by_batch": rows,
            "row0_bits_equal_across_B": {str(b): bool(torch.equal(v, ref)) for b, v in bits.items()}}
@@ -167,6 +169,29 @@ def propose_by_batch(name: str, model, args) -> dict:
     return out
 
 
+def profile_step(lm, ids, args, top: int = 12) -> dict:
+    """Where one eager forward of B x T tokens (``--profile B,T``) spends its device time: CUDA
+    kernel time summed by kernel name (torch.profiler), the top ones and the total, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b, t = args.profile
+    x = ids[:b, :t]
+    for _ in range(2):  # compiled, checked (small_linear's cuBLAS check) and warm
+        lm.forward(x, args.context, update_lengths=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        lm.forward(x, args.context, update_lengths=False)
+        torch.cuda.synchronize()
+    by_name: dict[str, float] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if us and ev.key and not ev.key.startswith("ProfilerStep"):
+            by_name[ev.key[:80]] = by_name.get(ev.key[:80], 0.0) + us / 1e3
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
+    return {"B": b, "T": t, "kernel_ms_total": round(sum(by_name.values()), 3),
+            "top": [{"kernel": k, "ms": round(v, 3)} for k, v in ranked[:top]]}
+
+
 def register_wide_configs(path: str) -> dict:
     """The many-rows tiles of a linear_rows_probe report, registered as small_linear.WIDE."""
     from domino_graft.kernels.engine import small_linear as S
@@ -202,11 +227,13 @@ def main(argv=None) -> int:
     ap.add_argument("--wide-configs", default=None,
                     help="bench/linear_rows_probe.py's report: register each shape's best_wide (small_linear WIDE)")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="no new (B, T) row starts after this")
+    ap.add_argument("--profile", default=None, help="B,T: also profile one eager forward per variant (kernel ms)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--git-sha", default=os.environ.get("DG_GIT_SHA"))
     args = ap.parse_args(argv)
     args.batches = [int(v) for v in args.batches.split(",")]
     args.tokens = [int(v) for v in args.tokens.split(",")]
+    args.profile = tuple(int(v) for v in args.profile.split(",")) if args.profile else None
     engine_speed.DEV = "cuda"
     t0 = time.time()
     wide = register_wide_configs(args.wide_configs) if args.wide_configs else {}

@@ -2,6 +2,7 @@
 
     source experiments/gpu_env.sh; python3 bench/linear_rows_probe.py --out bench/results/linear_rows_probe_h200.json
     CUBLAS_WORKSPACE_CONFIG=:0:0 python3 bench/linear_rows_probe.py --cublas-only --out OUT.json
+    python3 bench/linear_rows_probe.py --engine-path 1088 --out bench/results/linear_engine_path_h200.json
 
 For each Qwen3-8B and SmolLM2-135M projection (bf16, random weights): the few-row config's output over 1,024 rows
 (a row's bits depend on that row only: 16-row tiles, see kernels/engine/small_linear.py) against the same
@@ -9,6 +10,8 @@ rows through larger tiles (BLOCK_M 64-256, other BLOCK_N / BLOCK_K / warps / sta
 few-row config's SPLIT and K ranges: ``bits_equal`` says whether every row came out the same. Then
 each config's time by M against cuBLAS (weights cycled over twice the L2, CUDA events, median), and
 cuBLAS's own rows across M (whether F.linear is batch-invariant here, with or without split-K).
+``--engine-path MAX_M``: small_linear as the engine calls it (both tiers, and cuBLAS where it gives the
+same bits), every row's bits at every M in 1..MAX_M, and its time by M.
 """
 
 from __future__ import annotations
@@ -52,6 +55,47 @@ def time_in_graph(torch, fn, calls: int = 10, reps: int = 7) -> float:
     return linear_speed.time_in_graph(torch, [lambda i=i: fn(i) for i in range(calls)], calls, reps)
 
 
+ENGINE_MS = (1, 16, 32, 64, 128, 256, 512, 1024)  # the engine path's timings
+
+
+def engine_path(torch, S, name: str, gen, l2: int, max_m: int) -> dict:
+    """small_linear as the engine calls it (config=None: the few-row tier, the many-rows tier and cuBLAS
+    where cuBLAS gives the same bits): whether every row of every M in 1..max_m has the bits it has
+    in the max_m call, the Ms cuBLAS ran, and the time by M against cuBLAS alone."""
+    import os
+
+    import torch.nn.functional as F
+
+    n, k, swiglu, res = SHAPES[name]
+    n_out = n // 2 if swiglu else n
+    x = torch.randn((max_m, k), generator=gen, device="cuda").bfloat16()
+    copies = S.weight_copies(n * k * 2, l2)
+    ws = [(torch.randn((n, k), generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(copies)]
+    r = torch.randn((max_m, n_out), generator=gen, device="cuda").bfloat16() if res else None
+
+    def op(m, w=ws[0]):
+        rr = None if r is None else r[:m]
+        return S.small_linear_swiglu(x[:m], w) if swiglu else S.small_linear(x[:m], w, residual=rr)
+
+    S._CUBLAS_SAME.clear()
+    full = op(max_m)
+    differing = [m for m in range(1, max_m + 1) if not torch.equal(op(m), full[:m])]
+    cublas_ms = sorted(key[2] for key, same in S._CUBLAS_SAME.items() if same)
+    os.environ["DOMINO_GRAFT_CUBLAS_ROWS"] = "0"
+    triton_full = op(max_m)
+    os.environ.pop("DOMINO_GRAFT_CUBLAS_ROWS")
+    row = {"N": n, "K": k, "swiglu": swiglu, "residual": res, "max_m": max_m,
+           "ms_whose_rows_differ_from_max_m": differing, "equal_to_triton_alone": bool(torch.equal(full, triton_full)),
+           "cublas_ran_at": (f"{len(cublas_ms)} Ms, {cublas_ms[0]}..{cublas_ms[-1]}" if cublas_ms else "none"),
+           "engine_us": {}, "cublas_us": {}}
+    for m in ENGINE_MS:
+        row["engine_us"][str(m)] = round(time_in_graph(torch, lambda i, m=m: op(m, ws[i % len(ws)])), 2)
+        row["cublas_us"][str(m)] = round(time_in_graph(torch, lambda i, m=m: F.linear(x[:m], ws[i % len(ws)])), 2)
+    del ws, x, r, full, triton_full
+    torch.cuda.empty_cache()
+    return row
+
+
 def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
@@ -63,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--cublas-only", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=420)
+    ap.add_argument("--engine-path", type=int, default=0, metavar="MAX_M",
+                    help="only the engine's path (engine_path): every M in 1..MAX_M and its time by M")
     args = ap.parse_args(argv)
     t0 = time.time()
     dev = torch.device("cuda")
@@ -75,6 +121,16 @@ def main(argv=None) -> int:
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "timing": "CUDA graph of 10 calls cycling weight copies over 2x L2, median of 7 replays, us per call",
            "shapes": {}}
+    if args.engine_path:
+        for name in args.shapes.split(","):
+            if time.time() - t0 > args.deadline_s:
+                break
+            out["shapes"][name] = engine_path(torch, S, name, gen, l2, args.engine_path)
+            print(name, out["shapes"][name], flush=True)
+            Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        out["elapsed_s"] = round(time.time() - t0, 1)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        return 0
     for name in args.shapes.split(","):
         n, k, swiglu, res = SHAPES[name]
         n_out = n // 2 if swiglu else n

@@ -33,6 +33,10 @@ split-K configs that stream the weight at the read bandwidth. Many rows: 64-256-
 (Hopper's wgmma size), each weight tile read once per BLOCK_M rows instead of once per 16, with
 the few-row config's SPLIT and K ranges, inline.
 
+cuBLAS (``cublas_gives_same_bits``): a call of more than 16 rows without a residual whose plan has
+SPLIT 1 runs on F.linear wherever F.linear has been seen to give this kernel's bits at that shape and
+M (checked once on random rows, outside CUDA-graph captures); elsewhere the Triton tiers.
+
 Bits. A row's output depends on its K ranges and their order only: each ``tl.dot`` adds its
 BLOCK_K products into the fp32 accumulator 16 at a time (one MMA k-step) in K order, whatever
 the tile's BLOCK_M / BLOCK_N / BLOCK_K and whichever MMA instruction runs it (mma.sync at 16
@@ -359,22 +363,36 @@ _measured: dict[tuple, Config] = {}  # MEASURED_SM90 once use_measured_configs()
 # M = 1..1024). WIDE: set by register_config(..., wide=True); MEASURED_WIDE_SM90: H200 winners.
 WIDE_FROM_ROWS = 64
 WIDE: dict[tuple, Config] = {}
-# bench/linear_rows_probe.py's winners on an H200 (bench/results/linear_rows_probe_h200.json, bf16): per
-# weight shape the least total time over M = 64 ... 1,024 among tiles that keep the few-row K ranges
-# (every candidate gave the few-row tier's bits on all 1,024 rows).
-MEASURED_WIDE_SM90: dict[tuple, Config] = {
-    (6144, 4096): Config(128, 64, 1, 8, 4, BLOCK_M=64),  # qkv: x1.535 of cuBLAS at M = 512
-    (4096, 4096): Config(128, 64, 4, 8, 4, BLOCK_M=64, SPLIT_INLINE=True),  # o: x1.435 of cuBLAS at M = 512
-    (24576, 4096, "swiglu"): Config(128, 64, 1, 8, 4, BLOCK_M=128),  # gate_up: x0.932 of cuBLAS at M = 512
-    (4096, 12288): Config(256, 64, 4, 8, 4, BLOCK_M=128),  # down: x1.334 of cuBLAS at M = 512
-    (151936, 4096): Config(256, 64, 1, 8, 4, BLOCK_M=128),  # lm_head: x1.243 of cuBLAS at M = 512
-    (960, 576): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_qkv: x1.061 of cuBLAS at M = 512
-    (576, 576): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_o: x0.904 of cuBLAS at M = 512
-    (3072, 576, "swiglu"): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_gate_up: x0.613 of cuBLAS at M = 512
-    (576, 1536): Config(64, 64, 1, 4, 4, BLOCK_M=64),  # smollm2_down: x1.178 of cuBLAS at M = 512
-    (49152, 576): Config(128, 64, 1, 8, 3, BLOCK_M=128),  # smollm2_lm_head: x1.322 of cuBLAS at M = 512
+
+
+def _wide(bn: int, bk: int, warps: int, stages: int, bm: int, split: int = 1, inline: bool = False) -> Config:
+    return Config(bn, bk, split, warps, stages, BLOCK_M=bm, SPLIT_INLINE=inline)
+
+
+# bench/linear_rows_probe.py's winners on an H200 (bench/results/linear_rows_probe_h200.json.gz, bf16), by
+# the rows of a call: (from_rows, tiles) ascending, each the fastest tile at the probe's M = from_rows
+# among tiles that keep the few-row K ranges (every candidate gave the few-row tier's bits on all 1,024
+# rows, so the tile may change with M). One tile for every M cost up to 1.9x at M = 64 (o: 27.6 vs 14.8 us).
+MEASURED_WIDE_SM90: dict[tuple, tuple[tuple[int, Config], ...]] = {
+    (6144, 4096): ((64, _wide(64, 64, 4, 4, 64)), (128, _wide(64, 128, 8, 3, 128)),  # qkv
+                   (256, _wide(64, 64, 4, 4, 64)), (512, _wide(128, 64, 4, 3, 64)), (1024, _wide(128, 64, 8, 4, 128))),
+    (4096, 4096): ((64, _wide(64, 64, 4, 4, 64, 4)), (128, _wide(64, 64, 4, 4, 128, 4)),  # o
+                   (256, _wide(256, 64, 8, 4, 128, 4)), (512, _wide(128, 64, 8, 4, 128, 4, True))),
+    (24576, 4096, "swiglu"): ((64, _wide(64, 64, 4, 4, 64)), (128, _wide(128, 64, 8, 4, 128)),  # gate_up
+                              (256, _wide(64, 128, 8, 3, 128)), (512, _wide(128, 64, 8, 4, 128))),
+    (4096, 12288): ((64, _wide(64, 64, 4, 4, 64, 4)), (128, _wide(128, 128, 8, 3, 128, 4)),  # down
+                    (256, _wide(256, 64, 8, 4, 128, 4)), (512, _wide(128, 64, 8, 4, 128, 4, True))),
+    (151936, 4096): ((64, _wide(128, 64, 4, 3, 64)), (128, _wide(128, 128, 8, 3, 128)),  # lm_head
+                     (256, _wide(128, 64, 8, 3, 256)), (512, _wide(256, 64, 8, 4, 128)),
+                     (1024, _wide(128, 64, 8, 3, 256))),
+    (960, 576): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_qkv
+    (576, 576): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_o
+    (3072, 576, "swiglu"): ((64, _wide(64, 64, 4, 4, 64)), (512, _wide(64, 64, 4, 4, 128)),  # smollm2_gate_up
+                            (1024, _wide(128, 64, 8, 3, 128))),
+    (576, 1536): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_down
+    (49152, 576): ((64, _wide(128, 64, 4, 3, 64)), (256, _wide(128, 64, 8, 3, 128))),  # smollm2_lm_head
 }
-_measured_wide: dict[tuple, Config] = {}
+_measured_wide: dict[tuple, tuple[tuple[int, Config], ...]] = {}
 
 
 def use_measured_configs(device=None) -> bool:
@@ -413,17 +431,56 @@ def plan(n: int, k: int, rows: int, *, swiglu: bool = False, dtype: torch.dtype 
 
     The K ranges are always the few-row config's (``lookup_config``): a row's summation order, so
     its bits, are the same at 1 row and at 1,024. From ``WIDE_FROM_ROWS`` rows on, the tiles are
-    the many-rows tier's (``WIDE`` / ``MEASURED_WIDE_SM90``, else ``default_wide_config``): a
-    weight tile is read once per BLOCK_M rows instead of once per 16."""
+    the many-rows tier's (``WIDE``; ``MEASURED_WIDE_SM90``'s entry for the most rows <= ``rows``;
+    else ``default_wide_config``): a weight tile is read once per BLOCK_M rows instead of once per 16."""
     base = lookup_config(n, k, swiglu=swiglu, dtype=dtype).validate(f"{who} (tuned table)")
     kps = base.k_per_split(k)
     if rows < WIDE_FROM_ROWS:
         return base, kps
     key = _key(n, k, swiglu)
-    wide = WIDE.get(key) or (_measured_wide.get(key) if dtype in (torch.bfloat16, torch.float16) else None)
+    wide = WIDE.get(key)
+    if wide is None and dtype in (torch.bfloat16, torch.float16):
+        wide = next((c for lo, c in reversed(_measured_wide.get(key, ())) if rows >= lo), None)
     if wide is None or wide.SPLIT != base.SPLIT or kps % wide.BLOCK_K:
         wide = default_wide_config(base, k, swiglu=swiglu)
     return wide.validate(f"{who} (many-rows table)"), kps
+
+
+# cuBLAS where it gives these bits. The probe (linear_rows_probe_h200.json.gz) found cuBLAS's rows the
+# same at every probed M for the SPLIT-1 shapes (Qwen3-8B q/k/v and LM head, all of SmolLM2's), and
+# bench/linear_speed.py found them equal to this kernel's (max_abs_diff_vs_cublas 0.0): both sum K in
+# order, 16 at a time. Where so, cuBLAS runs many rows faster (q/k/v at M = 512: 34.7 vs 48.3 us; the
+# LM head: 945 vs 1,175 us). So a call of more than CUBLAS_FROM_ROWS - 1 rows without a residual,
+# through a SPLIT-1 plan, goes to F.linear once F.linear has given this kernel's bits on random rows at
+# that (shape, rows, dtype, alignment): checked on the first such call outside a CUDA-graph capture
+# (the graphs' eager warm-up runs make it), kept in _CUBLAS_SAME. Unchecked, or different: this kernel.
+# A row's bits therefore never depend on which of the two ran it. DOMINO_GRAFT_CUBLAS_ROWS=0: never.
+CUBLAS_FROM_ROWS = BLOCK_M + 1  # one 16-row tile and below: this kernel is the faster (the LM head: 278 vs 298 us)
+_CUBLAS_SAME: dict[tuple, bool] = {}
+
+
+def _aligned(t: torch.Tensor | None) -> bool:
+    return t is None or t.data_ptr() % 16 == 0
+
+
+def cublas_gives_same_bits(x2: torch.Tensor, w: torch.Tensor, bias, cfg: Config, kps: int) -> bool:
+    """Whether F.linear may run this call of x2 ``[M, K]`` (module comment above): checked once per
+    (w's shape and strides, M, dtypes, alignment) on seeded random rows against ``_launch``."""
+    m, k = x2.shape
+    if (m < CUBLAS_FROM_ROWS or cfg.SPLIT != 1 or INTERPRETED or not x2.is_cuda or not x2.is_contiguous()
+            or x2.dtype not in (torch.bfloat16, torch.float16) or os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") == "0"):
+        return False
+    key = (tuple(w.shape), w.stride(0), m, x2.dtype, None if bias is None else bias.dtype,
+           _aligned(x2) and _aligned(w) and _aligned(bias), x2.device.index)
+    same = _CUBLAS_SAME.get(key)
+    if same is None:
+        if torch.cuda.is_current_stream_capturing():  # a check synchronizes: not inside a capture
+            return False
+        gen = torch.Generator(device=x2.device).manual_seed(m)
+        probe = torch.randn((m, k), generator=gen, device=x2.device).to(x2.dtype)
+        same = _CUBLAS_SAME[key] = bool(torch.equal(F.linear(probe, w, bias),
+                                                    _launch(probe, w, bias, None, cfg, w.shape[0], False, kps)))
+    return same
 
 
 # ---------------------------------------------------------------------------------- wrappers
@@ -533,6 +590,8 @@ def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     x2 = _rows(x, k)
     cfg, kps = ((config.validate("small_linear"), None) if config is not None
                 else plan(n, k, x2.shape[0], dtype=x.dtype, who="small_linear"))
+    if residual is None and config is None and cublas_gives_same_bits(x2, w, bias, cfg, kps):
+        return F.linear(x2, w, bias).reshape(*x.shape[:-1], n)
     r2 = _rows(residual, n) if residual is not None else None
     y = _launch(x2, w, bias, r2, cfg, n, swiglu=False, k_per_split=kps)
     return y.reshape(*x.shape[:-1], n)

@@ -240,6 +240,33 @@ def test_plan_keeps_the_few_row_k_ranges_at_every_row_count():
         S.clear_configs()
 
 
+def test_measured_many_rows_tables_keep_the_k_ranges_and_go_by_rows(monkeypatch):
+    """MEASURED_WIDE_SM90: per shape, tiles by rows (ascending from WIDE_FROM_ROWS), each keeping the
+    measured few-row config's SPLIT and K range; plan() takes the entry for the most rows <= M."""
+    monkeypatch.setattr(S, "_measured", dict(S.MEASURED_SM90))
+    monkeypatch.setattr(S, "_measured_wide", dict(S.MEASURED_WIDE_SM90))
+    S.clear_configs()
+    for key, table in S.MEASURED_WIDE_SM90.items():
+        n, k, swiglu = key[0], key[1], len(key) == 3
+        base = S.lookup_config(n, k, swiglu=swiglu)
+        starts = [lo for lo, _ in table]
+        assert starts == sorted(set(starts)) and starts[0] == S.WIDE_FROM_ROWS, key
+        for lo, cfg in table:
+            cfg.validate()
+            assert cfg.SPLIT == base.SPLIT and base.k_per_split(k) % cfg.BLOCK_K == 0, (key, lo, cfg)
+        for rows in (S.WIDE_FROM_ROWS, 100, 200, 511, 512, 700, 1024, 4096):
+            want = [c for lo, c in table if lo <= rows][-1]
+            assert S.plan(n, k, rows, swiglu=swiglu) == (want, base.k_per_split(k)), (key, rows)
+
+
+def test_cublas_is_never_asked_on_a_cpu_or_for_few_rows():
+    """cublas_gives_same_bits: only CUDA, more than one 16-row tile, SPLIT 1 (else the Triton tiers)."""
+    x, w = _problem(64, N, K, seed=0)[:2]
+    cfg, kps = S.plan(N, K, 64)
+    assert not S.cublas_gives_same_bits(x, w, None, cfg, kps)
+    assert not S.cublas_gives_same_bits(x[:S.CUBLAS_FROM_ROWS - 1], w, None, S.Config(), 128)
+
+
 @needs_interpreter
 @pytest.mark.parametrize("m", [S.WIDE_FROM_ROWS - 1, S.WIDE_FROM_ROWS + 3])
 def test_many_rows_tier_equals_reference(m):
@@ -423,7 +450,7 @@ def test_gpu_a_rows_bits_do_not_depend_on_m(split):
 
 
 # M values the issue names: across the 16-row tile edges and the many-rows tier's switch
-BITS_MS = (1, 15, 16, 17, 63, 64, 65, 256, 512, 1024)
+BITS_MS = (1, 15, 16, 17, 33, 63, 64, 65, 128, 129, 255, 256, 300, 512, 1024)
 
 
 @pytest.mark.gpu
@@ -452,6 +479,33 @@ def test_gpu_a_rows_bits_are_the_same_at_every_m(shape):
                 assert torch.equal(y[j], want), f"{shape}: row {j} at M = {m} differs from the row alone"
         last = op(x[m - 1:m], r[m - 1:m])[0]
         assert torch.equal(y[m - 1], last), f"{shape}: the last row of M = {m} differs from the row alone"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_cublas_runs_many_rows_only_with_the_kernels_bits(monkeypatch):
+    """At Qwen3-8B's q/k/v shape and M = 512 the engine's path hands the call to cuBLAS once cuBLAS
+    gave the Triton tiers' bits (the H200 does: linear_rows_probe); its output then equals the Triton
+    path's bit for bit (DOMINO_GRAFT_CUBLAS_ROWS=0), and a call inside a graph capture never checks."""
+    dev = torch.device("cuda")
+    S.use_measured_configs(dev)
+    x, w = _problem(512, 6144, 4096, seed=21, dtype=torch.bfloat16, device=dev)[:2]
+    S._CUBLAS_SAME.clear()
+    y = S.small_linear(x, w)
+    assert list(S._CUBLAS_SAME.values()) == [True], "cuBLAS did not give the kernel's bits at q/k/v, M = 512"
+    monkeypatch.setenv("DOMINO_GRAFT_CUBLAS_ROWS", "0")
+    assert torch.equal(y, S.small_linear(x, w)), "the cuBLAS and Triton paths differ"
+    monkeypatch.delenv("DOMINO_GRAFT_CUBLAS_ROWS")
+    S._CUBLAS_SAME.clear()
+    xs = x[:300].clone()
+    S.small_linear(xs, w)  # compile outside the capture
+    S._CUBLAS_SAME.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inside = S.small_linear(xs, w)
+    graph.replay()
+    assert not S._CUBLAS_SAME, "a check ran inside a capture"
+    assert torch.equal(inside, S.small_linear(xs, w)), "the captured (Triton) call and the checked call differ"
 
 
 @pytest.mark.gpu
