@@ -100,11 +100,11 @@ def run_shape(name: str, args, bw_gbs: float) -> dict:
                 r["default_over_cublas"] = round(r["default_ms"] / r["cublas_ms"], 3)
             rows.append(r)
             print(f"[{name}] {r}", flush=True)
-    if args.profile:
-        out["profile"] = {variant: profile_step(lm, ids, args) for variant, (lm, _) in lms.items()}
     ref = bits.get(min(bits)) if bits else None
     out = {"params": params, "context": args.context, "by_batch": rows,
            "row0_bits_equal_across_B": {str(b): bool(torch.equal(v, ref)) for b, v in bits.items()}}
+    if args.profile:
+        out["profile"] = {variant: profile_step(lm, ids, args) for variant, (lm, _) in lms.items()}
     for _, run in lms.values():
         run.graphs.clear()
     del lms

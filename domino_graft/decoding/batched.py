@@ -168,10 +168,12 @@ def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto"
 @torch.inference_mode()
 def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
-                        seed_offset: int = 0, kv: str = "auto") -> list[DecodeResult]:
+                        seed_offset: int = 0, kv: str = "auto", run=None) -> list[DecodeResult]:
     """Target-alone decoding of every prompt at once; row b's output is
     `engine.target_only(prompts[b])`'s (greedy: token for token; T > 0: in distribution).
-    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`)."""
+    kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`).
+    run: a verify budget's run that starts committed (`batched_chain`): it counts the steps, and
+    each row's accepted list gets a 0 per step, as its plain steps record."""
     sampling = sampling or Sampling()
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev = len(ids), ids[0].device
@@ -189,9 +191,11 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
     pos = torch.tensor(pos_h, device=dev)
     seconds, forwards = [0.0] * b, [1] * b
     live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
-    _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0)
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, kv_path=target.kv_path)
-            for o, p, s, f in zip(outs, ids, seconds, forwards)]
+    accepted = None if run is None else [[] for _ in ids]
+    _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run, accepted)
+    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, [] if accepted is None else accepted[r],
+                         kv_path=target.kv_path)
+            for r, (o, p, s, f) in enumerate(zip(outs, ids, seconds, forwards))]
 
 
 def _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run=None,
@@ -257,6 +261,11 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
     run = None if budget is None else budget.start(k, b, dev.type)  # refused before any forward
+    if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
+        results = batched_target_only(engine, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                      stop_ids=stop_ids, seed_offset=seed_offset, kv=kv, run=run)
+        engine.last_budget = run.finish()
+        return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
     stops = stop_set(engine.stop_ids, stop_ids)

@@ -26,7 +26,10 @@ for WARMUP_STEPS, and only every PROBE_EVERY-th decode verifies all K for one st
 estimate keeps being checked). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
 decode commits to plain decoding (`committed()`): the callers then run the target alone's lean loop
 for the rest of it (no features captured, nothing written to the drafter), so a batch in which
-speculation does not pay costs what the target alone costs.
+speculation does not pay costs what the target alone costs. A decode whose batch size's last decode
+ended committed, and that is not a probe, starts committed (`starts_committed`): the callers run the
+target alone's decode itself, without the drafter's prefill or the prompt's features, which a
+decode that only commits after COMMIT_AFTER steps still pays.
 
 Every K' is lossless (the verify of the first K' drafts is the same rule: decoding/verify.py), so the
 policy only moves speed. This module is plain Python: the engine feeds it acceptance counts and, where
@@ -276,16 +279,18 @@ class VerifyBudget:
         batch), else what the last decode under `key` (default: the batch size) learned."""
         self.check(k, device_type)
         key = batch if key is None else key
-        if carry is None:
+        remembered = carry is None
+        if remembered:
             carry = self.memory.get(key)
-        return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry, key=key)
+        return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry, key=key,
+                         remembered=remembered)
 
 
 class BudgetRun:
     """One decode's choices: the running acceptance and a histogram of the K' chosen."""
 
     def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
-                 carry: Optional["BudgetRun"] = None, key=None):
+                 carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False):
         self.budget, self.k, self.batch = budget, k, batch
         self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
@@ -305,6 +310,12 @@ class BudgetRun:
             self.steps, self.decodes = carry.steps, carry.decodes + 1
             if carry.batch == batch:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
+        # the last decode at this batch size ended committed to plain steps and this one is no probe:
+        # it is the target alone's from its first step (module docstring), nothing drafted or prefilled
+        self.starts_committed = (remembered and budget.mode == "auto" and carry is not None and carry.k == k
+                                 and carry.batch == batch and carry.committed() and self.decodes % PROBE_EVERY != 0)
+        if self.starts_committed:
+            self.plain_streak = COMMIT_AFTER
 
     def lengths_to_measure(self) -> list[int]:
         """Verify lengths whose target cost at this batch size is unknown (auto only)."""

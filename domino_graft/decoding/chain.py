@@ -21,13 +21,15 @@ A verify budget (`budget=`, decoding/budget.py, its auto mode) decides here betw
 verify all K, or decode the rest with the target alone (its own loop: no features, no drafter),
 chosen from the running acceptance and the two steps' costs (measured on CUDA: the target's T = 1
 and T = K + 1 forwards, the propose, each step kind's wall-clock excess; a table elsewhere). What a
-decode learns stays with the budget (key "solo"), so the next decode starts from it. A solo step
-never verifies 0 < K' < K: drafters' static paths take a full block here.
+decode learns stays with the budget (key "solo"), so the next decode starts from it; one that
+`starts_committed` is `engine.target_only`'s decode outright (no drafter prefill, no features). A
+solo step never verifies 0 < K' < K: drafters' static paths take a full block here.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterable, Optional
 
 import torch
@@ -50,6 +52,13 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     dev = ids.device
     target, adapter = engine.target, engine.adapter
     k = adapter.num_slots
+    run = budget.start(k, 1, dev.type, key="solo") if budget is not None and budget.mode == "auto" else None
+    if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
+        res = engine.target_only(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+                                 on_tokens=on_tokens, seed_offset=seed_offset)
+        run.count_plain(res.decode_steps)
+        engine.last_budget = run.finish()
+        return replace(res, accepted=[0] * res.decode_steps, slot_reached=[0] * k, slot_accepted=[0] * k)
     capture = adapter.capture_layers()
     gen = sampling.generator(dev, seed_offset)
     out = Output(max_new_tokens, stop_set(engine.stop_ids, stop_ids), on_tokens)
@@ -94,7 +103,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     anchor = pick(logits[:, -1], sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
-    run = _solo_budget(budget, k, dev, forward, keep, anchor, pos)
+    _measure_solo_costs(run, k, dev, forward, keep, anchor, pos)
     while not done:
         if run is not None:
             if run.choose() == 0:  # the rest is the target alone's loop
@@ -142,13 +151,11 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                         reached, accepted_slot, kv_path="dynamic" if static is None else "static")
 
 
-def _solo_budget(budget: Optional[VerifyBudget], k: int, dev, forward, keep, anchor, pos: int):
-    """The auto budget's run for this decode (None otherwise): candidates all K or none; on CUDA
-    the target's T = 1 and T = K + 1 costs measured once (`cuda_median_ms`; the cache is rolled
-    back to `pos`)."""
-    if budget is None or budget.mode != "auto":
-        return None
-    run = budget.start(k, 1, dev.type, key="solo")
+def _measure_solo_costs(run, k: int, dev, forward, keep, anchor, pos: int) -> None:
+    """The auto budget's candidates here: all K or none; on CUDA the target's T = 1 and T = K + 1
+    costs measured once (`cuda_median_ms`; the cache is rolled back to `pos`)."""
+    if run is None:
+        return
     run.candidates = [0, k]
     todo = sorted({1, k + 1} & set(run.lengths_to_measure()))
     if dev.type == "cuda" and todo:
@@ -157,7 +164,6 @@ def _solo_budget(budget: Optional[VerifyBudget], k: int, dev, forward, keep, anc
             seq = anchor[:, None].expand(-1, t).contiguous()
             measured[t] = cuda_median_ms(lambda: forward(seq, pos, capture=()), lambda: keep(pos))
         run.add_measured(measured)
-    return run
 
 
 def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run, accepted: list) -> int:

@@ -111,8 +111,8 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
                       HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
                       KEYS_PER_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    pid = tl.program_id(0)
-    pm = tl.program_id(1)
+    pm = tl.program_id(0)  # fastest: a KV head's row tiles run side by side, all but one read K/V from L2
+    pid = tl.program_id(1)
     split = tl.program_id(2)
     b = pid // HKV
     kvh = pid % HKV
@@ -240,7 +240,10 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     block_n = 64 if head_dim <= 128 else 32
     o = torch.empty_like(q)
     scale = head_dim ** -0.5 if scale is None else scale
-    grid = (b * num_kv_heads, triton.cdiv(rows, block_m), splits)
+    # the row tiles of one (row, KV head) first: they read the same keys and values, so they run
+    # together and only the first reads them from HBM (at a 16-token verify of Qwen3-8B, B = 32: 4
+    # tiles a head; with the heads first each tile read them again, 2.5 of the step's 17.9 ms)
+    grid = (triton.cdiv(rows, block_m), b * num_kv_heads, splits)
     if splits == 1:
         part, ml = o, o
     else:

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from domino_graft.decoding import Engine, Sampling, stop_token_ids
-from domino_graft.decoding.budget import (BudgetRun, VerifyBudget, VerifyCosts, best_budget, candidate_budgets,
-                                          expected_tokens)
+from domino_graft.decoding.budget import (PROBE_EVERY, BudgetRun, VerifyBudget, VerifyCosts, best_budget,
+                                          candidate_budgets, expected_tokens)
 from tests.conftest import REPO
 from tests.decoding.test_batched import RowOracle
 from tests.decoding.test_batched_sampling import PROMPTS, row_pvalues, wrong_q
@@ -312,6 +312,42 @@ def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
     with pytest.raises(ValueError, match="with a tree drafter"):
         Engine(tree_target, tree_adapter, build_head(recipe, tree_adapter, tensors)).speculative(
             [5, 6], max_new_tokens=4, budget=VerifyBudget.parse("auto", dear))
+
+
+def test_a_decode_after_a_committed_one_runs_the_target_alone_from_its_first_step(monkeypatch):
+    """starts_committed (decoding/budget.py): once a decode at a batch size has committed to plain
+    steps, the next ones at that size run the target alone's decode outright (no drafter built or
+    prefilled, no rollout: every step K' = 0), until the PROBE_EVERY-th decode verifies all K again;
+    outputs equal the target alone's throughout, batched (B = 3) and solo (B = 1)."""
+    from domino_graft.decoding import batched
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2)
+    k, stops = adapter.num_slots, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    refs = [engine.target_only(p, max_new_tokens=12).tokens for p in prompts]
+    built = []
+    real = batched.static_batch_drafter
+    monkeypatch.setattr(batched, "static_batch_drafter", lambda *a: built.append(a) or real(*a))
+    dear = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0},
+                                              "3": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
+                                  "propose_ms": {"1": 5.0, "3": 5.0}})
+    budget = VerifyBudget.parse("auto", dear)
+    for decode in range(PROBE_EVERY + 1):
+        built.clear()
+        got = engine.speculative_batch(prompts, max_new_tokens=12, budget=budget)
+        assert [r.tokens for r in got] == refs, decode
+        hist = engine.last_budget["k_hist"]
+        if decode % PROBE_EVERY == 0:  # the first decode and each probe draft: they verify all K first
+            assert hist.get(str(k), 0) >= 1 and hist.get("0", 0) > 0 and built, (decode, hist)
+        else:
+            assert set(hist) == {"0"} and not built, (decode, hist)
+            assert all(r.accepted == [0] * r.decode_steps for r in got)
+        solo = engine.speculative(prompts[0], max_new_tokens=12, budget=budget)
+        assert solo.tokens == refs[0], decode
+        hist = engine.last_budget["k_hist"]
+        assert (set(hist) == {"0"}) == (decode % PROBE_EVERY != 0), (decode, hist)
+        assert len(solo.accepted) == solo.decode_steps
 
 
 # ------------------------------------------------------------- T > 0: in law
