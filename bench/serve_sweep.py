@@ -59,6 +59,8 @@ def start_server(args, mode: str, port: int, log: Path) -> subprocess.Popen:
         cmd += ["--dtype", args.dtype]
     if args.rollout:
         cmd += ["--rollout", args.rollout]
+    if args.max_model_len:  # the positions the servers' warm start reserves and captures for
+        cmd += ["--max-model-len", str(args.max_model_len)]
     cmd += ["--target-only"] if mode == "target" else ["--verify-budget", args.verify_budget]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -153,10 +155,14 @@ async def drive(args, mode: str, items: list[list[int]], report: dict, write, cl
         async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
             t0 = time.perf_counter()
             health = await wait_ready(client, base, proc)
-            report["servers"][mode] = {"health": health, "ready_s": round(time.perf_counter() - t0, 1)}
+            # ready_s includes the server's own warm start (its seconds in /health's warm_start)
+            report["servers"][mode] = {"health": health, "ready_s": round(time.perf_counter() - t0, 1),
+                                       "server_warm_start_s": (health.get("warm_start") or {}).get("seconds")}
             t0 = time.perf_counter()
             n = 1
-            while n <= args.max_batch:  # every padded batch size once, short and long prompts
+            # every padded batch size once, short and long prompts: kept from before the servers warmed
+            # themselves up, and cheap; the points' shapes are the server's warm start's now
+            while n <= args.max_batch:
                 await by_concurrency(client, base, (sorted(items, key=len)[-n:] + items[:n])[: 2 * n],
                                      args.max_tokens, n)
                 n *= 2
@@ -179,6 +185,10 @@ async def drive(args, mode: str, items: list[list[int]], report: dict, write, cl
                 write()
                 print(f"{mode} {key}: {row['output_tokens_per_s']} tok/s, TPOT p50 {row['tpot_ms_p50']} ms, "
                       f"TTFT p99 {row['ttft_ms_p99']} ms", flush=True)
+            after = (await client.get(f"{base}/health")).json().get("warm_start") or {}
+            # graphs captured after the warm start (0: it covered every shape the points met) and whether the
+            # reserved cache was kept
+            report["servers"][mode]["after_points"] = {k: after.get(k) for k in ("graphs_since", "cache_kept")}
             metrics = await client.get(f"{base}/metrics")
             report["servers"][mode]["metrics_tail"] = [
                 ln for ln in metrics.text.splitlines() if ln.startswith(("domino_graft_tau", "domino_graft_verify"))]
@@ -201,6 +211,9 @@ def main(argv=None) -> int:
     p.add_argument("--rates", default="4,16,64", help="requests/s, comma-separated (Poisson arrivals)")
     p.add_argument("--concurrency", default="1,8,32", help="max requests in flight, comma-separated")
     p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="serve --max-model-len (default: the longest prompt + --max-tokens, what the points reach; "
+                        "0: the target's own, every position warmed up)")
     p.add_argument("--verify-budget", default="auto")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", ""))
     p.add_argument("--rollout", default="triton", help="the Domino rollout kernel (serve --rollout; '' = the recipe's)")
@@ -222,12 +235,15 @@ def main(argv=None) -> int:
     loaded = load_run_or_bundle(args.run, device="cpu")  # the tokenizer, for the prompts
     items = read_items(loaded, args.prompts, args.num_prompts)
     del loaded
+    if args.max_model_len is None:
+        args.max_model_len = max(len(ids) for ids in items) + args.max_tokens
     report = {
         "what": "domino-graft serve under load: Poisson arrival rates and max-concurrency, speculation (drafter + "
                 "Domino, verify budget) against the target alone; greedy, streamed /v1/completions",
         "command": " ".join(["bench/serve_sweep.py", *(sys.argv[1:] if argv is None else argv)]),
         "git_sha": os.environ.get("DG_GIT_SHA"), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "run": args.run, "num_prompts": len(items), "max_tokens": args.max_tokens, "max_batch": args.max_batch,
+        "max_model_len": args.max_model_len or None,
         "verify_budget": args.verify_budget, "dtype": args.dtype, "rollout": args.rollout, "servers": {}, "points": [],
     }
     try:

@@ -14,7 +14,8 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the folder's name)")
     p.add_argument("--max-model-len", type=int, metavar="N",
-                   help="positions per request, prompt + answer (default: the target's max_position_embeddings)")
+                   help="positions per request, prompt + answer (default: the target's max_position_embeddings); "
+                        "the warm start reserves the cache for --max-batch rows of this many positions")
     p.add_argument("--target-only", action="store_true", help="no speculation: serve the target alone (the baseline)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, seconds to finish the requests in flight (default 30)")
@@ -26,6 +27,10 @@ def add_arguments(p) -> None:
     p.add_argument("--verify-budget", default=None, metavar="{full,auto,N}",
                    help="drafts each block verifies (docs/design.md §5): default auto on CUDA, full elsewhere")
     p.add_argument("--verify-costs", metavar="FILE.json", help="costs for --verify-budget auto (needed off CUDA)")
+    p.add_argument("--no-warm-start", dest="warm_start", action="store_false",
+                   help="skip the warm start: by default, before /health says ok, the batched server reserves its "
+                        "caches at full size and captures every shape traffic can meet (CUDA graphs, compiles, the "
+                        "verify budget's costs), so no request waits for them (docs/serving.md)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -38,7 +43,8 @@ def run(args) -> int:
                         max_model_len=args.max_model_len, target_only=args.target_only, device=args.device,
                         kv=args.kv, rollout=args.rollout, drain_s=args.drain_timeout,
                         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-                        dtype=args.dtype, verify_budget=args.verify_budget, verify_costs=args.verify_costs)
+                        dtype=args.dtype, verify_budget=args.verify_budget, verify_costs=args.verify_costs,
+                        warm_start=args.warm_start)
     opts.check()  # before minutes of loading
     loading("serve")
     return serve(opts)

@@ -60,11 +60,8 @@ def create_app(served: Served) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        s = served.scheduler
-        if not s.alive:
-            return JSONResponse({"status": "error", "error": s.error or "the model worker is not running"}, 503)
-        return {"status": "ok", "mode": s.mode, "running": s.running, "queued": s.queue_depth(),
-                "verify_budget": describe(s)["verify_budget"]}
+        status, body = health_status(served.scheduler)
+        return JSONResponse(body, status)
 
     @app.get("/metrics")
     async def metrics():
@@ -94,6 +91,19 @@ def create_app(served: Served) -> FastAPI:
         return await _respond(served, request, body, ids, chat=True)
 
     return app
+
+
+def health_status(s: Scheduler) -> tuple[int, dict]:
+    """/health: 200 "ok" once the worker serves (with what its warm start did); 503 "warming" while it
+    warms up (requests sent meanwhile wait in the queue), 503 "error" if it died or the warm start failed."""
+    if not s.alive:
+        return 503, {"status": "error", "error": s.error or "the model worker is not running"}
+    body = {"status": "warming" if s.warming else "ok", "mode": s.mode, "running": s.running,
+            "queued": s.queue_depth(), "verify_budget": describe(s)["verify_budget"]}
+    if s.warming:
+        return 503, body
+    body["warm_start"] = None if s.warm is None else s.warm.status()
+    return 200, body
 
 
 # --------------------------------------------------------------------------- checks

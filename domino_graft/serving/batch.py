@@ -80,6 +80,15 @@ def _generator(groups, dev, seed: Optional[int]) -> Optional[torch.Generator]:
     return gen
 
 
+def batch_target(engine, rows: int, length: int):
+    """The target for a batch of `rows` rows reaching `length` positions: the engine's static ragged
+    cache, kept while it has room (`ragged_target`; the warm start reserves it at full size once),
+    or a DynamicCache. kv as Engine.speculative_batch."""
+    kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"
+    dev = engine.target.device
+    return ragged_target(engine, [torch.zeros(1, dtype=torch.long, device=dev)] * rows, length, kv)
+
+
 class _Rows:
     """What both batches share: the rows, their groups and generator, the target's ragged cache,
     the anchors and positions, and which rows are live."""
@@ -92,9 +101,7 @@ class _Rows:
         self.groups = _groups(rows, dev)
         self.gen = _generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
-        length = max(r.positions_needed for r in rows) + extra
-        kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"  # as Engine.speculative_batch
-        self.target = ragged_target(engine, ids, length, kv)
+        self.target = batch_target(engine, len(rows), max(r.positions_needed for r in rows) + extra)
         return ids
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -138,7 +145,23 @@ class _Rows:
         """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
         return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
 
-    def _target_step(self) -> None:
+    def seek(self, position: int) -> None:
+        """Every row's next step at `position` (the warm start's visit of a kv bucket with a static
+        drafter, serving/warmup.py; an eager drafter's context must end where its rows are).
+        Harmless to what any later batch outputs: each batch starts with its own prefill, and a
+        row never reads the cache at or past its own position before writing it (ragged_static.py)."""
+        self.pos_h = [position] * len(self.rows)
+        self.pos = torch.tensor(self.pos_h, device=self.dev)
+
+    def visit(self, t: int, end: int, capture=()) -> None:
+        """The target's forward of t tokens per row ending at position `end` (a kv bucket), nothing kept:
+        the warm start's visit of one shape, as measure_step_costs runs one."""
+        pos_h = [end - t] * len(self.rows)
+        seq = self.anchor[:, None].expand(-1, t).contiguous()
+        self.target.step(seq, torch.tensor(pos_h, device=self.dev), tuple(capture), pos_h)
+        self.target.keep(torch.zeros(len(self.rows), dtype=torch.long, device=self.dev), 0)
+
+    def plain_step(self) -> None:
         """One token per live row from the target alone: no features, no drafter (TargetBatch's
         step, and a ChainBatch's once its verify budget committed to plain steps)."""
         live = list(self.live)
@@ -175,7 +198,7 @@ class TargetBatch(_Rows):
     @torch.inference_mode()
     def step(self) -> None:
         if self._retire_cancelled():
-            self._target_step()
+            self.plain_step()
 
 
 class ChainBatch(_Rows):
@@ -204,9 +227,15 @@ class ChainBatch(_Rows):
         self._anchor(logits)
         self.offs = torch.arange(k + 1, device=self.dev)
         self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
-        if self.run is not None and self.dev.type == "cuda":  # the target's cost of each candidate length, once per B
-            self.run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
-                                                     self.run.lengths_to_measure()))
+        if self.run is not None and self.dev.type == "cuda":
+            self.measure_costs(self.run)
+
+    def measure_costs(self, run: BudgetRun) -> None:
+        """The target's cost at this batch size of each candidate verify length the budget's table
+        lacks (CUDA events: measure_step_costs), into the table: once per B, and for every padded B
+        by the warm start (serving/warmup.py), so traffic measures nothing."""
+        run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
+                                            run.lengths_to_measure()))
 
     def _choose(self) -> int:
         """K' for this block (all K without a budget); the budget's wall clock starts its step."""
@@ -217,15 +246,16 @@ class ChainBatch(_Rows):
         return kk
 
     @torch.inference_mode()
-    def step(self) -> None:
+    def step(self, verify: Optional[int] = None) -> None:
         """One block for every live row: propose, roll out, verify (K' drafts; K' = 0 a plain
-        target step), push each row's tokens."""
+        target step), push each row's tokens. verify: K' for this block (the warm start's shapes),
+        else the budget's choice."""
         if not self._retire_cancelled():
             return
-        if self.run is not None and self.run.committed():  # plain until the next rebuild: the target alone's step
+        if verify is None and self.run is not None and self.run.committed():  # the target alone's step until a rebuild
             rows = sum(self.live)
             self.run.tick(0)
-            self._target_step()
+            self.plain_step()
             self.run.count_plain()
             if self.on_step is not None:
                 self.on_step([0] * rows, 0)
@@ -233,7 +263,7 @@ class ChainBatch(_Rows):
         adapter, k = self.adapter, self.k
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
-        kk = self._choose()
+        kk = self._choose() if verify is None else verify
         timer = None
         if kk == 0:  # the anchor alone; the next token each row's own pick
             seq = anchor[:, None]

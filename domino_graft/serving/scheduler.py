@@ -15,6 +15,7 @@ Two modes, by what the drafter can do (docs/serving.md, "serve"):
               captures CUDA graphs (and the verify budget measures costs) per batch size, so
               arrivals meet a few sizes instead of every size up to --max-batch. An idle row is
               masked from its first block on; a row's output does not depend on its batch.
+              Before its loop the worker runs the warm start (serving/warmup.py; /health "warming").
     one at a time   drafters without the ragged-batch contract, trees, and --max-batch 1: each request decodes alone through `Engine.speculative` /
               `Engine.target_only`, streamed block by block; the queue waits.
 """
@@ -150,7 +151,11 @@ class Scheduler:
     """The queue and the model worker thread (module docstring)."""
 
     def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None,
-                 budget=None, pad_batches: Optional[bool] = None):
+                 budget=None, pad_batches: Optional[bool] = None, warm_start: Optional[int] = None,
+                 sweep: Optional[bool] = None):
+        """warm_start: the positions a request may reach (prompt + max_tokens, the server's
+        max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
+        sweep: its every kv bucket and prefill length, by default on CUDA)."""
         adapter = engine.adapter
         self.engine = engine
         # pad each batch to a power of two (module docstring); by default where graphs are captured
@@ -168,6 +173,12 @@ class Scheduler:
         self._active: set[Job] = set()  # submitted and not finished
         self.running = 0  # rows decoding now (the metrics' batch size)
         self.error: Optional[str] = None  # set if the worker thread itself died
+        self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
+        self.warm_sweep = sweep
+        self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
+        self.warm = None  # what the warm start did (warmup.WarmStart), once done
+        self.warm_failed = False
+        self.on_fatal: Optional[Callable[[str], None]] = None  # the server's way to stop when the warm start fails
         self._thread = threading.Thread(target=self._main, name="domino-graft-model", daemon=True)
 
     @property
@@ -217,12 +228,42 @@ class Scheduler:
             self._cond.notify()
 
     # ------------------------------------------------------------------ worker
+    def batch_sizes(self) -> list[int]:
+        """Every batch size the batched loop can build: the padded sizes (`_padded`), or 1..max_batch."""
+        sizes = range(1, self.max_batch + 1)
+        return sorted({self._padded(n) for n in sizes}) if self.pad_batches else list(sizes)
+
+    def _warm_start(self) -> None:
+        from .warmup import warm_start
+
+        try:
+            self.warm = warm_start(self.engine, batch_sizes=self.batch_sizes(), positions=self.warm_positions,
+                                   target_only=self.target_only, use_head=self.use_head, budget=self.budget,
+                                   sweep=self.warm_sweep)
+        except Exception:
+            self.warm_failed = True
+            raise
+        finally:
+            self.warming = False
+        r = self.warm.report
+        log.info("warm start: %.1f s; batch sizes %s, %d prefill lengths, %d kv buckets, %d steps, %d target graphs "
+                 "captured; cache %s", r["seconds"], r["batch_sizes"], r["prefill_lengths"], r["kv_buckets"],
+                 r["steps"], r["graphs"], r["cache"])
+
     def _main(self) -> None:
         try:
+            if self.warming:
+                self._warm_start()
             (self._loop_batched if self.batched else self._loop_solo)()
-        except BaseException as e:  # a bug in the loop itself: /health reports it
+        except BaseException as e:  # a bug in the loop itself, or a warm start that failed: /health reports it
             self.error = f"{type(e).__name__}: {e}"
-            log.exception("the model worker stopped")
+            if self.warm_failed:  # the model cannot run the shapes traffic would: the server stops (serve exits 1)
+                self.error = f"the warm start failed: {self.error}"
+                log.error("%s", self.error, exc_info=log.isEnabledFor(logging.DEBUG))
+                if self.on_fatal is not None:
+                    self.on_fatal(self.error)
+            else:
+                log.exception("the model worker stopped")
             with self._cond:
                 for job in self._queue:
                     job.fail(f"the model worker stopped: {self.error}")

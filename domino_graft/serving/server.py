@@ -34,6 +34,7 @@ class ServeOptions:
     dtype: Optional[str] = None  # bf16, fp16 or fp32: the weights' dtype (None: the recipe's)
     verify_budget: Optional[str] = None  # full, auto or N; None: auto on CUDA, full elsewhere
     verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
+    warm_start: bool = True  # reserve the caches and visit every shape before /health says ok (serving/warmup.py)
 
     def check(self) -> None:
         """Every bad option, before minutes of loading."""
@@ -86,12 +87,13 @@ def build(opts: ServeOptions):
     engine = Engine(target, loaded.adapter, loaded.head, rollout=rollout_choice(loaded.recipe.bench, opts.rollout),
                     stop_ids=stop_token_ids(target), kv=opts.kv)
     metrics = Metrics()
+    max_model_len = opts.max_model_len or positions  # what prompt + max_tokens may reach (app._budget)
     scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
-                          target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine))
+                          target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine),
+                          warm_start=max_model_len if opts.warm_start else None)
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,
-                    max_model_len=opts.max_model_len or positions, api_key=opts.api_key,
-                    max_body_bytes=opts.max_body_bytes)
+                    max_model_len=max_model_len, api_key=opts.api_key, max_body_bytes=opts.max_body_bytes)
     app = create_app(served)
     return BodyLimit(app, opts.max_body_bytes, metrics), served
 
@@ -120,24 +122,37 @@ def serve(opts: ServeOptions) -> int:
     app, served = build(opts)
     scheduler = served.scheduler
     log = logging.getLogger("domino_graft.serve")
-    scheduler.start()
+    if not log.handlers:  # the worker's lines (the warm start's at info) beside uvicorn's, at --log-level
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(opts.log_level.upper())
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
                             timeout_graceful_shutdown=opts.drain_s, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
+    # a warm start that fails means the model cannot run what traffic would ask of it: stop, exit 1
+    scheduler.on_fatal = lambda message: setattr(server, "should_exit", True)
+    scheduler.start()
     family = served.loaded.adapter.family
     print(f"serve: {served.model_name} ({family} drafter{', target alone' if opts.target_only else ''}; "
           f"{scheduler.mode}, max batch {opts.max_batch}, queue {opts.max_queue}, verify budget "
-          f"{describe(scheduler)['verify_budget']}) on http://{opts.host}:{opts.port}",
+          f"{describe(scheduler)['verify_budget']}) on http://{opts.host}:{opts.port}"
+          f"{'; warming up (/health: 503 warming until ready)' if scheduler.warming else ''}",
           flush=True)
     # uvicorn catches SIGTERM for its graceful shutdown, then restores the handler it found and
     # raises the signal again, which with the default handler kills the process (-15) before the
     # worker drains. The handler it finds is this no-op, so the drained server exits 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.run()
     finally:
+        signal.signal(signal.SIGTERM, previous)  # serve in process (tests): the caller's handler back
         drained = scheduler.stop(opts.drain_s, abandon=True)
         if not drained:
             log.warning("the model worker was still busy after %.0f s; its remaining requests were failed",
                         opts.drain_s)
+    if scheduler.warm_failed:
+        raise RuntimeError(f"serve: {scheduler.error}; nothing was served (a smaller --max-batch or --max-model-len "
+                           "needs less memory; --no-warm-start defers every shape to the first request that meets it)")
     return 0 if server.started else 1

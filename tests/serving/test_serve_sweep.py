@@ -31,3 +31,7 @@ def test_serve_sweep_smoke(tiny_run, tmp_path):
     assert [c["identical_to_target"] for c in rep["comparison"]] == [True, True]
     assert all(s["exit_code"] == 0 and s["health"]["status"] == "ok" for s in rep["servers"].values())
     assert rep["servers"]["domino"]["health"]["verify_budget"] == "2"
+    assert rep["max_model_len"] == 17 + 8  # the longest prompt + max_tokens: what the warm start covers
+    for s in rep["servers"].values():
+        assert s["server_warm_start_s"] >= 0 and s["health"]["warm_start"]["positions"] == 25
+        assert s["after_points"]["cache_kept"] is True

@@ -1,0 +1,189 @@
+"""The server's warm start: before /health says ok, everything traffic would otherwise build mid-traffic.
+
+Without it the first requests paid for the fast engine's setup, and so did later ones: on one H200
+(bench/results/serve_sweep_h200.json, issue #40) the speculative server's TTFT p99 was 1,145 ms at
+4 requests/s (the target alone's 120 ms) and its TPOT p99 27.9 ms (3.0 ms), because
+
+  - the static ragged cache (decoding/ragged_static.py) and the static drafter are rebuilt, with all
+    their graphs, whenever a batch needs more rows or positions than they have;
+  - a CUDA graph (and a torch.compile of its shape) is made the first time a shape is met: per
+    (batch size B, tokens per row T, kv bucket) for a step, per (B, padded prompt length) for a prefill,
+    per (B, previous T, kv bucket) for the drafter's propose;
+  - the auto verify budget measures the target's cost of each verify length at a new B (decoding/budget.py).
+
+The warm start, run once by the worker before its loop (serving/scheduler.py):
+
+  1. reserves the target's static cache, and the family's static drafter where it has one, at full
+     size: the largest batch x the positions a request may reach (the server's max_model_len, which
+     bounds prompt + max_tokens, plus the K + 1 a batch leaves), so no batch ever re-creates them;
+  2. per batch size the loop can build (Scheduler.batch_sizes), builds a batch of placeholder rows and
+     visits every shape: a prefill at each padded prompt length a rebuild can meet, then, at a position
+     in each kv bucket, a step of every verify length the budget may choose (and each one followed by a
+     full block and by a plain step, the drafter's shapes after each), and the committed plain step.
+     An eager drafter (no static one: Medusa, DSpark) reads only the context it observed: its blocks
+     run once where the rows are, and at each bucket the target's forwards alone;
+  3. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
+
+`sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
+the shortest prefill only. Placeholder rows belong to no job: nothing reaches /metrics, and the state
+they leave cannot change an output (every batch starts with its own prefill; a row never reads the
+cache at or past its position before writing it: ragged_static.py, adapters/dflash/fast.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from ..decoding.budget import candidate_budgets
+from ..sampling import Sampling
+from .batch import BatchRow, ChainBatch, TargetBatch, batch_target
+
+# the kv buckets of fast.GraphRunner (kv_block) and of the DFlash drafter (KV_BLOCK): a step is placed
+# in each window of this many positions
+KV_STRIDE = 256
+FIRST_PREFILL = 16  # fast.prefill_length's smallest padded prompt
+
+
+def verify_budgets(budget, k: int) -> list[int]:
+    """The K' a chain batch may verify under `budget` (None: all K; a fixed N; auto: its candidates)."""
+    if budget is None:
+        return [k]
+    if budget.mode == "fixed":
+        return [budget.n]
+    return candidate_budgets(k, budget.lengths)
+
+
+def block_script(budgets: list[int]) -> list[int]:
+    """The K' of the steps one kv bucket's visit runs, right after a prefill: a block with the largest
+    K' (the drafter's propose with nothing pending), then each K' followed by that block (a propose
+    after K' + 1 observed tokens) and, where plain steps may be chosen, by a plain step (a pending
+    block written without a propose)."""
+    spec = max(budgets)
+    script = [spec]
+    for kk in budgets:
+        script += [kk, spec] + ([kk, 0] if 0 in budgets else [])
+    return script
+
+
+def prefill_contexts(positions: int, sweep: bool) -> list[int]:
+    """Context lengths whose prefills cover every padded prompt length a rebuild can meet (powers of
+    two from FIRST_PREFILL, as fast.prefill_length pads): a running row's context reaches positions - 1."""
+    longest = max(1, positions - 1)
+    out, n = [], FIRST_PREFILL
+    while True:
+        out.append(min(n, longest))
+        if n >= longest or not sweep:
+            return out
+        n *= 2
+
+
+def bucket_ends(length: int, sweep: bool) -> list[int]:
+    """One step end per kv bucket up to `length` positions (the first only without the sweep)."""
+    ends = list(range(KV_STRIDE, length, KV_STRIDE)) + [length]
+    return ends if sweep else ends[:1]
+
+
+def placeholder_rows(n: int, context: int, positions: int) -> list[BatchRow]:
+    """n greedy rows of `context` tokens that never finish and belong to no job."""
+    return [BatchRow([0] * context, None, positions, Sampling(temperature=0.0), lambda ids: False, lambda: True)
+            for _ in range(n)]
+
+
+@torch.inference_mode()
+def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: bool, use_head: bool,
+               budget=None, sweep: Optional[bool] = None, measure: Optional[bool] = None) -> "WarmStart":
+    """Reserve, visit every shape, seed the budget (module docstring) -> what it did (WarmStart).
+    positions: what a request may reach (prompt + max_tokens <= the server's max_model_len).
+    sweep: every kv bucket and prefill length (default: on CUDA). measure: seed the auto budget's
+    costs (default: on CUDA, where ChainBatch measures them; elsewhere auto reads a given table)."""
+    t0 = time.perf_counter()
+    cuda = engine.target.device.type == "cuda"
+    sweep = cuda if sweep is None else sweep
+    adapter = None if target_only else engine.adapter
+    k = getattr(engine.adapter, "num_slots", 0)  # both batches leave K + 1 positions past the longest row
+    length = positions + k + 1
+    target = batch_target(engine, max(batch_sizes), length)
+    report = {"batch_sizes": list(batch_sizes), "positions": positions, "cache": _cache(target)}
+    runners_before = _captures(target)
+    budgets = [] if adapter is None else verify_budgets(budget, k)
+    auto = budget is not None and budget.mode == "auto"
+    static_drafter = False
+    if adapter is not None:
+        from ..decoding.batched import static_batch_drafter
+
+        static_drafter = static_batch_drafter(adapter, target, length, max(batch_sizes)) is not None
+        report["drafter"] = "static" if static_drafter else "eager"
+        report["verify_lengths"] = sorted({kk + 1 for kk in budgets} | ({1} if auto else set()))
+    static = target.kv_path == "static"  # a DynamicCache captures nothing: only the costs to measure
+    contexts = prefill_contexts(positions, sweep and static)
+    ends = bucket_ends(length, sweep) if static else []
+    script = block_script(budgets) if budgets else []
+    measure = auto and (cuda if measure is None else measure)
+
+    def batch(b: int, context: int):
+        rows = placeholder_rows(b, context, positions)
+        return TargetBatch(engine, rows) if adapter is None else ChainBatch(engine, rows, use_head=use_head)
+
+    capture = () if adapter is None else tuple(adapter.capture_layers())
+    lengths = sorted({kk + 1 for kk in budgets})
+    steps = 0
+    for b in batch_sizes:
+        for n in contexts[1:]:  # each longer padded prompt length: its prefill
+            batch(b, n)
+        for i, end in enumerate(ends or [None]):  # each kv bucket, right after a prefill: nothing pending
+            warm = batch(b, contexts[0])
+            if i == 0 and measure:
+                warm.measure_costs(budget.start(k, b, engine.target.device.type))
+            if end is None:
+                continue
+            blocks = script if static_drafter or i == 0 else []
+            for kk in blocks:  # a static drafter's blocks at each bucket: its graphs too
+                if static_drafter:
+                    warm.seek(max(end - k - 1, 0))
+                warm.step(verify=kk)
+            # an eager drafter reads the context it observed: its blocks ran once, where the rows are, and
+            # each bucket gets the target's forwards alone
+            visits = [] if static_drafter else [(t, capture) for t in lengths]
+            if adapter is None or auto:  # the target alone's step (the committed plain loop's, under auto)
+                visits.append((1, ()))
+            for t, layers in visits:
+                warm.visit(t, end, layers)
+            steps += len(blocks) + len(visits)
+    if cuda:
+        torch.cuda.synchronize()
+    report.update(prefill_lengths=len(contexts), kv_buckets=len(ends), steps=steps,
+                  graphs=_captures(target) - runners_before, seconds=round(time.perf_counter() - t0, 3))
+    return WarmStart(engine, target, report)
+
+
+class WarmStart:
+    """What the warm start did (`report`) and, asked later (/health), what traffic has built since:
+    target graphs captured after it (`graphs_since`, 0 when it covered every shape met) and whether
+    the engine still decodes on the cache it reserved (`cache_kept`)."""
+
+    def __init__(self, engine, target, report: dict):
+        self.engine, self.target, self.report = engine, target, report
+        self._graphs = _captures(target)
+
+    def status(self) -> dict:
+        out = dict(self.report)
+        if self.target.kv_path == "static":
+            out["graphs_since"] = _captures(self.target) - self._graphs
+            out["cache_kept"] = getattr(self.engine, "_ragged_static", None) is self.target
+        return out
+
+
+def _cache(target) -> dict:
+    lm = getattr(target, "lm", None)  # the static ragged target's FastLM; a DynamicCache has none
+    if lm is None:
+        return {"kind": target.kv_path}
+    return {"kind": target.kv_path, "rows": lm.max_batch, "positions": lm.max_len}
+
+
+def _captures(target) -> int:
+    """CUDA graphs the target's runners have captured (0 on a CPU, or on the dynamic cache); a copy of
+    the runners first: /health asks from the event loop while the worker may add one."""
+    return sum(getattr(r, "captures", 0) for r in list(getattr(target, "runners", {}).values()))

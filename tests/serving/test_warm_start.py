@@ -1,0 +1,192 @@
+"""The server's warm start (serving/warmup.py), in process on a CPU: the static caches are reserved
+once at full size and every later batch reuses them; the warm-up visits every shape (the target's
+graph keys, the drafter's captured calls) that traffic then meets; greedy outputs stay the target
+alone's; /metrics counts no warm-up row; /health says "warming" until done; a warm start that fails
+stops `serve` with one line."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from .test_scheduler import _job, _until
+
+
+@pytest.fixture
+def engine(tiny_run):
+    """A fresh engine: no static cache yet."""
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.loading import load_run_or_bundle
+
+    loaded = load_run_or_bundle(str(tiny_run))
+    return Engine(loaded.target, loaded.adapter, loaded.head, stop_ids=stop_token_ids(loaded.target))
+
+
+def _auto_budget():
+    from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
+
+    # the verify dear at 4 rows: auto mixes plain steps, short and full verifies
+    costs = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "4": 1.1, "8": 1.2}, "4": {"1": 1.0, "4": 2.5, "8": 5.0}},
+                                   "propose_ms": {"1": 0.2, "4": 0.4}})
+    return VerifyBudget.parse("auto", costs)
+
+
+def _submit_all(sched, jobs) -> None:
+    for job in jobs:
+        sched.submit(job)
+        time.sleep(0.03)  # arrivals in flight: rebuilds at several batch sizes
+    for job in jobs:
+        assert job.done.wait(120), job.prompt_ids
+
+
+def _serve(sched, jobs) -> None:
+    sched.start()
+    try:
+        _submit_all(sched, jobs)
+    finally:
+        assert sched.stop(30)
+
+
+def test_the_cache_is_reserved_once_and_every_batch_reuses_it(engine, monkeypatch):
+    """Rows of every admitted size (prompt + max_tokens up to max_model_len) and batch size run on the
+    cache and drafter the warm start made: no FastLM or static drafter is built after it; the outputs
+    are the target alone's; the metrics count the requests only."""
+    from domino_graft import fast
+    from domino_graft.adapters.dflash import fast as dflash_fast
+    from domino_graft.serving.metrics import Metrics
+    from domino_graft.serving.scheduler import Scheduler
+
+    built, drafters = [], []
+    from_hf, drafter_init = fast.FastLM.from_hf, dflash_fast.StaticDFlashDrafter.__init__
+    monkeypatch.setattr(fast.FastLM, "from_hf", lambda model, **kw: (built.append(kw), from_hf(model, **kw))[1])
+
+    def init(self, adapter, max_len, max_batch=1):
+        drafters.append((max_len, max_batch))
+        drafter_init(self, adapter, max_len, max_batch)
+
+    monkeypatch.setattr(dflash_fast.StaticDFlashDrafter, "__init__", init)
+    positions, k = 64, engine.adapter.num_slots
+    metrics = Metrics()
+    sched = Scheduler(engine, max_batch=4, max_queue=16, metrics=metrics, warm_start=positions)
+    assert sched.warming and sched.batch_sizes() == [1, 2, 3, 4]
+    prompts = [([5, 6, 7, 8] * 10, positions - 40), ([9, 3, 4], 12), ([11, 2] * 15, 25), ([7, 7, 1, 2, 3], 18),
+               ([3] * 63, 1), ([8, 9, 10], positions - 3), ([4, 5], 30)]
+    jobs = [_job(engine, p, n) for p, n in prompts]
+    sched.start()
+    try:
+        _until(lambda: not sched.warming, 60)
+        assert built == [{"max_batch": 4, "max_len": built[0]["max_len"]}]
+        assert built[0]["max_len"] >= positions + k + 1
+        assert len(drafters) == 1 and drafters[0][1] == 4 and drafters[0][0] >= positions + k + 1
+        reserved = engine._ragged_static
+        assert metrics.verify_steps._value.get() == 0 and metrics.generation_tokens._value.get() == 0
+        assert metrics.registry.get_sample_value("domino_graft_batch_size") == 0
+        assert not [s for m in metrics.requests.collect() for s in m.samples]  # no request finished
+        _submit_all(sched, jobs)
+    finally:
+        assert sched.stop(30)
+    assert len(built) == 1 and len(drafters) == 1 and engine._ragged_static is reserved
+    assert sched.warm.status()["cache_kept"] is True
+    for job, (p, n) in zip(jobs, prompts):
+        assert job.tokens == engine.target_only(p, max_new_tokens=n).tokens, (p, n)
+    assert metrics.generation_tokens._value.get() == sum(len(j.tokens) for j in jobs)
+    assert sum(s.value for m in metrics.requests.collect() for s in m.samples) == len(jobs)
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, target_only):
+    """Padded batches (1, 2, 4 rows) under the auto budget, rows reaching 3 kv buckets: every target
+    forward's graph key (captured layers, B, T, kv bucket, logits kept) and every drafter call key met
+    in traffic was met in the warm-up, which covered each (B, T, bucket) the loop can build."""
+    from domino_graft.adapters.dflash import fast as dflash_fast
+    from domino_graft.fast import GraphRunner
+    from domino_graft.serving.scheduler import Scheduler
+
+    seen: set = set()
+    runner_call, drafter_call = GraphRunner.__call__, dflash_fast.StaticDFlashDrafter._call
+
+    def record(self, ids, pos=None, *, logits_to_keep=0):
+        b, t = ids.shape
+        seen.add(("target", self.capture, b, t, self.bucket(max(pos) + t), logits_to_keep))
+        return runner_call(self, ids, pos, logits_to_keep=logits_to_keep)
+
+    def record_drafter(self, key, fn):
+        seen.add(("drafter", *key))
+        return drafter_call(self, key, fn)
+
+    monkeypatch.setattr(GraphRunner, "__call__", record)
+    monkeypatch.setattr(dflash_fast.StaticDFlashDrafter, "_call", record_drafter)
+    positions = 600
+    sched = Scheduler(engine, max_batch=4, max_queue=16, budget=None if target_only else _auto_budget(),
+                      pad_batches=True, target_only=target_only, warm_start=positions, sweep=True)
+    assert sched.batch_sizes() == [1, 2, 4]
+    prompts = [([5, 6, 7, 8] * 130, 78), ([9, 3, 4], 60), ([11, 2] * 100, 90), ([7, 7, 1, 2, 3], 40),
+               ([4, 5] * 270, 55)]
+    jobs = [_job(engine, p, n) for p, n in prompts]
+    _serve(sched, [])
+    warm = set(seen)
+    report = sched.warm.report
+    assert report["kv_buckets"] == 3 and report["cache"]["rows"] == 4
+    capture = () if target_only else tuple(engine.adapter.capture_layers())
+    lengths = [1] if target_only else report["verify_lengths"]
+    assert lengths == [1] or lengths == [1, 4, engine.adapter.num_slots + 1]
+    for b in (1, 2, 4):
+        for bucket in (256, 512, 768):
+            for t in lengths:
+                assert ("target", capture, b, t, bucket, 0) in warm, (b, t, bucket)
+            assert ("target", (), b, 1, bucket, 0) in warm  # the target alone's step (committed plain loop)
+    seen.clear()
+    _serve(Scheduler(engine, max_batch=4, max_queue=16, budget=None if target_only else _auto_budget(),
+                     pad_batches=True, target_only=target_only), jobs)
+    assert seen and seen <= warm, sorted(seen - warm)
+    assert {key[4] for key in seen if key[0] == "target"} >= {768}  # traffic reached the last bucket
+    for job, (p, n) in zip(jobs, prompts):
+        assert job.tokens == engine.target_only(p, max_new_tokens=n).tokens, (p, n)
+
+
+def test_health_says_warming_and_requests_wait_for_the_warm_start(engine, monkeypatch):
+    from domino_graft.serving import warmup
+    from domino_graft.serving.app import health_status
+    from domino_graft.serving.scheduler import Scheduler
+
+    release = threading.Event()
+    real = warmup.warm_start
+
+    def slow(*args, **kw):
+        assert release.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(warmup, "warm_start", slow)
+    sched = Scheduler(engine, max_batch=2, max_queue=4, warm_start=32)
+    sched.start()
+    try:
+        status, body = health_status(sched)
+        assert (status, body["status"]) == (503, "warming")
+        job = _job(engine, [5, 6, 7], 9)
+        sched.submit(job)  # accepted: it waits in the queue
+        time.sleep(0.2)
+        assert not job.tokens and health_status(sched)[1]["queued"] == 1
+        release.set()
+        assert job.done.wait(30) and job.tokens == engine.target_only([5, 6, 7], max_new_tokens=9).tokens
+        status, body = health_status(sched)
+        assert status == 200 and body["status"] == "ok" and body["warm_start"]["batch_sizes"] == [1, 2]
+        assert body["warm_start"]["seconds"] >= 0 and body["warm_start"]["cache_kept"] is True
+    finally:
+        release.set()
+        assert sched.stop(30)
+
+
+def test_a_failed_warm_start_stops_serve_with_one_line(tiny_run, monkeypatch, capsys):
+    from domino_graft.serving import warmup
+    from tests.decoding.test_decoding import run_command
+
+    def broken(*args, **kw):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(warmup, "warm_start", broken)
+    assert run_command("serve", [str(tiny_run), "--port", "0", "--log-level", "critical"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: serve: the warm start failed: RuntimeError: CUDA out of memory (injected);")
+
