@@ -20,14 +20,14 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
      visits every shape: a prefill at each padded prompt length a rebuild can meet, then, at a position
      in each kv bucket, a step of every verify length the budget may choose (and each one followed by a
      full block and by a plain step, the drafter's shapes after each), and the committed plain step.
-     An eager drafter (no static one: Medusa, DSpark) reads only the context it observed: its blocks
+     An eager drafter (a family without a static path) reads only the context it observed: its blocks
      run once where the rows are, and at each bucket the target's forwards alone;
   3. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
 
 `sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
 the shortest prefill only. Placeholder rows belong to no job: nothing reaches /metrics, and the state
 they leave cannot change an output (every batch starts with its own prefill; a row never reads the
-cache at or past its position before writing it: ragged_static.py, adapters/dflash/fast.py).
+cache at or past its position before writing it: ragged_static.py and the static drafters' own rule).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ..decoding.budget import candidate_budgets
 from ..sampling import Sampling
 from .batch import BatchRow, ChainBatch, TargetBatch, batch_target
 
-# the kv buckets of fast.GraphRunner (kv_block) and of the DFlash drafter (KV_BLOCK): a step is placed
+# the kv buckets of fast.GraphRunner (kv_block) and of the static drafters (their KV_BLOCK): a step is placed
 # in each window of this many positions
 KV_STRIDE = 256
 FIRST_PREFILL = 16  # fast.prefill_length's smallest padded prompt
