@@ -132,7 +132,11 @@ class StaticDFlashDrafter:
         only the pieces around the kernels, which no kv bucket reaches: one compile per shape."""
         import torch._dynamo
 
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # one per bucket
+        # one compile per (batch size, block length, pending rows) shape: the SmolLM2 concurrency run of 9865542
+        # reached dynamo's limit of 64 in `_block_in` at its seventh batch size (B = 64), past which a new
+        # shape runs eagerly (bench/results/concurrency_h200/9865542_concurrency.log.gz)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 512)
+        torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 2048)
         opts = dict(dynamic=False)
         opts.update(kwargs)
         if self._split is not None:
