@@ -468,8 +468,9 @@ def cublas_gives_same_bits(x2: torch.Tensor, w: torch.Tensor, bias, cfg: Config,
     (w's shape and strides, M, dtypes, alignment) on seeded random rows against ``_launch``."""
     m, k = x2.shape
     if (m < CUBLAS_FROM_ROWS or cfg.SPLIT != 1 or INTERPRETED or not x2.is_cuda or not x2.is_contiguous()
-            or x2.dtype not in (torch.bfloat16, torch.float16) or os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") == "0"):
-        return False
+            or x2.dtype not in (torch.bfloat16, torch.float16) or (bias is not None and bias.dtype != x2.dtype)
+            or os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") == "0"):
+        return False  # (an fp32 bias beside 16-bit x: F.linear refuses mixed dtypes)
     key = (tuple(w.shape), w.stride(0), m, x2.dtype, None if bias is None else bias.dtype,
            _aligned(x2) and _aligned(w) and _aligned(bias), x2.device.index)
     same = _CUBLAS_SAME.get(key)
@@ -478,8 +479,11 @@ def cublas_gives_same_bits(x2: torch.Tensor, w: torch.Tensor, bias, cfg: Config,
             return False
         gen = torch.Generator(device=x2.device).manual_seed(m)
         probe = torch.randn((m, k), generator=gen, device=x2.device).to(x2.dtype)
-        same = _CUBLAS_SAME[key] = bool(torch.equal(F.linear(probe, w, bias),
-                                                    _launch(probe, w, bias, None, cfg, w.shape[0], False, kps)))
+        try:
+            same = bool(torch.equal(F.linear(probe, w, bias), _launch(probe, w, bias, None, cfg, w.shape[0], False, kps)))
+        except RuntimeError:  # cuBLAS could not run it (memory, a layout it refuses): the kernel does
+            same = False
+        _CUBLAS_SAME[key] = same
     return same
 
 
