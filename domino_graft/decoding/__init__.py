@@ -1,6 +1,7 @@
 """Lossless speculative decoding with Domino-grafted drafters (docs/design.md §5).
 
-    common     the result, stop rules, prompt checks, positions and target cache every decoder shares
+    common     the result, stop rules, prompt checks and positions every decoder shares
+    session    the target's KV cache behind one contract (prefill rows, step, keep, free): static or dynamic
     rollout    the drafter's chain rollout over one block (reference; kernels plug in by name)
     verify     greedy and speculative-sampling verification (batched)
     chain      chain speculative decoding (adapter.topology "chain")

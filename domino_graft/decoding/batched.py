@@ -1,18 +1,14 @@
 """Batched decoding of B prompts of different lengths: one propose, one rollout and one target
 forward per step for the whole batch, with per-row acceptance, positions and stop rules.
 
-The target's cache is, wherever the target's architecture runs on the fast engine (the check
-`StaticTarget.create` makes; on any device), the fast engine's static cache: row b is cache row
-b at its own position, a step is [B, K+1] at per-row positions (CUDA graphs per batch size and
-attention bucket on a GPU, eager on a CPU), and a rejection is just the row's next position
-(decoding/ragged_static.py). Elsewhere (a target the fast engine refuses), or with
-kv="dynamic", it is one HF DynamicCache shared by the rows (`RaggedTarget`), in which each row
-owns the entries a validity mask [B, L] marks (a 4D attention mask hides the others):
-
-    prefill   the prompts right-padded to the longest; padding is invalid
-    step      [x_0, d_1..d_K] of every row at its own positions pos_b..pos_b+K
-    keep      row b keeps its first 1 + a_b new entries (x_0 and the accepted drafts): the cache is
-              cropped to the longest kept run, and the rest of a shorter row's run becomes a hole
+The target is a session over B rows (decoding/session.py: prefill, step at per-row positions,
+keep): wherever the target's architecture runs on the fast engine (on any device), its static
+cache (`StaticSession`: row b is cache row b at its own position, a step is [B, K+1] at per-row
+positions, CUDA graphs per batch size and attention bucket on a GPU, eager on a CPU, a rejection
+is just the row's next position). Elsewhere (a target the fast engine refuses), or with
+kv="dynamic", one HF DynamicCache shared by the rows (`DynamicSession`), in which each row owns
+the entries a validity mask [B, L] marks (a 4D attention mask hides the others). A step is
+[x_0, d_1..d_K] of every row at pos_b..pos_b+K; row b keeps x_0 and its accepted drafts.
 
 Either way attention over a row's own entries only is the row's own decode: each row's greedy
 output is its solo decode's, token for token, up to floating-point reassociation (the property
@@ -62,73 +58,9 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, Output, check_kv, check_prompt, cuda_median_ms, new_cache, propose_timer,
-                     rollback, stop_set)
-from .ragged_static import StaticRaggedTarget
+from .common import DecodeResult, Output, check_kv, check_prompt, cuda_median_ms, propose_timer, stop_set
+from .session import DynamicSession, StaticSession
 from .verify import verify_chain
-
-
-class RaggedTarget:
-    """The target over a ragged batch on one DynamicCache whose entries a validity mask assigns."""
-
-    kv_path = "dynamic"
-
-    def __init__(self, target):
-        self.target = target
-        self.cache = new_cache(target, rollback=True)
-        sliding = [type(layer).__name__ for layer in getattr(self.cache, "layers", ())
-                   if type(layer).__name__ != "DynamicLayer"]
-        if sliding:
-            raise ValueError(
-                f"batched decoding: cache layer {sliding[0]} cannot hold a ragged batch (sliding-window targets, "
-                "e.g. Gemma3); valid: full-attention targets, or --batch-size 1"
-            )
-        self.valid = None  # [B, L] bool: row b owns cache entry l
-        self.dtype = target.dtype
-
-    def _mask(self, causal: torch.Tensor) -> torch.Tensor:
-        """[B, 1, T, L + T] additive mask: the row's valid entries, then the new tokens by `causal` [T, T]."""
-        b, t = self.valid.shape[0], causal.shape[0]
-        allowed = torch.cat([self.valid[:, None, :].expand(b, t, -1), causal.expand(b, t, t)], dim=-1)
-        return torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(self.dtype).min)[:, None]
-
-    def prefill(self, prompts: list[torch.Tensor], capture):
-        """-> (each row's last logits [B, V], features [B, n_max, F] or None, ids [B, n_max],
-        positions [B, n_max] with -1 at padding)."""
-        dev = prompts[0].device
-        lens = torch.tensor([p.numel() for p in prompts], device=dev)
-        n = int(lens.max())
-        ids = torch.zeros(len(prompts), n, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, : p.numel()] = p
-        cols = torch.arange(n, device=dev)
-        real = cols[None] < lens[:, None]
-        self.valid = torch.zeros(len(prompts), 0, dtype=torch.bool, device=dev)
-        # padded queries still see the row's prompt: no fully masked row (NaN) in attention
-        causal = cols[None, :] <= cols[:, None]
-        mask = self._mask(causal).masked_fill(~real[:, None, None, :], torch.finfo(self.dtype).min)
-        logits, feats = self.target(ids, cache=self.cache, position_ids=cols[None].expand(len(prompts), -1),
-                                    attention_mask=mask, capture=capture)
-        self.valid = real
-        last = logits[torch.arange(len(prompts), device=dev), lens - 1]
-        return last, feats, ids, torch.where(real, cols[None], -1)
-
-    def step(self, seq: torch.Tensor, pos: torch.Tensor, capture, host_pos=None):
-        """seq [B, T] at positions pos_b..pos_b+T-1 -> (logits [B, T, V], features)."""
-        t = seq.shape[1]
-        offs = torch.arange(t, device=seq.device)
-        mask = self._mask(offs[None, :] <= offs[:, None])
-        return self.target(seq, cache=self.cache, position_ids=pos[:, None] + offs, attention_mask=mask,
-                           capture=capture)
-
-    def keep(self, kept: torch.Tensor, longest: int) -> torch.Tensor:
-        """After a step: row b keeps its first kept[b] new entries; -> valid [B, longest] of the
-        new entries kept in the cache (the cache is cropped to the longest run)."""
-        new = torch.arange(longest, device=kept.device)[None] < kept[:, None]
-        rollback(self.cache, self.valid.shape[1] + longest)
-        self.valid = torch.cat([self.valid, new], dim=1)
-        return new
 
 
 def static_batch_drafter(adapter, target, length: int, batch: int):
@@ -152,17 +84,16 @@ def _check_batch(engine, prompts, max_new_tokens: int) -> list[torch.Tensor]:
 
 
 def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto"):
-    """The batch's target: the fast engine's static cache (`StaticRaggedTarget`, kept on the engine
-    between decodes) where the target's architecture supports it and kv is not "dynamic"; else
-    the DynamicCache `RaggedTarget`. `length`: the positions the longest row may reach."""
+    """The batch's target session: the fast engine's static cache (`StaticSession`, kept on the engine
+    between decodes) where the target's architecture supports it and kv is not "dynamic"; else a
+    `DynamicSession`. `length`: the positions the longest row may reach."""
     if check_kv(kv) != "dynamic":
-        static, why = StaticRaggedTarget.create(engine.target, len(ids), length,
-                                                getattr(engine, "_ragged_static", None))
+        static, why = StaticSession.create(engine.target, len(ids), length, getattr(engine, "_ragged_static", None))
         if static is not None:
             engine._ragged_static = static
             return static
         engine.batch_kv_note = why
-    return RaggedTarget(engine.target)
+    return DynamicSession(engine.target)
 
 
 @torch.inference_mode()
@@ -338,10 +269,11 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
         longest = max(n + 1 for n, on in zip(n_acc_h, live) if on)
-        new = target.keep(kept, longest)
+        target.keep(kept, longest)
         if drafter is not None:  # all K'+1 of every row, finished ones too (at their last position)
             drafter.observe_block(feats, pos_h)
-        else:
+        else:  # the kept entries at their positions, -1 elsewhere
+            new = offs[None, :longest] < kept[:, None]
             adapter.observe(None if feats is None else feats[:, :longest],
                             torch.where(new, pos[:, None] + offs[:longest], -1), ids=seq[:, :longest])
         anchor = torch.where(kept > 0, nxt, anchor)
@@ -356,7 +288,7 @@ def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: l
                        lengths: list[int]) -> dict[int, float]:
     """ms of the target's forward of T tokens per row at this batch and these positions, for each T
     in `lengths` (`cuda_median_ms`). Nothing stays: the static cache is overwritten by the next step
-    before any query reads it (ragged_static.py), the dynamic one is cropped back."""
+    before any query reads it (session.py), the dynamic one is cropped back."""
     none_kept = torch.zeros_like(pos)
     out = {}
     for t in lengths:

@@ -10,9 +10,10 @@ target's cache; the drafter has observed every position < pos):
     roll the target cache back to pos + 1 + n_acc; observe feat of x_0, d_1..d_{n_acc}
     emit d_1..d_{n_acc}, next; x_0 <- next
 
-The target's cache is the HF DynamicCache (rollback = crop), or on the fast engine
-(`Engine(kv="static")`, the default on a GPU for a supported target) its static cache
-(rollback = set its length; the T = K + 1 verify replays a CUDA graph on a GPU). There a
+The target is a one-row session (`Engine.session`, decoding/session.py): the HF DynamicCache
+(rollback = crop), or on the fast engine (`Engine(kv="static")`, the default on a GPU for a
+supported target) its static cache (a rollback is the next step's position; the T = K + 1 verify
+replays a CUDA graph on a GPU). There a
 drafter whose family offers `adapter.static_drafter` keeps its context in static
 tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
@@ -36,8 +37,7 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, new_cache, positions, propose_timer,
-                     rollback, stop_set)
+from .common import DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, positions, propose_timer, stop_set
 from .verify import verify_chain
 
 
@@ -50,7 +50,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     may end speculation for the rest of the decode (module docstring); full and N verify all K."""
     ids = check_prompt(engine.target, prompt_ids, max_new_tokens)
     dev = ids.device
-    target, adapter = engine.target, engine.adapter
+    adapter = engine.adapter
     k = adapter.num_slots
     run = budget.start(k, 1, dev.type, key="solo") if budget is not None and budget.mode == "auto" else None
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
@@ -66,48 +66,27 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
 
     t0 = time.perf_counter()
     n = ids.shape[1]
-    # the static cache (Engine(kv="static") on a supported target) or the HF DynamicCache
-    static_target = getattr(engine, "static_target", None)  # duck-typed engines: dynamic
     length = n + max_new_tokens + k + 1
-    static = static_target(length) if static_target is not None else None
+    session = engine.session(length)  # the static cache (Engine(kv="static") on a supported target) or the HF one
     # the drafter's own fast path (static context, graphed propose) where its family has one
-    drafter = adapter.static_drafter(length) if static is not None else None
-    if static is not None:
-        def forward(seq, at, capture=capture):
-            return static.step(seq, at, capture=capture)
-
-        def keep(length):
-            static.rollback(length)
-    else:
-        cache = new_cache(target, rollback=True)
-
-        def forward(seq, at, capture=capture):
-            return target(seq, cache=cache, position_ids=positions(at, seq.shape[1], dev)[None], capture=capture)
-
-        def keep(length):
-            rollback(cache, length)
+    drafter = adapter.static_drafter(length) if session.kv_path == "static" else None
     adapter.reset(1)
-    if static is not None:
-        logits, feats = static.prefill(ids, capture=capture, logits_to_keep=1)
-    else:
-        logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
-                               logits_to_keep=1)
+    logits, feats, _, _ = session.prefill([ids[0]], capture)
     forwards = 1
-    keep(n)
     # a static drafter that reads tokens (`reads_ids`) gets the ids beside the features
     with_ids = getattr(drafter, "reads_ids", False)
     if drafter is not None:
         drafter.prefill(feats, n, **({"ids": ids} if with_ids else {}))
     else:
         adapter.observe(feats, positions(0, n, dev), ids=ids)
-    anchor = pick(logits[:, -1], sampling, gen)  # [1]
+    anchor = pick(logits, sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
-    _measure_solo_costs(run, k, dev, forward, keep, anchor, pos)
+    _measure_solo_costs(run, k, dev, session, anchor, pos)
     while not done:
         if run is not None:
             if run.choose() == 0:  # the rest is the target alone's loop
-                forwards += _plain_tail(forward, keep, anchor, pos, out, sampling, gen, run, accepted)
+                forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
                 break
             run.tick(k)
         timer = propose_timer(run, dev)
@@ -119,7 +98,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         if timer is not None:
             timer[1].record()
         seq = torch.cat([anchor[:, None], drafts], dim=1)
-        logits, feats = forward(seq, pos)
+        logits, feats = session.step(seq, None, capture, [pos])
         forwards += 1
         n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         # one device->host sync per step
@@ -137,7 +116,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         if done:
             break
         # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
-        keep(pos + 1 + a)
+        session.keep((a + 1,), a + 1)
         if drafter is not None:  # all K+1: the next block reads only those before its anchor
             drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
         else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
@@ -148,10 +127,10 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     if run is not None:
         engine.last_budget = run.finish()
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
-                        reached, accepted_slot, kv_path="dynamic" if static is None else "static")
+                        reached, accepted_slot, kv_path=session.kv_path)
 
 
-def _measure_solo_costs(run, k: int, dev, forward, keep, anchor, pos: int) -> None:
+def _measure_solo_costs(run, k: int, dev, session, anchor, pos: int) -> None:
     """The auto budget's candidates here: all K or none; on CUDA the target's T = 1 and T = K + 1
     costs measured once (`cuda_median_ms`; the cache is rolled back to `pos`)."""
     if run is None:
@@ -162,11 +141,11 @@ def _measure_solo_costs(run, k: int, dev, forward, keep, anchor, pos: int) -> No
         measured = {}
         for t in todo:
             seq = anchor[:, None].expand(-1, t).contiguous()
-            measured[t] = cuda_median_ms(lambda: forward(seq, pos, capture=()), lambda: keep(pos))
+            measured[t] = cuda_median_ms(lambda: session.step(seq, None, (), [pos]), lambda: session.keep((0,), 0))
         run.add_measured(measured)
 
 
-def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run, accepted: list) -> int:
+def _plain_tail(session, anchor, pos: int, out: Output, sampling, gen, run, accepted: list) -> int:
     """The target alone from `anchor` (emitted, not yet in the cache) at `pos` until `out` is done,
     as `Engine.target_only` steps: no features, no drafter; -> the forwards it ran (each one a
     step with 0 drafts accepted in `accepted`)."""
@@ -174,8 +153,8 @@ def _plain_tail(forward, keep, anchor, pos: int, out: Output, sampling, gen, run
     done = False
     while not done:
         run.tick(0)  # the plain kind's wall-clock samples
-        logits, _ = forward(anchor[:, None], pos, capture=())
-        keep(pos + 1)
+        logits, _ = session.step(anchor[:, None], None, (), [pos])
+        session.keep((1,), 1)
         forwards += 1
         accepted.append(0)
         if forwards > 1:  # the first is the step run.choose() chose, and counted

@@ -1,10 +1,9 @@
 """What every decoder shares: the result, the target-only stop rules, prompt checks,
-positions, and the target's cache (with rollback): the HF DynamicCache, or the fast
-engine's static cache (`StaticTarget`, opt-in via `Engine(kv="static")`).
+positions and the kv choice (the target's cache itself is a session: decoding/session.py).
 
 The target-only baseline (engine.py), chain decoding (chain.py) and tree decoding (tree.py)
 each import this module and none of the others, so a measured speedup compares decoders
-that stop, count and cache exactly alike. The verify budget's CUDA timings (`cuda_median_ms`,
+that stop and count exactly alike. The verify budget's CUDA timings (`cuda_median_ms`,
 `propose_timer`) live here too: the solo, batched and served chains measure alike.
 """
 
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 
 OnTokens = Optional[Callable[[list[int]], None]]
 
@@ -108,41 +106,7 @@ def positions(start: int, n: int, device) -> torch.Tensor:
     return torch.arange(start, start + n, device=device)
 
 
-# ------------------------------------------------------------------------ target cache
-def new_cache(target, *, rollback: bool):
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=target.model.config)
-    # Sliding-window layers (Gemma3) drop old states unless told to keep them until the
-    # next crop; without this a rejection past the window cannot be rolled back. The
-    # baseline never rolls back, so it keeps the lean window-sized cache.
-    if rollback and hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()
-    return cache
-
-
-def rollback(cache, keep: int) -> None:
-    """Keep the first `keep` positions (transformers 5.x: crop takes a negative count),
-    then shrink recording sliding-window layers back to their window.
-
-    A recording sliding layer keeps every state until the next crop. transformers 5.24
-    only hands the last window-1+q of them to attention; 5.17 hands all of them while
-    its mask expects window-1+q (a shape error), so after the prefill and after a fully
-    accepted block (nothing cropped) the surplus must go. Keys older than the window are
-    never needed again: a rollback removes at most K of the newest positions."""
-    remove = cache.get_seq_length() - keep
-    if remove > 0:
-        cache.crop(-remove)
-    for layer in getattr(cache, "layers", ()):
-        if not (getattr(layer, "is_sliding", False) and getattr(layer, "record_past", False)):
-            continue
-        window = getattr(layer, "sliding_window", None)
-        if window and getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > window - 1:
-            layer.keys = layer.keys[..., -(window - 1):, :]
-            layer.values = layer.values[..., -(window - 1):, :]
-
-
-# ------------------------------------------------------------- static target cache
+# --------------------------------------------------------------------- kv choice
 # auto: the fast engine on a CUDA device (graphs are where it pays), the HF cache elsewhere
 KV_CHOICES = ("auto", "dynamic", "static")
 
@@ -151,110 +115,6 @@ def check_kv(kv: str) -> str:
     if kv not in KV_CHOICES:
         raise ValueError(f"kv: {kv!r} is invalid; valid: {', '.join(KV_CHOICES)}")
     return kv
-
-
-class GraphedSteps:
-    """What both static targets (StaticTarget here, ragged_static.StaticRaggedTarget for batches)
-    share: a graph runner per captured-layer tuple over `self.lm`, and the features a runner's
-    hidden states give."""
-
-    lm = None
-    _runner_cls = None
-    runners: dict
-
-    def _runner(self, capture: tuple[int, ...]):
-        runner = self.runners.get(capture)
-        if runner is None:
-            runner = self.runners[capture] = self._runner_cls(self.lm, capture=capture)
-        return runner
-
-    @staticmethod
-    def _features(hidden: dict, capture: tuple[int, ...]):
-        """The captured layers' outputs concatenated along the last dim in the order given, or None."""
-        return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
-
-
-class StaticTarget(GraphedSteps):
-    """The target on the fast engine (domino_graft.fast): its own forward sharing the HF
-    weights, a static KV cache whose rollback is a length, and on CUDA graph replay of the
-    fixed-shape steps (T = 1 decode, T = K + 1 verify; eager on a CPU).
-
-    ``step(ids, pos, capture=...)`` returns ``(logits, features)`` exactly like
-    ``TargetModel.__call__(..., capture=...)``: the captured layers' outputs concatenated
-    along the last dim in the order given (-1 = the final post-norm state), or None.
-    Build with ``StaticTarget.create(target)``; an unsupported target (or a cache length it
-    cannot serve: ``reserve`` raises ``fast.UnsupportedModel``) runs on the dynamic path."""
-
-    def __init__(self, target, lm_cls, runner_cls):
-        self.target = target
-        self._lm_cls, self._runner_cls = lm_cls, runner_cls
-        self.lm = None
-        self.runners: dict[tuple[int, ...], object] = {}
-
-    @classmethod
-    def create(cls, target) -> tuple[Optional["StaticTarget"], Optional[str]]:
-        """(the static target, None), or (None, why the target cannot run on it)."""
-        from ..fast import FastLM, GraphRunner, UnsupportedModel
-
-        self = cls(target, FastLM, GraphRunner)
-        try:
-            self.reserve(1)  # from_hf's architecture checks, on a small cache
-        except UnsupportedModel as e:
-            return None, str(e)
-        return self, None
-
-    def reserve(self, length: int) -> None:
-        """Make room for `length` positions (a new cache when the current one is shorter:
-        powers of two from 256, capped at the target's max_position_embeddings + slack)."""
-        if self.lm is not None and self.lm.max_len >= length:
-            return
-        from ..fast import round_up_pow2
-
-        size = max(length, min(round_up_pow2(length), self.target.shape.max_position_embeddings + 64))
-        self.lm = self._lm_cls.from_hf(self.target.model, max_batch=1, max_len=size)
-        if self.lm.device.type == "cuda":
-            from ..fast import prepare_for_cuda_decoding
-
-            prepare_for_cuda_decoding(self.lm)
-        self.runners = {}  # graphs captured over the old cache's tensors
-
-    def reset(self, length: int) -> None:
-        """Start a decode that needs `length` positions: room for them, cache emptied."""
-        self.reserve(length)
-        self.lm.cache.reset()
-
-    def prefill(self, ids: torch.Tensor, *, capture: tuple[int, ...] = (), logits_to_keep: int = 1):
-        """The prompt at positions 0..n-1, right-padded to `prefill_length(n)` and run through
-        the graph runner like a step: a handful of padded lengths, each compiled and captured
-        once, instead of an eager launch-bound forward per prompt (SmolLM2's eager forward is
-        ~22 ms against a ~1 ms graphed step; docs/design.md §5). The padding's K/V land after
-        the prompt, where no later query looks before a step overwrites them (the cache's
-        length goes back to n), and the logits are taken at the real last rows."""
-        from ..fast import prefill_length
-
-        capture = tuple(capture)
-        n = ids.shape[1]
-        t = prefill_length(n, self.lm.max_len)
-        padded = ids if t == n else F.pad(ids, (0, t - n))
-        need = capture if -1 in capture else capture + (-1,)
-        _, hidden = self._runner(need)(padded, 0, logits_to_keep=1)  # only hidden[-1]'s rows are read
-        keep = n if logits_to_keep <= 0 else min(int(logits_to_keep), n)  # 0: every row, as FastLM.forward
-        last = hidden[-1][:, n - keep: n]
-        logits = self.lm.project_logits(last)
-        feats = self._features(hidden, capture)
-        self.rollback(n)
-        return logits, None if feats is None else feats[:, :n]
-
-    def step(self, ids: torch.Tensor, pos: int, *, capture: tuple[int, ...] = ()):
-        """ids [1, T] at positions pos..pos+T-1, through the graph runner for `capture`.
-        The logits may be the runner's static buffer: valid until the next step."""
-        capture = tuple(capture)
-        logits, hidden = self._runner(capture)(ids, int(pos))
-        return logits, self._features(hidden, capture)
-
-    def rollback(self, keep: int) -> None:
-        """Keep the first `keep` positions: the cache's length moves, nothing is copied."""
-        self.lm.cache.set_lengths(int(keep))
 
 
 # ------------------------------------------------------------------ the budget's CUDA timings

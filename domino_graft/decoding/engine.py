@@ -5,9 +5,10 @@ token accounting (decoding/common.py), so a measured speedup is a speedup over a
 optimised baseline (docs/design.md §5), not over `model.generate`.
 
 `Engine(kv="static")` (the default on a CUDA device: kv="auto") runs target-alone and chain
-decoding on the fast engine's static KV cache (decoding/common.py `StaticTarget`: own forward,
+decoding on the fast engine's static KV cache (decoding/session.py `StaticSession`: own forward,
 torch.compile'd and CUDA-graphed on a GPU, eager on a CPU) when the target's architecture is
-supported; otherwise (and for trees) the dynamic path runs. `DecodeResult.kv_path` says which.
+supported; otherwise (and for trees) the dynamic path runs. Either way the decoders see one
+contract, a target session (`Engine.session`). `DecodeResult.kv_path` says which ran.
 
 Speculative decoding is chosen by the drafter's topology (`adapter.topology`):
 
@@ -26,10 +27,12 @@ from ..sampling import Sampling, pick
 from .batched import batched_chain, batched_target_only
 from .budget import VerifyBudget
 from .chain import chain_speculative
-from .common import (DecodeResult, OnTokens, Output, StaticTarget, check_kv, check_prompt, new_cache, positions,
-                     stop_set)
+from .common import DecodeResult, OnTokens, Output, check_kv, check_prompt, stop_set
 from .rollout import get_rollout
+from .session import DynamicSession, StaticSession, TargetSession
 from .tree import tree_speculative
+
+SOLO_START = 256  # the solo static cache's smallest size (batches start at 64: batched.py)
 
 # adapter.topology -> the decoder for it: f(engine, prompt_ids, *, max_new_tokens, sampling,
 # stop_ids, use_head, on_tokens, seed_offset) -> DecodeResult
@@ -53,14 +56,14 @@ class Engine:
         self.kv = self.kv_requested = check_kv(kv)
         if self.kv == "auto":
             self.kv = "static" if torch.device(target.device).type == "cuda" else "dynamic"
-        self._static: Optional[StaticTarget] = None
+        self._static: Optional[StaticSession] = None  # the solo decodes' one-row static session
         self.kv_note: Optional[str] = None
-        self._ragged_static = None  # batched.py's static target, kept between batch decodes
+        self._ragged_static = None  # batched.py's static session, kept between batch decodes
         self.batch_kv_note: Optional[str] = None  # why the last batch ran on the dynamic cache
         self.batch_drafter_path: Optional[str] = None  # "static" / "eager": the last batched chain's drafter
         self.last_budget: Optional[dict] = None  # the last budgeted batch's choices (budget.BudgetRun.report)
         if self.kv == "static":
-            self._static, self.kv_note = StaticTarget.create(target)
+            self._static, self.kv_note = StaticSession.create(target, 1, 1, start=SOLO_START)
         self.target = target
         self.adapter = adapter
         self.head = head
@@ -75,18 +78,17 @@ class Engine:
         """The cache target-alone and chain decodes use: "static" or "dynamic"."""
         return "static" if self._static is not None else "dynamic"
 
-    def static_target(self, length: int) -> Optional[StaticTarget]:
-        """The static target with room for `length` positions, emptied; None = use the dynamic path."""
-        if self._static is None:
-            return None
-        from ..fast import UnsupportedModel
-
-        try:
-            self._static.reset(length)
-        except UnsupportedModel as e:  # e.g. a sliding window shorter than this decode
-            self.kv_note = str(e)
-            return None
-        return self._static
+    def session(self, length: int, *, rollback: bool = True) -> TargetSession:
+        """A one-row target session with room for `length` positions: the static one (kept between
+        decodes, grown when too short), else the dynamic one. rollback=False: a decode that never
+        rolls back (the target alone: a sliding layer's dynamic cache keeps only its window)."""
+        if self._static is not None:
+            static, why = StaticSession.create(self.target, 1, length, self._static, start=SOLO_START)
+            if static is not None:
+                self._static = static
+                return static
+            self.kv_note = why  # e.g. a sliding window shorter than this decode
+        return DynamicSession(self.target, rollback=rollback)
 
     # ---------------------------------------------------------------- baseline
     @torch.inference_mode()
@@ -99,28 +101,19 @@ class Engine:
         out = Output(max_new_tokens, stop_set(self.stop_ids, stop_ids), on_tokens)
         t0 = time.perf_counter()
         n = ids.shape[1]
-        static = self.static_target(n + max_new_tokens + 1)
-        if static is not None:
-            logits, _ = static.prefill(ids, logits_to_keep=1)
-
-            def step(tok, pos):
-                return static.step(tok[:, None], pos)[0]
-        else:
-            cache = new_cache(self.target, rollback=False)
-            logits, _ = self.target(ids, cache=cache, position_ids=positions(0, n, dev)[None], logits_to_keep=1)
-
-            def step(tok, pos):
-                return self.target(tok[:, None], cache=cache, position_ids=positions(pos, 1, dev)[None])[0]
+        target = self.session(n + max_new_tokens + 1, rollback=False)
+        logits, _, _, _ = target.prefill([ids[0]], ())
         forwards = 1
-        tok = pick(logits[:, -1], sampling, gen)
+        tok = pick(logits, sampling, gen)
         pos = n
         while not out.push([int(tok)]):
-            logits = step(tok, pos)
+            logits, _ = target.step(tok[:, None], None, (), [pos])
+            target.keep((1,), 1)
             forwards += 1
             tok = pick(logits[:, -1], sampling, gen)
             pos += 1
         return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards,
-                            kv_path="dynamic" if static is None else "static")
+                            kv_path=target.kv_path)
 
     # ------------------------------------------------------------- speculative
     @torch.inference_mode()

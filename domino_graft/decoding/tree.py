@@ -18,6 +18,13 @@ Verification: one target forward over [x_0, every node] at positions pos + depth
 keeps x_0 and the accepted path (gathered into place), the drafter observes them, and the
 next step starts from the emitted token after the path.
 
+The target's cache is a one-row `session.DynamicSession`, but only its prefill goes through
+the session contract: the contract's step is causal over each row's T tokens and its keep a
+prefix of them, while a tree verify needs the ancestor mask and keeps a path that is no prefix
+(a gather). Widening the contract by a mask and a gather would serve this one decoder, and the
+static cache could not honour them without its own tree-masked graphs and a K/V gather; so the
+tree steps and keeps on `session.cache` itself, and runs on the dynamic cache only.
+
 Greedy: node n is the rank-th token of its parent's corrected logits; acceptance walks from
 x_0 down the child whose token is the target's argmax at its parent, then emits the target's
 argmax at the last accepted node, exactly what target-only greedy decoding emits.
@@ -42,6 +49,7 @@ import torch
 
 from ..sampling import Sampling, pick, sample, warp
 from .common import DecodeResult, OnTokens, Output, check_prompt, positions, stop_set
+from .session import DynamicSession
 
 ROOT = -1
 
@@ -296,16 +304,14 @@ def tree_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Optio
 
     t0 = time.perf_counter()
     with torch.inference_mode():
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=target.model.config)  # full-attention layers only (_keep_positions)
+        session = DynamicSession(target, rollback=False)  # full-attention layers only (_keep_positions)
+        cache = session.cache
         adapter.reset(1)
         n = ids.shape[1]
-        logits, feats = target(ids, cache=cache, position_ids=positions(0, n, dev)[None], capture=capture,
-                               logits_to_keep=1)
+        logits, feats, _, _ = session.prefill([ids[0]], capture)
         forwards = 1
         adapter.observe(feats, positions(0, n, dev), ids=ids)
-        anchor = pick(logits[:, -1], sampling, gen)  # [1]
+        anchor = pick(logits, sampling, gen)  # [1]
         pos = n
         done = out.push([int(anchor)])
         while not done:

@@ -3,11 +3,11 @@
 `serve --target-only`), cut at their block boundaries so a scheduler can retire rows between
 blocks and rebuild the batch to admit new ones.
 
-Why a rebuild rather than an insert: the library's ragged caches (`ragged_target`: the fast
-engine's static cache, or one HF DynamicCache with a validity mask) and the adapters' ragged
-contract (`adapter.reset(B)`, then `observe`/`propose` over all B rows) are filled by one
-prefill of the whole batch; nothing prefills one row into a batch in flight (that is issue #40's
-step 1, one session contract). So admission re-prefills the batch: each running row's verified
+Why a rebuild rather than an insert: the target's session (`ragged_target`: the fast engine's
+static cache, or one HF DynamicCache with a validity mask; decoding/session.py) can prefill a
+prompt into a freed row of a batch in flight, but the adapters' ragged contract (`adapter.reset(B)`,
+then `observe`/`propose` over all B rows) and the static drafters are filled by one prefill of the
+whole batch and cannot yet (issue #40). So admission re-prefills the batch: each running row's verified
 context (its prompt and every token it emitted but the last) and each new row's prompt,
 right-padded as `batched_chain` pads them. The running row's last token is already chosen: it is
 the row's anchor again, and the prefill's pick for that row is dropped. A row's state is thus
@@ -149,7 +149,7 @@ class _Rows:
         """Every row's next step at `position` (the warm start's visit of a kv bucket with a static
         drafter, serving/warmup.py; an eager drafter's context must end where its rows are).
         Harmless to what any later batch outputs: each batch starts with its own prefill, and a
-        row never reads the cache at or past its own position before writing it (ragged_static.py)."""
+        row never reads the cache at or past its own position before writing it (decoding/session.py)."""
         self.pos_h = [position] * len(self.rows)
         self.pos = torch.tensor(self.pos_h, device=self.dev)
 
@@ -299,10 +299,11 @@ class ChainBatch(_Rows):
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(torch.tensor(self.live, device=self.dev), n_acc + 1, 0)
         longest = max(n + 1 for n, on in zip(n_acc_h, self.live) if on)
-        new = self.target.keep(kept, longest)
+        self.target.keep(kept, longest)
         if self.drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
             self.drafter.observe_block(feats, pos_h)
-        else:
+        else:  # the kept entries at their positions, -1 elsewhere
+            new = self.offs[None, :longest] < kept[:, None]
             adapter.observe(None if feats is None else feats[:, :longest],
                             torch.where(new, pos[:, None] + self.offs[:longest], -1), ids=seq[:, :longest])
         self.anchor = torch.where(kept > 0, nxt, anchor)

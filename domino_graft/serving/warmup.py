@@ -4,7 +4,7 @@ Without it the first requests paid for the fast engine's setup, and so did later
 (bench/results/serve_sweep_h200.json, issue #40) the speculative server's TTFT p99 was 1,145 ms at
 4 requests/s (the target alone's 120 ms) and its TPOT p99 27.9 ms (3.0 ms), because
 
-  - the static ragged cache (decoding/ragged_static.py) and the static drafter are rebuilt, with all
+  - the static ragged cache (decoding/session.py `StaticSession`) and the static drafter are rebuilt, with all
     their graphs, whenever a batch needs more rows or positions than they have;
   - a CUDA graph (and a torch.compile of its shape) is made the first time a shape is met: per
     (batch size B, tokens per row T, kv bucket) for a step, per (B, padded prompt length) for a prefill,
@@ -27,7 +27,7 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
 `sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
 the shortest prefill only. Placeholder rows belong to no job: nothing reaches /metrics, and the state
 they leave cannot change an output (every batch starts with its own prefill; a row never reads the
-cache at or past its position before writing it: ragged_static.py and the static drafters' own rule).
+cache at or past its position before writing it: decoding/session.py and the static drafters' own rule).
 """
 
 from __future__ import annotations

@@ -150,8 +150,12 @@ def test_batched_refusals_name_the_way_out():
     with pytest.raises(ValueError, match=r"topology 'tree'; valid: 'chain'"):
         Engine(target, SimpleNamespace(topology="tree"), head).speculative_batch([[3, 4]], max_new_tokens=4)
     gemma, g_adapter, g_head = build(2, arch="gemma3")  # on the DynamicCache (the static cache takes its windows)
+    g_engine = Engine(gemma, g_adapter, g_head, kv="dynamic")
     with pytest.raises(ValueError, match=r"sliding-window targets.*valid: full-attention targets, or --batch-size 1"):
-        Engine(gemma, g_adapter, g_head, kv="dynamic").speculative_batch([[3, 4]], max_new_tokens=4)
+        g_engine.speculative_batch([[3, 4], [5]], max_new_tokens=4)
+    # a batch of one is the solo decode's session (no validity mask), which holds sliding windows
+    got = g_engine.speculative_batch([[3, 4]], max_new_tokens=4)
+    assert [r.tokens for r in got] == [g_engine.target_only([3, 4], max_new_tokens=4).tokens]
 
 
 # ------------------------------------------------------------------------- CLI

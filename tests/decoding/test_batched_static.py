@@ -1,4 +1,4 @@
-"""Batched decoding on the fast engine's static cache (decoding/ragged_static.py): the path
+"""Batched decoding on the fast engine's static cache (decoding/session.py `StaticSession`): the path
 batched.py takes wherever the target's architecture supports it. CPU, fp32, eager (the graph
 runner's CPU path).
 
@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from domino_graft.decoding import Engine, Sampling, stop_token_ids
-from domino_graft.decoding.batched import RaggedTarget, batched_chain, batched_target_only, ragged_target
-from domino_graft.decoding.ragged_static import StaticRaggedTarget
+from domino_graft.decoding.batched import batched_chain, batched_target_only, ragged_target
+from domino_graft.decoding.session import DynamicSession, StaticSession
 from tests.decoding.test_batched import RowOracle, variant
 from tests.decoding.test_decoding import build
 
@@ -49,7 +49,7 @@ def test_static_batched_greedy_equals_solo(seed):
 
     got = engine.target_only_batch(prompts, max_new_tokens=budget, stop_ids=extra)
     assert {r.kv_path for r in got} == {"static"}, where
-    assert isinstance(engine._ragged_static, StaticRaggedTarget)
+    assert isinstance(engine._ragged_static, StaticSession)
     assert [r.tokens for r in got] == want, where
     assert [r.target_forwards for r in got] == [r.target_forwards for r in refs], where
     for use_head in (True, False):
@@ -139,7 +139,7 @@ def test_prefill_rows_equal_solo_prefill(arch):
     prompts = [torch.tensor(p) for p in ([3, 9, 4, 17, 5, 6, 8], [11], [20, 2, 44, 6])]
     with torch.inference_mode():
         for cap in (capture, (0, -1), ()):
-            static, why = StaticRaggedTarget.create(target, len(prompts), 32)
+            static, why = StaticSession.create(target, len(prompts), 32)
             assert static is not None, why
             last, feats, ids, pos = static.prefill(prompts, cap)
             for b, p in enumerate(prompts):
@@ -190,7 +190,7 @@ def test_static_target_is_reused_and_grown():
 def test_fallbacks_to_the_dynamic_cache():
     target, adapter, head = build(7, vocab=61)
     engine = Engine(target, adapter, head)
-    assert isinstance(ragged_target(engine, [torch.tensor([3])], 8, kv="dynamic"), RaggedTarget)
+    assert isinstance(ragged_target(engine, [torch.tensor([3])], 8, kv="dynamic"), DynamicSession)
     got = batched_target_only(engine, [[3, 4], [5]], max_new_tokens=6, kv="dynamic")
     assert {r.kv_path for r in got} == {"dynamic"}
     with pytest.raises(ValueError, match="kv"):
@@ -199,7 +199,7 @@ def test_fallbacks_to_the_dynamic_cache():
     gemma.model.config.final_logit_softcapping = 30.0  # the fast engine refuses it: the DynamicCache path
     g_engine = Engine(gemma, g_adapter, g_head)
     with pytest.raises(ValueError, match=r"sliding-window targets"):  # the static path said no, then this
-        g_engine.speculative_batch([[3, 4]], max_new_tokens=4)
+        g_engine.speculative_batch([[3, 4], [5]], max_new_tokens=4)
     assert "softcapping" in g_engine.batch_kv_note
 
 

@@ -81,24 +81,23 @@ def test_greedy_static_equals_target_alone_and_dynamic(grafted):
 
 def test_features_match_target_capture(grafted):
     """The drafter observes the same features on either path (concatenation order, -1 = post-norm)."""
-    from domino_graft.decoding.common import StaticTarget
+    from domino_graft.decoding.session import StaticSession
 
     target, adapter, _ = grafted
     capture = tuple(adapter.capture_layers()) or (0, -1)
-    st, why = StaticTarget.create(target)
+    st, why = StaticSession.create(target, 1, 32)
     assert st is not None, why
     ids = torch.tensor([[3, 9, 4, 17, 5, 6, 8]])
     with torch.inference_mode():
         ref_logits, ref_feats = target(ids, capture=capture)
-        st.reset(32)
-        logits, feats = st.prefill(ids[:, :4], capture=capture, logits_to_keep=0)
-        l2, f2 = st.step(ids[:, 4:], 4, capture=capture)
-    torch.testing.assert_close(torch.cat([logits, l2], 1), ref_logits, atol=1e-4, rtol=0)
+        last, feats, _, _ = st.prefill([ids[0, :4]], capture)
+        l2, f2 = st.step(ids[:, 4:], None, capture, [4])
+    torch.testing.assert_close(last, ref_logits[:, 3], atol=1e-4, rtol=0)
+    torch.testing.assert_close(l2, ref_logits[:, 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(torch.cat([feats, f2], 1), ref_feats, atol=1e-4, rtol=0)
     for order in (capture, tuple(reversed(capture)) + (-1,)):
         with torch.inference_mode():
-            st.reset(8)
-            _, f = st.prefill(ids, capture=order, logits_to_keep=1)
+            _, f, _, _ = st.prefill([ids[0]], order)
             _, r = target(ids, capture=order)
         torch.testing.assert_close(f, r, atol=1e-4, rtol=0)
 
