@@ -126,7 +126,7 @@ class DFlashAdapter(DrafterAdapter):
         """The static drafter with `batch` rows for ragged batches (decoding/batched.py, beside the
         target's static ragged cache), or None where it would not be this adapter's propose (a
         subclass that changes propose, e.g. DSpark's Markov head). Kept apart from the solo one
-        (as the target's ragged cache is from its solo cache) and, like StaticRaggedTarget, from
+        (as the target's ragged cache is from its solo cache) and, like the target's StaticSession, from
         64 positions up and grown to the larger of each, so that a big CPU batch of short decodes
         (the chi-square tests' 9,000 rows) keeps its cache small."""
         from domino_graft.fast import round_up_pow2

@@ -15,7 +15,7 @@ On a CPU the same calls run eagerly.
 
 Ragged batches (decoding/batched.py, beside the target's static ragged cache): with
 ``max_batch`` B rows the caches are [B, Hkv, S, D] and row b is cache row b at its own position,
-as in decoding/ragged_static.py. The prefill writes the right-padded prompts' features at
+as in decoding/session.py. The prefill writes the right-padded prompts' features at
 0..n_max-1 of every row; row b's padding slots lie at or after its anchor n_b, so they are
 masked (the default math) or overwritten by the block's own keys before they are read (the
 kernels), and later overwritten by the verified context, exactly like a rejected draft's slot.
