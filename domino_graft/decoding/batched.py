@@ -59,7 +59,7 @@ import torch
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
 from .common import DecodeResult, Output, check_kv, check_prompt, cuda_median_ms, propose_timer, stop_set
-from .session import DynamicSession, StaticSession
+from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
 
@@ -83,7 +83,7 @@ def _check_batch(engine, prompts, max_new_tokens: int) -> list[torch.Tensor]:
     return [check_prompt(engine.target, p, max_new_tokens)[0] for p in prompts]
 
 
-def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto"):
+def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto") -> TargetSession:
     """The batch's target session: the fast engine's static cache (`StaticSession`, kept on the engine
     between decodes) where the target's architecture supports it and kv is not "dynamic"; else a
     `DynamicSession`. `length`: the positions the longest row may reach."""

@@ -149,9 +149,7 @@ class StaticSession:
             self.rows, self._ends = len(prompts), [t] * len(prompts)
             batch, at, slots = ids, [0] * len(prompts), torch.arange(len(prompts), device=dev)
         else:
-            batch, at = self._park(t)
-            for r, row in enumerate(rows):
-                at[row], self._ends[row] = 0, t
+            batch, at = self._park(t, rows)
             slots = torch.tensor(list(rows), device=dev)
             batch[slots] = ids
         capture = tuple(capture)
@@ -165,9 +163,10 @@ class StaticSession:
             feats = feats[:, :n] if rows is None else feats[slots, :n]
         return last, feats, ids[:, :n], pos
 
-    def _park(self, t: int) -> tuple[torch.Tensor, list[int]]:
-        """Every row's `t` placeholder tokens at its end: past all it verified, so nothing of it changes."""
-        at = list(self._ends)
+    def _park(self, t: int, rows: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """-> (a [B, t] batch, each row's position): `rows` at 0, every other row's `t` placeholder tokens
+        at its end, past all it verified, so nothing of it changes."""
+        at = [0 if r in rows else e for r, e in enumerate(self._ends)]
         full = [r for r, e in enumerate(at) if e + t > self.lm.max_len]
         if full:
             raise ValueError(f"prefill into a batch in flight: row {full[0]} has no {t} positions left to park "

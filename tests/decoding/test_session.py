@@ -84,3 +84,5 @@ def test_static_prefill_into_a_full_cache_is_refused():
         session.step(torch.ones(2, 2, dtype=torch.long), None, (), host)
         with pytest.raises(ValueError, match="row 0 has no 16 positions left"):
             session.prefill([torch.tensor(NEW)], (), rows=[1])
+        last, _, _, _ = session.prefill([torch.tensor(NEW)], (), rows=[0])  # the full row itself starts anew
+        check(last[0], alone(target, NEW)[-1], "prefill into the full row")
