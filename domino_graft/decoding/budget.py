@@ -272,6 +272,12 @@ class VerifyBudget:
     def label(self) -> str:
         return str(self.n) if self.mode == "fixed" else self.mode
 
+    def choices(self, k: int) -> list[int]:
+        """Every K' a step may verify with a drafter of K slots: K (full), N (fixed) or auto's candidates."""
+        if self.mode == "full":
+            return [k]
+        return [self.n] if self.mode == "fixed" else candidate_budgets(k, self.lengths)
+
     def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None,
               key=None) -> "BudgetRun":
         """The state of one decode of `batch` rows with a drafter of `k` slots; on CUDA it reads the

@@ -162,6 +162,13 @@ def test_tick_samples_each_step_under_its_own_k(monkeypatch):
     assert off.excess == {"plain": [], "spec": []}
 
 
+def test_choices_are_every_k_a_step_may_verify():
+    k = 15
+    assert VerifyBudget.parse("full").choices(k) == [k]
+    assert VerifyBudget.parse("3").choices(k) == [3]
+    assert VerifyBudget.parse("auto").choices(k) == candidate_budgets(k) == [0, 3, 7, 15]
+
+
 def test_fixed_and_full_ignore_costs():
     assert VerifyBudget.parse("full").start(7, 3, "cpu").choose() == 7
     run = VerifyBudget.parse("fixed:2").start(7, 3, "cpu")
