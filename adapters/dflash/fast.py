@@ -35,14 +35,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from domino_graft.fast import CapturedCall, host_ints
+from domino_graft.fast import CapturedCall, host_ints, kv_bucket
 from domino_graft.fast.llama import UnsupportedModel, fuse_linears
 from domino_graft.fast.llama_math import rms_norm
 from domino_graft.fast.llama_split import attention_kernels, layer_out, triton_kernels_unsupported
 
 from ..base import DraftBlock
-
-KV_BLOCK = 256  # attention reads the first kv_len context slots, kv_len rounded up to this
 
 
 class StaticDFlashDrafter:
@@ -252,7 +250,7 @@ class StaticDFlashDrafter:
 
         b = anchor.shape[0]
         end = max(host) + self.block
-        kv_len = min(self.max_len, -(-end // KV_BLOCK) * KV_BLOCK)
+        kv_len = kv_bucket(end, self.max_len)
         # the kernels read exactly each row's position + block keys: graphs differ only by the
         # batch and the key splits
         bound = attention_splits(kv_len) if self.kernels == "triton" else kv_len
@@ -280,7 +278,7 @@ class StaticDFlashDrafter:
             raise ValueError(f"block at {max(host)}..{end - 1} outside the drafter cache ({self.max_len})")
         if self._split is not None:
             return self._propose_with_kernels(anchor, host)
-        kv_len = min(self.max_len, -(-max(max(host), 1) // KV_BLOCK) * KV_BLOCK)
+        kv_len = kv_bucket(max(max(host), 1), self.max_len)
         pos = self._positions(host)
         if self._pending is None:
             call = self._call(("propose", b, kv_len), lambda anc, p: self._propose(anc, p, kv_len))

@@ -24,7 +24,7 @@ The drafter's weights are a fused copy (``FastLM.from_hf`` on a deep copy of the
 from_hf rebinds the HF modules' parameters to views of fused tensors, which would orphan the
 parameters an optimizer holds); ``PardAdapter.static_drafter`` rebuilds it when the weights
 change (their version counters), so drafts never go stale. Attention reads the first ``kv_len``
-slots, kv_len = the block's end rounded up to KV_BLOCK: one graph per (shape, bucket). On a CPU
+slots, kv_len = the block's end rounded up to fast.KV_BLOCK: one graph per (shape, bucket). On a CPU
 the same calls run eagerly. Drafters outside the fast engine's architectures (sliding windows,
 soft-capping, Gemma-3, ...) raise UnsupportedModel: the adapter then answers None (eager propose).
 """
@@ -36,13 +36,12 @@ from typing import Optional
 
 import torch
 
-from domino_graft.fast import CapturedCall, FastLM, UnsupportedModel
+from domino_graft.fast import CapturedCall, FastLM, UnsupportedModel, kv_bucket
 from domino_graft.fast.llama_math import decoder_layer, run_model
 
 from ..base import DraftBlock
 from .vocab import fit_vocab
 
-KV_BLOCK = 256  # attention reads the first kv_len cache slots, kv_len rounded up to this
 RUN_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")  # the drafters whose forward is run_model's
 
 
@@ -134,7 +133,7 @@ class StaticPardDrafter:
         end = position + self.k
         if end > self.max_len:
             raise ValueError(f"block at {position}..{end - 1} outside the drafter cache ({self.max_len})")
-        kv_len = min(self.max_len, -(-end // KV_BLOCK) * KV_BLOCK)
+        kv_len = kv_bucket(end, self.max_len)
         pos = torch.full((1,), position, dtype=torch.long, device=self.device)
         if self._pending is None:
             if position != self._ctx:

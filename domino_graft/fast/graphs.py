@@ -33,6 +33,17 @@ def round_up_pow2(length: int, start: int = 256) -> int:
     return size
 
 
+# attention reads the first kv_len cache positions, kv_len = the step's end rounded up to this: one graph
+# per (shape, bucket) for the target (GraphRunner) and the static drafters alike
+KV_BLOCK = 256
+
+
+def kv_bucket(end: int, max_len: int, block: int = KV_BLOCK) -> int:
+    """The attention bucket of a step ending at position `end` (exclusive): `end` rounded up to
+    `block`, at most the cache's max_len."""
+    return min(max_len, -(-int(end) // block) * block)
+
+
 def prefill_length(n: int, max_len: int, start: int = 16) -> int:
     """The length a prompt of n tokens is right-padded to for a graphed prefill: powers of two
     from `start` (a few shapes, each compiled and captured once), at most the cache's max_len."""
@@ -76,7 +87,7 @@ class _Captured:
 
 class GraphRunner:
     def __init__(self, lm: FastLM, *, capture: Iterable[int] = (), use_graphs: Optional[bool] = None,
-                 kv_block: int = 256, warmup: int = 2):
+                 kv_block: int = KV_BLOCK, warmup: int = 2):
         self.lm = lm
         self.capture = tuple(capture)
         self.use_graphs = (lm.device.type == "cuda") if use_graphs is None else bool(use_graphs)
@@ -90,7 +101,7 @@ class GraphRunner:
     def bucket(self, end: Optional[int]) -> int:
         if end is None:
             return self.lm.max_len
-        return min(self.lm.max_len, -(-end // self.kv_block) * self.kv_block)
+        return kv_bucket(end, self.lm.max_len, self.kv_block)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, pos: Pos = None, *, logits_to_keep: int = 0):

@@ -37,23 +37,9 @@ from typing import Optional
 
 import torch
 
-from ..decoding.budget import candidate_budgets
+from ..fast import KV_BLOCK, prefill_length
 from ..sampling import Sampling
 from .batch import BatchRow, ChainBatch, TargetBatch, batch_target
-
-# the kv buckets of fast.GraphRunner (kv_block) and of the static drafters (their KV_BLOCK): a step is placed
-# in each window of this many positions
-KV_STRIDE = 256
-FIRST_PREFILL = 16  # fast.prefill_length's smallest padded prompt
-
-
-def verify_budgets(budget, k: int) -> list[int]:
-    """The K' a chain batch may verify under `budget` (None: all K; a fixed N; auto: its candidates)."""
-    if budget is None:
-        return [k]
-    if budget.mode == "fixed":
-        return [budget.n]
-    return candidate_budgets(k, budget.lengths)
 
 
 def block_script(budgets: list[int]) -> list[int]:
@@ -68,21 +54,19 @@ def block_script(budgets: list[int]) -> list[int]:
     return script
 
 
-def prefill_contexts(positions: int, sweep: bool) -> list[int]:
-    """Context lengths whose prefills cover every padded prompt length a rebuild can meet (powers of
-    two from FIRST_PREFILL, as fast.prefill_length pads): a running row's context reaches positions - 1."""
+def prefill_contexts(positions: int, max_len: int, sweep: bool) -> list[int]:
+    """A context length for each padded prompt length a rebuild can meet (`fast.prefill_length` of
+    every length up to the longest, positions - 1, that a running row's context reaches)."""
     longest = max(1, positions - 1)
-    out, n = [], FIRST_PREFILL
-    while True:
-        out.append(min(n, longest))
-        if n >= longest or not sweep:
-            return out
-        n *= 2
+    lengths = [1 << i for i in range(longest.bit_length())] + [longest]  # prefill_length pads to powers of two
+    out = sorted({min(prefill_length(n, max_len), longest) for n in lengths})
+    return out if sweep else out[:1]
 
 
 def bucket_ends(length: int, sweep: bool) -> list[int]:
-    """One step end per kv bucket up to `length` positions (the first only without the sweep)."""
-    ends = list(range(KV_STRIDE, length, KV_STRIDE)) + [length]
+    """One step end per kv bucket (`fast.KV_BLOCK`, the target's and the static drafters') up to
+    `length` positions (the first only without the sweep)."""
+    ends = list(range(KV_BLOCK, length, KV_BLOCK)) + [length]
     return ends if sweep else ends[:1]
 
 
@@ -108,7 +92,7 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
     target = batch_target(engine, max(batch_sizes), length)
     report = {"batch_sizes": list(batch_sizes), "positions": positions, "cache": _cache(target)}
     runners_before = _captures(target)
-    budgets = [] if adapter is None else verify_budgets(budget, k)
+    budgets = [] if adapter is None else [k] if budget is None else budget.choices(k)
     auto = budget is not None and budget.mode == "auto"
     static_drafter = False
     if adapter is not None:
@@ -118,7 +102,7 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
         report["drafter"] = "static" if static_drafter else "eager"
         report["verify_lengths"] = sorted({kk + 1 for kk in budgets} | ({1} if auto else set()))
     static = target.kv_path == "static"  # a DynamicCache captures nothing: only the costs to measure
-    contexts = prefill_contexts(positions, sweep and static)
+    contexts = prefill_contexts(positions, target.lm.max_len if static else length, sweep and static)
     ends = bucket_ends(length, sweep) if static else []
     script = block_script(budgets) if budgets else []
     measure = auto and (cuda if measure is None else measure)

@@ -190,7 +190,7 @@ def test_static_dflash_drafter_blocks_equal_dynamic_adapter(arch):
     """DFlash's static drafter (context in fixed slots, all K+1 verified features written, the
     rejected ones masked by the next anchor) proposes the blocks the dynamic adapter does, whose
     context holds only the accepted tokens; across accept counts 0..K and kv buckets."""
-    from domino_graft.adapters.dflash.fast import KV_BLOCK
+    from domino_graft.fast import KV_BLOCK
 
     target, adapter, _ = graft("dflash", arch, seed=3)
     k, f = adapter.num_slots, adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
