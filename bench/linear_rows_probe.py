@@ -62,8 +62,6 @@ def engine_path(torch, S, name: str, gen, l2: int, max_m: int) -> dict:
     """small_linear as the engine calls it (config=None: the few-row tier, the many-rows tier and cuBLAS
     where cuBLAS gives the same bits): whether every row of every M in 1..max_m has the bits it has
     in the max_m call, the Ms cuBLAS ran, and the time by M against cuBLAS alone."""
-    import os
-
     import torch.nn.functional as F
 
     n, k, swiglu, res = SHAPES[name]
@@ -81,9 +79,9 @@ def engine_path(torch, S, name: str, gen, l2: int, max_m: int) -> dict:
     full = op(max_m)
     differing = [m for m in range(1, max_m + 1) if not torch.equal(op(m), full[:m])]
     cublas_ms = sorted(key[2] for key, same in S._CUBLAS_SAME.items() if same)
-    os.environ["DOMINO_GRAFT_CUBLAS_ROWS"] = "0"
+    S.CUBLAS_ROWS = False  # DOMINO_GRAFT_CUBLAS_ROWS=0: the Triton tiers alone
     triton_full = op(max_m)
-    os.environ.pop("DOMINO_GRAFT_CUBLAS_ROWS")
+    S.CUBLAS_ROWS = True
     row = {"N": n, "K": k, "swiglu": swiglu, "residual": res, "max_m": max_m,
            "ms_whose_rows_differ_from_max_m": differing, "equal_to_triton_alone": bool(torch.equal(full, triton_full)),
            "cublas_ran_at": (f"{len(cublas_ms)} Ms, {cublas_ms[0]}..{cublas_ms[-1]}" if cublas_ms else "none"),

@@ -455,6 +455,7 @@ def plan(n: int, k: int, rows: int, *, swiglu: bool = False, dtype: torch.dtype 
 # that (shape, rows, dtype, alignment): checked on the first such call outside a CUDA-graph capture
 # (the graphs' eager warm-up runs make it), kept in _CUBLAS_SAME. Unchecked, or different: this kernel.
 # A row's bits therefore never depend on which of the two ran it. DOMINO_GRAFT_CUBLAS_ROWS=0: never.
+CUBLAS_ROWS = os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") != "0"  # read once: the check runs on every call
 CUBLAS_FROM_ROWS = BLOCK_M + 1  # one 16-row tile and below: this kernel is the faster (the LM head: 278 vs 298 us)
 _CUBLAS_SAME: dict[tuple, bool] = {}
 
@@ -469,7 +470,7 @@ def cublas_gives_same_bits(x2: torch.Tensor, w: torch.Tensor, bias, cfg: Config,
     m, k = x2.shape
     if (m < CUBLAS_FROM_ROWS or cfg.SPLIT != 1 or INTERPRETED or not x2.is_cuda or not x2.is_contiguous()
             or x2.dtype not in (torch.bfloat16, torch.float16) or (bias is not None and bias.dtype != x2.dtype)
-            or os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") == "0"):
+            or not CUBLAS_ROWS):
         return False  # (an fp32 bias beside 16-bit x: F.linear refuses mixed dtypes)
     key = (tuple(w.shape), w.stride(0), m, x2.dtype, None if bias is None else bias.dtype,
            _aligned(x2) and _aligned(w) and _aligned(bias), x2.device.index)

@@ -493,9 +493,9 @@ def test_gpu_cublas_runs_many_rows_only_with_the_kernels_bits(monkeypatch):
     S._CUBLAS_SAME.clear()
     y = S.small_linear(x, w)
     assert list(S._CUBLAS_SAME.values()) == [True], "cuBLAS did not give the kernel's bits at q/k/v, M = 512"
-    monkeypatch.setenv("DOMINO_GRAFT_CUBLAS_ROWS", "0")
+    monkeypatch.setattr(S, "CUBLAS_ROWS", False)  # DOMINO_GRAFT_CUBLAS_ROWS=0
     assert torch.equal(y, S.small_linear(x, w)), "the cuBLAS and Triton paths differ"
-    monkeypatch.delenv("DOMINO_GRAFT_CUBLAS_ROWS")
+    monkeypatch.setattr(S, "CUBLAS_ROWS", True)
     S._CUBLAS_SAME.clear()
     xs = x[:300].clone()
     S.small_linear(xs, w)  # compile outside the capture
