@@ -26,6 +26,8 @@ finished row re-proposing at its last position harms nobody. The kernels read th
 a [B] tensor on the device; the default math builds per-row masks (a query of row b sees the
 context keys < pos_b and the whole block). Graphs are keyed by (B, block shape, kv bucket or key
 splits). tests/decoding/test_batched_static_drafter.py checks every row against its solo drafter.
+``compact(rows)`` shrinks the batch as the target's session does (its rows' context K/V and the
+pending block move to rows 0..len(rows)-1).
 """
 
 from __future__ import annotations
@@ -193,6 +195,19 @@ class StaticDFlashDrafter:
             feats_before, start = self._pending_start()
             self._call(("write", *feats_before.shape[:2]), self._write)(feats_before, start)
         self._pending = (feats, host_ints(pos, feats.shape[0]))
+
+    def compact(self, rows) -> None:
+        """Rows `rows` become rows 0..len(rows)-1: their context K/V and their part of the pending block
+        (decoding/session.py's `compact`, for the drafter's side of the batch)."""
+        rows = list(rows)
+        idx = torch.tensor(rows, device=self.device)
+        n = len(rows)
+        for kc, vc in zip(self.k, self.v):
+            kc[:n] = kc.index_select(0, idx)  # a gathered copy first: rows may move onto one another
+            vc[:n] = vc.index_select(0, idx)
+        if self._pending is not None:
+            feats, start = self._pending
+            self._pending = (feats.index_select(0, idx), [start[r] for r in rows])
 
     # ------------------------------------------------------------------ propose
     def _propose(self, anchor: torch.Tensor, pos: torch.Tensor, kv_len: int):

@@ -14,7 +14,12 @@ Either way attention over a row's own entries only is the row's own decode: each
 output is its solo decode's, token for token, up to floating-point reassociation (the property
 tests compare them, on both caches). A finished row stays in the batch, masked: its new entries
 are never kept, its tokens never emitted, and the others do not wait for it (the static
-target and drafter step it at its last position, its outputs dropped).
+target and drafter step it at its last position, its outputs dropped). Once at most half the
+rows go on, the batch shrinks (`_shrink`): the target's session and the static drafter move the
+rows that go on to the first rows of their caches (`compact`), padded with ended rows to a power
+of two, and the next steps run at that batch size, so a static batch's stragglers cost what a
+small batch costs, not what the full one does (the target alone's loop shrinks alike). Where the
+drafter cannot move rows (the eager ragged contract) the batch keeps its size.
 `DecodeResult.kv_path` says which cache ran.
 
 The drafter sees the same ragged layout. Beside the static target, a family that offers
@@ -36,7 +41,8 @@ target-alone sampling. Randomness: one generator per batch decode, `sampling.gen
 seed_offset)`, consumed in a fixed order at every step: the anchors' draw at the prefill, [B]
 rows at once; then per step the rollout's draws ([B] rows per slot, slot by slot), the
 verifier's uniforms [B, K], then the [B] corrections / bonuses. Finished rows still draw (their
-results are dropped), so a batch with the same prompts, order and seed reproduces its samples;
+results are dropped) until the batch shrinks past them, so a batch with the same prompts, order and
+seed reproduces its samples;
 a row's samples depend on the batch it sits in, not only on its prompt (rows are not
 bit-reproducible against their solo decode at T > 0, only equal in distribution).
 
@@ -51,7 +57,7 @@ alone's own loop (`_target_steps`: no features captured, nothing written to the 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -96,6 +102,45 @@ def ragged_target(engine, ids: list[torch.Tensor], length: int, kv: str = "auto"
     return DynamicSession(engine.target)
 
 
+@dataclass
+class _Row:
+    """One prompt's decode in a batch: its output and counts, whichever batch row it sits in (a
+    compaction moves it: `_shrink`)."""
+
+    out: Output
+    k: int = 0  # the drafter's slots (the per-slot counts' length)
+    seconds: float = 0.0  # when it ended
+    forwards: int = 1  # target forwards, the prefill included
+    accepted: list = field(default_factory=list)  # drafts accepted per step
+    reached: list = field(default_factory=list)  # [K]: steps whose slot j was verified
+    accepted_slot: list = field(default_factory=list)  # [K]: ... and accepted
+
+    def __post_init__(self):
+        self.reached, self.accepted_slot = [0] * self.k, [0] * self.k
+
+    def result(self, prompt: torch.Tensor, kv_path: str) -> DecodeResult:
+        return DecodeResult(self.out.tokens, prompt.numel(), self.out.stop_reason, self.seconds, self.forwards,
+                            self.accepted, self.reached, self.accepted_slot, kv_path=kv_path)
+
+
+def _shrink(live: list[bool]) -> Optional[list[int]]:
+    """The batch rows to keep once at most half the rows go on: the live rows, then ended ones up to the
+    next power of two (the batch sizes a batch of B meets stay B, then powers of two: few graphs);
+    None = keep the batch as it is."""
+    on = [i for i, x in enumerate(live) if x]
+    if not on:
+        return None
+    size = 1 << (len(on) - 1).bit_length()
+    if size >= len(live):
+        return None
+    return on + [i for i, x in enumerate(live) if not x][: size - len(on)]
+
+
+def _can_shrink(target, drafter=None, needs_drafter: bool = False) -> bool:
+    """Compaction needs the target's session and, for a chain, its static drafter to move rows."""
+    return hasattr(target, "compact") and (not needs_drafter or (drafter is not None and hasattr(drafter, "compact")))
+
+
 @torch.inference_mode()
 def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         sampling: Sampling = Sampling(), stop_ids: Iterable[int] = (),
@@ -107,10 +152,10 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
     each row's accepted list gets a 0 per step, as its plain steps record."""
     sampling = sampling or Sampling()
     ids = _check_batch(engine, prompts, max_new_tokens)
-    b, dev = len(ids), ids[0].device
+    dev = ids[0].device
     gen = sampling.generator(dev, seed_offset)
     stops = stop_set(engine.stop_ids, stop_ids)
-    outs = [Output(max_new_tokens, stops, None) for _ in ids]
+    rows = [_Row(Output(max_new_tokens, stops, None)) for _ in ids]
     t0 = time.perf_counter()
     # room for a chain's K extra positions too, so that the speculative decodes of the same
     # prompts reuse this cache (and on CUDA its graphs) instead of growing it
@@ -120,52 +165,58 @@ def batched_target_only(engine, prompts: Sequence[Sequence[int]], *, max_new_tok
     tok = pick(logits, sampling, gen)
     pos_h = [p.numel() for p in ids]  # host copy of pos: the static cache's attention bucket, no sync
     pos = torch.tensor(pos_h, device=dev)
-    seconds, forwards = [0.0] * b, [1] * b
-    live = _push_each(outs, [[t] for t in tok.tolist()], None, seconds, t0)
-    accepted = None if run is None else [[] for _ in ids]
-    _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run, accepted)
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, [] if accepted is None else accepted[r],
-                         kv_path=target.kv_path)
-            for r, (o, p, s, f) in enumerate(zip(outs, ids, seconds, forwards))]
+    live = _push_each(rows, [[t] for t in tok.tolist()], None, t0)
+    _target_steps(target, tok, pos, pos_h, live, list(rows), sampling, gen, t0, run, plain_counts=run is not None)
+    return [r.result(p, target.kv_path) for r, p in zip(rows, ids)]
 
 
-def _target_steps(target, tok, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run=None,
-                  accepted=None) -> None:
+def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, run=None, plain_counts=True) -> None:
     """The target alone's loop until every row ends: `tok` [B] (each row's last token, not yet in
-    the cache) at `pos`; one forward of one token per row a step, no features, one sync. Also the
-    tail of a batched chain whose verify budget committed to plain steps (`run` counts them, and
-    each live row's `accepted` gets a 0 per step, as a K' = 0 step records)."""
+    the cache) at `pos`, `rows[b]` the decode in batch row b; one forward of one token per row a step,
+    no features, one sync; the batch shrinks as its rows end (`_shrink`). Also the tail of a batched
+    chain whose verify budget committed to plain steps (`run` counts them, and with `plain_counts`
+    each live row's accepted list gets a 0 per step, as a K' = 0 step records)."""
     dev = tok.device
+    shrinks = _can_shrink(target)
     while any(live):
-        if run is not None:  # the lean loop's own cost: the plain kind's wall-clock samples
-            run.tick(0)
+        if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean")
+            run.tick(0, lean=True)
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)
         tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
         pos = pos + live_t.long()
         pos_h = [p + on for p, on in zip(pos_h, live)]
-        for r in range(len(live)):
-            forwards[r] += live[r]
-            if accepted is not None and live[r]:
-                accepted[r].append(0)
+        for row, on in zip(rows, live):
+            if on:
+                row.forwards += 1
+                if plain_counts:
+                    row.accepted.append(0)
         if run is not None:
             run.count_plain()
-        live = _push_each(outs, [[t] for t in tok.tolist()], live, seconds, t0)  # the step's one sync
+        live = _push_each(rows, [[t] for t in tok.tolist()], live, t0)  # the step's one sync
+        keep = _shrink(live) if shrinks else None
+        if keep is not None:
+            target.compact(keep)
+            idx = torch.tensor(keep, device=dev)
+            tok, pos = tok.index_select(0, idx), pos.index_select(0, idx)
+            pos_h, live, rows[:] = [pos_h[i] for i in keep], [live[i] for i in keep], [rows[i] for i in keep]
+            if run is not None:
+                run.resize(len(keep))
 
 
-def _push_each(outs: list[Output], chunks: list[list[int]], live, seconds: list[float], t0: float) -> list[bool]:
+def _push_each(rows: list, chunks: list[list[int]], live, t0: float) -> list[bool]:
     """Each live row's chunk into its Output; -> which rows go on (a row's seconds: when it ended)."""
     now = None
     still = []
-    for r, (out, chunk) in enumerate(zip(outs, chunks)):
+    for r, (row, chunk) in enumerate(zip(rows, chunks)):
         if live is not None and not live[r]:
             still.append(False)
             continue
-        done = out.push(chunk)
+        done = row.out.push(chunk)
         if done:
             now = now or time.perf_counter()
-            seconds[r] = now - t0
+            row.seconds = now - t0
         still.append(not done)
     return still
 
@@ -200,16 +251,15 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
     stops = stop_set(engine.stop_ids, stop_ids)
-    outs = [Output(max_new_tokens, stops, None) for _ in ids]
-    accepted = [[] for _ in ids]
-    reached, accepted_slot = [[0] * k for _ in ids], [[0] * k for _ in ids]
-    seconds, forwards = [0.0] * b, [1] * b
+    every = [_Row(Output(max_new_tokens, stops, None), k) for _ in ids]
+    rows = list(every)  # rows[b]: the decode in batch row b (a compaction moves them)
 
     t0 = time.perf_counter()
     length = max(p.numel() for p in ids) + max_new_tokens + k + 1
     target = ragged_target(engine, ids, length, kv)
     drafter = static_batch_drafter(adapter, target, length, b)
     engine.batch_drafter_path = "eager" if drafter is None else "static"  # what the last batch ran (bench reports)
+    shrinks = _can_shrink(target, drafter, needs_drafter=True)
     adapter.reset(b)
     logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
     if drafter is not None:  # right-padded: row b's padding slots lie at or after its anchor
@@ -219,13 +269,17 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     anchor = pick(logits, sampling, gen)  # [B]
     pos_h = [p.numel() for p in ids]  # host copy of pos: attention buckets and drafter slots, no sync
     pos = torch.tensor(pos_h, device=dev)
-    live = _push_each(outs, [[t] for t in anchor.tolist()], None, seconds, t0)
+    live = _push_each(rows, [[t] for t in anchor.tolist()], None, t0)
     offs = torch.arange(k + 1, device=dev)
-    if run is not None and dev.type == "cuda":  # the target's cost of each candidate length not known yet
-        run.add_measured(measure_step_costs(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
+
+    def measure_costs():  # the target's cost of each candidate length at this batch size, where not known yet
+        if run is not None and dev.type == "cuda":
+            run.add_measured(measure_step_costs(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
+
+    measure_costs()
     while any(live):
         if run is not None and run.committed():  # plain from here on: the target alone's loop
-            _target_steps(target, anchor, pos, pos_h, live, outs, sampling, gen, seconds, forwards, t0, run, accepted)
+            _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run)
             break
         kk = k if run is None else run.choose()  # K': the drafts this step verifies
         if run is not None:
@@ -247,28 +301,29 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = target.step(seq, pos, capture, pos_h)
             n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
+        n = len(rows)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
-        n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
+        n_acc_h, nxt_h, drafts_h = host[:n], host[n: 2 * n], host[2 * n:]
         if timer is not None:
             run.propose_samples.append(timer[0].elapsed_time(timer[1]))
         chunks = []
-        for r in range(b):
+        for r, row in enumerate(rows):
             a = n_acc_h[r]
             chunks.append(drafts_h[r * kk: r * kk + a] + [nxt_h[r]])
             if live[r]:
-                forwards[r] += 1
-                accepted[r].append(a)
+                row.forwards += 1
+                row.accepted.append(a)
                 for j in range(min(a + 1, kk)):
-                    reached[r][j] += 1
-                    accepted_slot[r][j] += j < a
+                    row.reached[j] += 1
+                    row.accepted_slot[j] += j < a
         if run is not None:
             run.observe(kk, [a for a, on in zip(n_acc_h, live) if on])
-        live = _push_each(outs, chunks, live, seconds, t0)
+        live = _push_each(rows, chunks, live, t0)
         if not any(live):
             break
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
-        longest = max(n + 1 for n, on in zip(n_acc_h, live) if on)
+        longest = max(a + 1 for a, on in zip(n_acc_h, live) if on)
         target.keep(kept, longest)
         if drafter is not None:  # all K'+1 of every row, finished ones too (at their last position)
             drafter.observe_block(feats, pos_h)
@@ -278,10 +333,19 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                             torch.where(new, pos[:, None] + offs[:longest], -1), ids=seq[:, :longest])
         anchor = torch.where(kept > 0, nxt, anchor)
         pos = pos + kept
-        pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, live)]
+        pos_h = [p + (a + 1 if on else 0) for p, a, on in zip(pos_h, n_acc_h, live)]
+        keep = _shrink(live) if shrinks else None
+        if keep is not None:  # half the rows or more have ended: the others go on as a smaller batch
+            target.compact(keep)
+            drafter.compact(keep)
+            idx = torch.tensor(keep, device=dev)
+            anchor, pos = anchor.index_select(0, idx), pos.index_select(0, idx)
+            pos_h, live, rows = [pos_h[i] for i in keep], [live[i] for i in keep], [rows[i] for i in keep]
+            if run is not None:
+                run.resize(len(keep))
+                measure_costs()
     engine.last_budget = None if run is None else run.finish()
-    return [DecodeResult(o.tokens, p.numel(), o.stop_reason, s, f, acc, rch, slot, kv_path=target.kv_path)
-            for o, p, s, f, acc, rch, slot in zip(outs, ids, seconds, forwards, accepted, reached, accepted_slot)]
+    return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
 
 
 def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,

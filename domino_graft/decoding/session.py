@@ -12,6 +12,9 @@ cache for B rows (B = 1 for a solo decode), each row at its own position.
                                           keeps, known on the host
     free(row)                             the row's entries are no one's: a later prefill(rows=[row])
                                           starts it afresh
+    compact(rows)                         the batch becomes len(rows) rows: new row i is old row rows[i],
+                                          with its entries and position (a batch whose rows ended
+                                          shrinks: decoding/batched.py)
 
 Two implementations, chosen per decode by `Engine.session` (solo) and `batched.ragged_target` (batches):
 
@@ -32,7 +35,10 @@ row. A prefill into some rows steps the others at positions past everything they
 "parking" positions), so it leaves them as they were.
 
 A finished row stays in the batch at its last position: its steps rewrite the same stale positions,
-its outputs are dropped, and the other rows never wait for it.
+its outputs are dropped, and the other rows never wait for it; once half the rows have ended the
+decoder compacts the batch (`compact`), so a step costs what its rows that go on cost. Compaction
+moves each kept row's cache entries, nothing else: a row's logits do not depend on which row of
+the batch it is, nor on the batch size (the kernels are batch-invariant: docs/design.md §5).
 
 The tree decoder (tree.py) uses a DynamicSession for its prefill only: its verify needs a tree mask
 and keeps a non-prefix path, which this contract's causal step and prefix keep do not express.
@@ -55,6 +61,8 @@ class TargetSession(Protocol):
     def keep(self, kept, longest: int) -> None: ...
 
     def free(self, row: int) -> None: ...
+
+    def compact(self, rows: Sequence[int]) -> None: ...
 
 
 def _right_pad(prompts: list[torch.Tensor], width: int):
@@ -190,6 +198,22 @@ class StaticSession:
 
     def free(self, row: int) -> None:
         """Nothing to release: the row's entries are stale from now, overwritten by its next prefill."""
+
+    def compact(self, rows: Sequence[int]) -> None:
+        """Rows `rows` of the cache become rows 0..len(rows)-1 (their K/V, lengths and parking ends); the
+        next step is [len(rows), T]: the graphs of that batch size read the cache's first rows."""
+        rows = list(rows)
+        cache = self.lm.cache
+        idx = torch.tensor(rows, device=cache.lengths.device)
+        n = len(rows)
+        for kc, vc in zip(cache.k, cache.v):
+            kc[:n] = kc.index_select(0, idx)  # a gathered copy first: rows may move onto one another
+            vc[:n] = vc.index_select(0, idx)
+        cache.lengths[:n] = cache.lengths.index_select(0, idx)
+        if cache.host_lengths is not None:
+            cache.host_lengths[:n] = [cache.host_lengths[r] for r in rows]
+        self._ends = [self._ends[r] for r in rows] if self._ends else self._ends
+        self.rows = n
 
 
 # ------------------------------------------------------------------------ dynamic
@@ -336,3 +360,16 @@ class DynamicSession:
             self.length = 0
         else:
             self.valid[row] = False
+
+    def compact(self, rows: Sequence[int]) -> None:
+        """Rows `rows` become the batch (each cache layer's rows and the validity mask gathered); one row
+        stays one row."""
+        if self.valid is None:
+            return
+        idx = torch.tensor(list(rows), device=self.valid.device)
+        for layer in getattr(self.cache, "layers", ()):
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if torch.is_tensor(t) and t.dim() and t.shape[0] == self.valid.shape[0]:
+                    setattr(layer, name, t.index_select(0, idx))
+        self.valid = self.valid.index_select(0, idx)

@@ -269,3 +269,43 @@ def test_gpu_batched_graphs_equal_solo(head_dim):
     got = oracle.speculative_batch(prompts[:2], max_new_tokens=40)
     assert oracle._ragged_static is static and [r.tokens for r in got] == want[:2]
     assert (2, k + 1) in {key[:2] for runner in static.runners.values() for key in runner.graphs}
+
+
+def test_shrink_keeps_the_live_rows_and_pads_to_a_power_of_two():
+    from domino_graft.decoding.batched import _shrink
+
+    assert _shrink([True, False, True, False, False, False, False, False]) == [0, 2]
+    assert _shrink([False, True, True, True, False, False, False, False]) == [1, 2, 3, 0]  # 3 -> 4 rows
+    assert _shrink([True, True, True, False, False]) == [0, 1, 2, 3]  # 5 -> 4
+    assert _shrink([True, True, False, False]) == [0, 1]  # half the rows ended
+    assert _shrink([True, True, True, False]) is None  # 3 rows still take a batch of 4
+    assert _shrink([False, False]) is None  # nothing goes on: the decode ends
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_shrinks_as_its_rows_end_and_every_row_is_still_its_solo_decode(seed, monkeypatch):
+    """Rows that end early leave the batch (batched.py `_shrink`): the target's session and the static
+    drafter compact to the rows that go on, and each row's output stays its solo decode's."""
+    cfg, target, adapter, head, prompts, rng = ragged_case(seed)
+    prompts = prompts + [[5] * (3 + i) for i in range(6 - len(prompts))] if len(prompts) < 6 else prompts
+    stops = stop_token_ids(target)
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    lengths = [4, 4, 4, 16, 16, 16][: len(prompts)]  # most rows end early
+    refs = [engine.target_only(p, max_new_tokens=n).tokens for p, n in zip(prompts, lengths)]
+    sizes = {"session": [], "drafter": []}
+    real_session, real_drafter = StaticSession.compact, type(adapter.static_batch_drafter(64, 1)).compact
+    monkeypatch.setattr(StaticSession, "compact", lambda self, rows: sizes["session"].append(len(rows))
+                        or real_session(self, rows))
+    monkeypatch.setattr(type(adapter.static_batch_drafter(64, 1)), "compact",
+                        lambda self, rows: sizes["drafter"].append(len(rows)) or real_drafter(self, rows))
+    # one call per row length: a batch whose rows have different max_new_tokens is a batch of batches,
+    # so the early rows end by a stop token instead (each row's own 4th token)
+    stop_at = {refs[r][3] for r in range(3)}
+    want = [engine.target_only(p, max_new_tokens=16, stop_ids=stop_at).tokens for p in prompts]
+    got = engine.speculative_batch(prompts, max_new_tokens=16, stop_ids=stop_at)
+    assert [r.tokens for r in got] == want, (seed, cfg)
+    alone = engine.target_only_batch(prompts, max_new_tokens=16, stop_ids=stop_at)
+    assert [r.tokens for r in alone] == want
+    if len({len(w) for w in want}) > 1:  # rows ended at different steps: the batch shrank
+        assert sizes["session"] and sizes["drafter"], sizes
+        assert all(s & (s - 1) == 0 for s in sizes["session"] + sizes["drafter"]), sizes

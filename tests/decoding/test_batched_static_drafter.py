@@ -101,6 +101,11 @@ class _NudgedRows(RowOracle):
     def propose(self, anchor, position):
         return super().propose(anchor, torch.tensor(position))
 
+    def compact(self, rows):
+        """The batch shrank (decoding/batched.py): the nudges follow each row to its new place."""
+        self.rows, self.references = [self.rows[r] for r in rows], [self.references[r] for r in rows]
+        self.inner.compact(rows)
+
 
 class StaticRowOracle(RowOracle):
     """RowOracle that declares the static batch drafter, nudged the same way: the same drafts as
