@@ -16,20 +16,29 @@ On CUDA the cost of a step is also read off the wall clock: a step's time from o
 includes what the device-side costs leave out (the host's bookkeeping between steps, eager launches),
 and the median of each kind's recent excess (plain steps, speculative steps; a K' with samples of its
 own, its own) is added to the device-side cost of that kind, so the choice compares whole steps. A kind
-not yet seen adds nothing (it looks cheap, so it gets tried and measured). The first step of a decode is
+not yet seen adds nothing (it looks cheap, so it gets tried and measured). A plain step is costed by the
+target alone's lean loop ("lean": no features captured, nothing written to the drafter) once that has
+samples: choosing K' = 0 leads there after COMMIT_AFTER steps, and a plain step through the chain costs
+more (1.12 against ~0.6 ms of excess at B = 64 in d5c6fde's run), which made K' = 0 look worse than it is. The first step of a decode is
 not sampled (it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER
 times its device-side cost; the committed plain loop samples its own steps.
 
 What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
 at that size starts from its acceptance estimate and excess samples instead of verifying everything
 for WARMUP_STEPS, and only every PROBE_EVERY-th decode verifies all K for one step first (the
-estimate keeps being checked). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
+estimate keeps being checked; each probe that ends committed again doubles the interval, up to
+PROBE_MAX, and one that does not resets it, so a batch size where speculation does not pay stops paying
+for the check). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
 decode commits to plain decoding (`committed()`): the callers then run the target alone's lean loop
 for the rest of it (no features captured, nothing written to the drafter), so a batch in which
 speculation does not pay costs what the target alone costs. A decode whose batch size's last decode
 ended committed, and that is not a probe, starts committed (`starts_committed`): the callers run the
 target alone's decode itself, without the drafter's prefill or the prompt's features, which a
 decode that only commits after COMMIT_AFTER steps still pays.
+
+A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
+batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
+next one (`committed_whole`): a tail of a few rows that went plain says nothing about the full batch.
 
 Every K' is lossless (the verify of the first K' drafts is the same rule: decoding/verify.py), so the
 policy only moves speed. This module is plain Python: the engine feeds it acceptance counts and, where
@@ -63,6 +72,8 @@ WALL_WINDOW = 32
 # decodes after the first at a batch size: every PROBE_EVERY-th verifies all K for PROBE_STEPS first
 PROBE_EVERY = 4
 PROBE_STEPS = 1
+# ... and a probe that confirms the commit doubles the interval, up to this many decodes
+PROBE_MAX = 64
 # auto's K' = 0 this many steps in a row: the decode commits to the target alone's loop
 COMMIT_AFTER = 3
 # a step whose wall time is over OUTLIER x its device-side cost is not sampled (a graph capture or a
@@ -298,6 +309,7 @@ class BudgetRun:
     def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
                  carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False):
         self.budget, self.k, self.batch = budget, k, batch
+        self.first_batch = batch  # the decode's batch size before any compaction (`resize`)
         self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
         self.reached = [0.0] * k
@@ -309,19 +321,43 @@ class BudgetRun:
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
         self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
-        self._step_start: Optional[tuple[int, float]] = None  # (K', when) of the step under way (tick)
+        self._step_start: Optional[tuple[int, float, bool]] = None  # (K', when, lean) of the step under way (tick)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
+        self.committed_whole = False  # committed to plain steps at the decode's first batch size
+        self.probe_every, self.since_probe = PROBE_EVERY, 0  # probe decodes (module docstring)
         if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
             self.reached, self.accepted = list(carry.reached), list(carry.accepted)
             self.steps, self.decodes = carry.steps, carry.decodes + 1
-            if carry.batch == batch:
+            if carry.first_batch == batch:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
+            self.probe_every, self.since_probe = carry.next_probe_every(), carry.since_probe + 1
+        self.probe = self.since_probe >= self.probe_every  # this decode checks the estimate first
+        if self.probe:
+            self.since_probe = 0
         # the last decode at this batch size ended committed to plain steps and this one is no probe:
         # it is the target alone's from its first step (module docstring), nothing drafted or prefilled
         self.starts_committed = (remembered and budget.mode == "auto" and carry is not None and carry.k == k
-                                 and carry.batch == batch and carry.committed() and self.decodes % PROBE_EVERY != 0)
+                                 and carry.first_batch == batch and carry.committed_whole and not self.probe)
         if self.starts_committed:
             self.plain_streak = COMMIT_AFTER
+            self.committed_whole = True
+
+    def next_probe_every(self) -> int:
+        """The probe interval after this decode: doubled by a probe that committed again, reset by one
+        that did not (module docstring)."""
+        if not self.probe:
+            return self.probe_every
+        return min(self.probe_every * 2, PROBE_MAX) if self.committed_whole else PROBE_EVERY
+
+    def resize(self, batch: int) -> None:
+        """The batch shrank to `batch` rows (decoding/batched.py): steps cost that batch's, and the proposes
+        timed so far are the old batch's."""
+        costs = self.budget.costs
+        if self.propose_samples and costs is not None and self.batch not in costs.propose_ms:
+            s = sorted(self.propose_samples)
+            costs.propose_ms[self.batch] = s[len(s) // 2]
+        self.propose_samples = []
+        self.batch = batch
 
     def lengths_to_measure(self) -> list[int]:
         """Verify lengths whose target cost at this batch size is unknown (auto only)."""
@@ -376,24 +412,29 @@ class BudgetRun:
         """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has
         MIN_OWN samples (a longer verify rolls out and books more), else its kind's."""
         own = self.excess.get(str(kk), [])
+        if kk == 0 and len(self.excess.get("lean", [])) >= MIN_OWN:  # where K' = 0 leads (module docstring)
+            return self.device_cost_ms(0) + self.excess_ms("lean")
         return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
 
     def excess_ms(self, key: str) -> float:
         samples = sorted(self.excess.get(key, [])[-WALL_WINDOW:])
         return max(samples[len(samples) // 2], 0.0) if samples else 0.0
 
-    def tick(self, kk: int) -> None:
-        """At the top of a step that will verify kk drafts (0: a plain step): the step before it has
-        ended, and its wall time (loop top to loop top) is a sample of its own kind (CUDA only)."""
+    def tick(self, kk: int, lean: bool = False) -> None:
+        """At the top of a step that will verify kk drafts (0: a plain step; `lean`: one of the target
+        alone's loop): the step before it has ended, and its wall time (loop top to loop top) is a
+        sample of its own kind (CUDA only)."""
         if not self.wall_clock:
             return
         now = time.perf_counter()
         if self._step_start is not None:
-            self.add_wall(self._step_start[0], (now - self._step_start[1]) * 1e3)
-        self._step_start = (kk, now)
+            kk_before, when, lean_before = self._step_start
+            self.add_wall(kk_before, (now - when) * 1e3, lean=lean_before)
+        self._step_start = (kk, now, lean)
 
-    def add_wall(self, kk: int, ms: float) -> None:
-        """A whole step that verified kk drafts took `ms` on the wall clock (loop top to loop top)."""
+    def add_wall(self, kk: int, ms: float, lean: bool = False) -> None:
+        """A whole step that verified kk drafts (`lean`: the target alone's loop) took `ms` on the wall
+        clock (loop top to loop top)."""
         if not self.wall_clock or self.budget.costs is None or not self.budget.costs.step_ms:
             return
         if self.decode_steps <= 1:  # the decode's first step: its first shapes (module docstring)
@@ -401,7 +442,7 @@ class BudgetRun:
         device = self.device_cost_ms(kk)
         if ms > OUTLIER * device:  # a step that captured a graph or compiled: not what the kind costs
             return
-        for key in ("spec" if kk else "plain", str(kk)):  # the kind's samples and K''s own
+        for key in ("lean",) if lean else ("spec" if kk else "plain", str(kk)):  # the kind's samples and K''s own
             samples = self.excess.setdefault(key, [])
             samples.append(ms - device)
             del samples[:-WALL_WINDOW]
@@ -415,19 +456,27 @@ class BudgetRun:
             kk = b.n
         elif self.steps < WARMUP_STEPS:
             kk = self.k
-        elif self.decodes % PROBE_EVERY == 0 and self.decode_steps < PROBE_STEPS:  # check the estimate
+        elif self.probe and self.decode_steps < PROBE_STEPS:  # check the estimate
             kk = self.k
         else:
             kk = best_budget(self.alphas(), self.candidates, self.cost_ms)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0
+        if self.committed() and self.batch == self.first_batch:
+            self.committed_whole = True
         return kk
 
     def committed(self) -> bool:
         """Auto has chosen plain steps COMMIT_AFTER times in a row: the rest of the decode runs the
         target alone's loop (module docstring)."""
         return self.budget.mode == "auto" and self.plain_streak >= COMMIT_AFTER
+
+    def commit(self) -> None:
+        """The caller runs the target alone for the rest of the decode (the solo chain does on its first K' = 0)."""
+        self.plain_streak = max(self.plain_streak, COMMIT_AFTER)
+        if self.batch == self.first_batch:
+            self.committed_whole = True
 
     def count_plain(self, n: int = 1) -> None:
         """Plain steps the committed loop ran (they show in the report's K' = 0 count)."""
@@ -446,7 +495,7 @@ class BudgetRun:
     def report(self) -> dict:
         """{"mode", "batch", "k_hist": {K': steps}, "alpha": the final estimate, and with the wall
         clock on "excess_ms": each step kind's excess the choice used}."""
-        out = {"mode": self.budget.label(), "batch": self.batch,
+        out = {"mode": self.budget.label(), "batch": self.first_batch, "last_batch": self.batch,
                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
                "alpha": [round(a, 4) for a in self.alphas()]}
         if self.wall_clock:
@@ -454,6 +503,7 @@ class BudgetRun:
             out["cost_ms"] = {str(kk): round(self.cost_ms(kk), 4) for kk in self.candidates} \
                 if self.budget.costs is not None and self.budget.costs.step_ms else None
             out["decodes_seen"] = self.decodes
+            out["probe"], out["probe_every"], out["committed_whole"] = self.probe, self.probe_every, self.committed_whole
         return out
 
 

@@ -85,7 +85,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     _measure_solo_costs(run, k, dev, session, anchor, pos)
     while not done:
         if run is not None:
-            if run.choose() == 0:  # the rest is the target alone's loop
+            if run.choose() == 0:  # the rest is the target alone's loop: the decode commits
+                run.commit()
                 forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
                 break
             run.tick(k)
@@ -152,7 +153,7 @@ def _plain_tail(session, anchor, pos: int, out: Output, sampling, gen, run, acce
     forwards = 0
     done = False
     while not done:
-        run.tick(0)  # the plain kind's wall-clock samples
+        run.tick(0, lean=True)  # the target alone's loop: the lean kind's wall-clock samples
         logits, _ = session.step(anchor[:, None], None, (), [pos])
         session.keep((1,), 1)
         forwards += 1

@@ -254,7 +254,7 @@ class ChainBatch(_Rows):
             return
         if verify is None and self.run is not None and self.run.committed():  # the target alone's step until a rebuild
             rows = sum(self.live)
-            self.run.tick(0)
+            self.run.tick(0, lean=True)
             self.plain_step()
             self.run.count_plain()
             if self.on_step is not None:

@@ -566,3 +566,82 @@ def test_gpu_budgets_replay_graphs_and_measure_costs():
     got = plain.speculative_batch(prompts, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=0),
                                   budget=auto)  # T > 0 runs (its law: the CPU chi-square above)
     assert all(1 <= len(r.tokens) <= 40 for r in got)
+
+
+# ------------------------------------------------- the lean loop, probes, a shrinking batch
+def test_a_plain_step_is_costed_by_the_lean_loop_once_it_has_samples():
+    """K' = 0 leads to the target alone's lean loop (batched.py `_target_steps`), which costs less than
+    a plain step through the chain: once the lean kind has MIN_OWN samples, K' = 0 is costed by them."""
+    from domino_graft.decoding.budget import MIN_OWN
+
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.2, "8": 1.4, "16": 2.0}},
+                                   "propose_ms": {"8": 0.3}})
+    run = VerifyBudget("auto", costs=costs).start(15, 8, "cuda")
+    run.decode_steps = 2
+    for _ in range(MIN_OWN):
+        run.add_wall(0, run.device_cost_ms(0) + 1.2)  # through the chain
+    assert run.cost_ms(0) == pytest.approx(run.device_cost_ms(0) + 1.2)
+    for _ in range(MIN_OWN - 1):
+        run.add_wall(0, run.device_cost_ms(0) + 0.5, lean=True)
+    assert run.cost_ms(0) == pytest.approx(run.device_cost_ms(0) + 1.2)  # too few lean samples yet
+    run.add_wall(0, run.device_cost_ms(0) + 0.5, lean=True)
+    assert run.cost_ms(0) == pytest.approx(run.device_cost_ms(0) + 0.5)
+    assert run.excess["plain"] == [pytest.approx(1.2)] * MIN_OWN  # lean samples stay apart
+    assert "lean" in run.report()["excess_ms"]
+
+
+def test_probes_thin_out_while_they_keep_committing():
+    """A probe decode that commits again doubles the interval to the next one (PROBE_EVERY, 2x, 4x,
+    ... up to PROBE_MAX); a probe that does not commit resets it."""
+    from domino_graft.decoding.budget import PROBE_MAX
+
+    dear = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 20.0, "8": 30.0, "16": 40.0}},
+                                  "propose_ms": {"4": 5.0}})
+    budget = VerifyBudget("auto", costs=dear)
+    probes = []
+    for decode in range(64):
+        run = budget.start(15, 4, "cpu")
+        if run.probe:
+            probes.append(decode)
+        if not run.starts_committed:
+            while not run.committed():
+                run.observe(run.choose(), [0] * 4)
+        run.finish()
+    assert probes == [4, 12, 28, 60], probes  # intervals 4, 8, 16, 32
+    assert budget.memory[4].probe_every == min(64, PROBE_MAX)  # the probe at 60 doubled it again
+    cheap = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 1.0}}, "propose_ms": {"4": 0.01}})
+    budget.costs = cheap  # speculation pays now: the next probe does not commit, the interval resets
+    for decode in range(PROBE_MAX + 1):
+        run = budget.start(15, 4, "cpu")
+        if run.probe:
+            for _ in range(8):
+                run.observe(run.choose(), [15] * 4)
+            assert not run.committed_whole
+            run.finish()
+            break
+        assert run.starts_committed  # between probes: the target alone, whatever the costs say now
+        run.finish()
+    assert run.probe and budget.start(15, 4, "cpu").probe_every == PROBE_EVERY
+
+
+def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committed_decode():
+    """resize: after a compaction the run costs steps at the new batch size and keeps the old size's
+    proposes apart; a decode that commits only once shrunk does not make the next decode at its
+    first size start committed."""
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "16": 1.5}, "1": {"1": 0.5, "16": 5.0}},
+                                   "propose_ms": {"1": 4.0}})
+    budget = VerifyBudget("auto", costs=costs)
+    run = budget.start(15, 8, "cuda")
+    run.propose_samples = [0.3, 0.3, 0.3]
+    for _ in range(4):
+        run.observe(run.choose(), [15] * 8)
+    assert not run.committed()
+    run.resize(1)
+    assert run.batch == 1 and run.first_batch == 8 and costs.propose_ms[8] == pytest.approx(0.3)
+    assert run.device_cost_ms(0) == 0.5 and run.propose_samples == []
+    while not run.committed():
+        run.observe(run.choose(), [0])
+    assert not run.committed_whole
+    report = run.finish()
+    assert report["batch"] == 8 and report["last_batch"] == 1
+    assert not budget.start(15, 8, "cuda").starts_committed
