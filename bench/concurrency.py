@@ -289,6 +289,9 @@ def main(argv=None) -> int:
     p.add_argument("--kv", default="auto", choices=("auto", "dynamic", "static"), help="the solo path's cache")
     p.add_argument("--deadline-s", type=float, default=None, help="start no batch after this many seconds")
     p.add_argument("--out", type=Path, default=Path("concurrency_h200.json"))
+    p.add_argument("--resume", type=Path, default=None,
+                   help="an earlier report of this run (a call cut short by its time limit): its complete rows are "
+                        "kept and not measured again")
     args = p.parse_args(argv)
     sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
     if not sizes or sizes[0] < 1:
@@ -343,15 +346,26 @@ def main(argv=None) -> int:
     def write():
         atomic_write_json(args.out, {**report, "elapsed_s": round(clock.elapsed(), 1)})
 
-    write()
-    refs: list = [None] * len(items)
-    if 1 not in sizes:  # the solo target-alone outputs every row is compared with
-        refs = [engine.target_only(ids, max_new_tokens=args.max_new_tokens).tokens for ids in items]
     plan = [(str(b), b, b == 1) for b in sizes]
     if args.also_batched_1:
         plan.insert(1 if 1 in sizes else 0, ("1_batched", 1, False))
     # greedy rows keep their plain keys ("8"), sampled ones say their temperature ("8@T1")
     plan = [(key if t == 0 else f"{key}@T{t:g}", b, solo, t) for t in temps for key, b, solo in plan]
+    if args.resume is not None:  # the earlier call's complete rows stand; each call's command and tree are kept
+        import json
+
+        before = json.loads(args.resume.read_text())
+        kept = {k: r for k, r in before.get("rows", {}).items() if r.get("complete")}
+        report["rows"].update(kept)
+        report["calls"] = before.get("calls") or [{k: before.get(k) for k in ("command", "git_sha", "elapsed_s")}]
+        report["calls"].append({"command": report["command"], "git_sha": report["git_sha"]})
+        plan = [item for item in plan if item[0] not in kept]
+        report["by_batch"] = by_batch(report["rows"])
+    write()
+    refs: list = [None] * len(items)
+    if not any(key == "1" for key, *_ in plan) and any(t == 0 for *_, t in plan):
+        # the solo target-alone outputs every greedy row is compared with (B = 1's own target decodes otherwise)
+        refs = [engine.target_only(ids, max_new_tokens=args.max_new_tokens).tokens for ids in items]
     for key, b, solo, temperature in plan:
         if clock.over():
             report["stopped"] = f"deadline before batch size {key}: {clock.elapsed():.0f} s"

@@ -103,3 +103,22 @@ def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
     assert rep["rows"]["3"]["verify_budget_k"]["domino"] and rep["rows"]["3"]["verify_budget_last"]["domino"]
     with pytest.raises(SystemExit):
         script.main(args + ["--verify-budget", "-2"])
+
+
+def test_resume_keeps_the_earlier_calls_rows_and_measures_the_rest(tiny_run, tmp_path):
+    """--resume: a second call (the first cut short by its time limit) keeps the complete rows of the
+    earlier report, measures only the others, and records both calls."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(2, 95) for _ in range(n)] for n in (4, 9, 2)]
+    script, args, first = run_bench(tiny_run, tmp_path, prompts, "--batch-sizes", "2", "--max-new-tokens", "6")
+    earlier = tmp_path / "earlier.json"
+    (tmp_path / "concurrency.json").rename(earlier)
+    measured = []
+    real = script.measure
+    script.measure = lambda engine, items, b, *a, **kw: measured.append(b) or real(engine, items, b, *a, **kw)
+    assert script.main(args[:args.index("--batch-sizes")] + ["--batch-sizes", "1,2"]
+                       + args[args.index("--batch-sizes") + 2:] + ["--resume", str(earlier)]) == 0
+    rep = json.loads((tmp_path / "concurrency.json").read_text())
+    assert measured == [1] and set(rep["rows"]) == {"1", "2"}
+    assert rep["rows"]["2"] == first["rows"]["2"] and rep["rows"]["1"]["identical_to_target"] is True
+    assert len(rep["calls"]) == 2 and "--resume" in rep["calls"][1]["command"]
