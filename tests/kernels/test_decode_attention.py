@@ -211,6 +211,50 @@ def test_norm_rope_cache_plus_one_equals_reference(b, t, h, hkv, d, norm):
     _close(vc1, vc2, what="v cache")
 
 
+def _token_bits_do_not_depend_on_the_batch(h, hkv, d, norm, plus_one, dtype, device, b=3, t=5):
+    """Token (b - 2, t - 2) of a [b, t] call against the same token alone (B=1, T=1), and its k / v
+    alone in kv_only mode: the same bits of q and of the k / v cache entries."""
+    k = _kernels()
+    g = torch.Generator(device).manual_seed(h * 10 + hkv)
+    qkv = torch.randn((b, t, (h + 2 * hkv) * d), generator=g, device=device).to(dtype)
+    pos = (torch.arange(b, device=device) * 37 + 7) % 101
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device).float() / d))
+    qn = (1.0 + 0.1 * torch.randn(d, generator=g, device=device)).to(dtype) if norm else None
+    kn = (1.0 + 0.1 * torch.randn(d, generator=g, device=device)).to(dtype) if norm else None
+    args = (inv_freq, 1.25, qn, kn, 1e-6, h, hkv, d)
+    kc, vc = _cache(b, hkv, 160, d, seed=4, dtype=dtype, device=device)
+    q = k.norm_rope_cache(qkv, kc, vc, pos, *args, plus_one=plus_one)
+    bi, ti = b - 2, t - 2
+    p = int(pos[bi]) + ti
+    for kv_only in (False, True):
+        kc1, vc1 = _cache(1, hkv, 160, d, seed=5, dtype=dtype, device=device)
+        q1 = k.norm_rope_cache(qkv[bi:bi + 1, ti:ti + 1], kc1, vc1, pos[bi:bi + 1] + ti, *args, kv_only=kv_only,
+                               plus_one=plus_one)
+        if not kv_only:
+            assert torch.equal(q1[0, 0], q[bi, ti]), "q: not the batched call's bits"
+        assert torch.equal(kc1[0, :, p], kc[bi, :, p]), f"k cache (kv_only={kv_only}): not the batched call's bits"
+        assert torch.equal(vc1[0, :, p], vc[bi, :, p]), f"v cache (kv_only={kv_only}): not the batched call's bits"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("norm,plus_one", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("h,hkv", [(4, 2), (6, 1), (5, 1), (9, 3)])  # 8, 8, 7, 15 head slots
+def test_norm_rope_cache_token_bits_do_not_depend_on_the_batch(h, hkv, norm, plus_one):
+    """A token's q and k / v cache entries are the same bits computed alone (B=1, T=1), inside a
+    [3, 5] call, or in kv_only mode: the heads a program holds never depend on B·T; slot counts
+    below, at and past one block of NORM_ROPE_HEADS (the tail block masked)."""
+    _token_bits_do_not_depend_on_the_batch(h, hkv, 16, norm, plus_one, torch.float32, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("h,hkv,d", [(32, 8, 128), (9, 3, 64)])  # Qwen3-8B's and SmolLM2's heads
+def test_gpu_norm_rope_cache_token_bits_do_not_depend_on_the_batch(h, hkv, d):
+    """bf16: a token's bits at B=1, T=1 are its bits in a 32 x 16 verify (and in kv_only mode)."""
+    for norm, plus_one in ((False, False), (True, False), (True, True)):
+        _token_bits_do_not_depend_on_the_batch(h, hkv, d, norm, plus_one, torch.bfloat16, "cuda", b=32, t=16)
+
+
 @needs_interpreter
 def test_keys_past_the_position_are_never_read():
     """The kernel's bound is pos + T read on the device: garbage (NaN) after it changes nothing."""
