@@ -83,9 +83,10 @@ def read_items(loaded, path, limit: int) -> list[list[int]]:
     return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
 
 
-def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None):
+def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None, shrink: bool = False):
     """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0); budget:
-    the batched chains' verify budget (decoding/budget.py; None = every draft verified)."""
+    the batched chains' verify budget (decoding/budget.py; None = every draft verified); shrink: the
+    batched chains compact as their rows end (decoding/batched.py)."""
     from domino_graft.sampling import Sampling
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
@@ -103,8 +104,9 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=
                 "domino": lambda ps: [engine.speculative(p, **kw, use_head=True, budget=budgets["domino"])
                                       for p in ps]}
     return {"target": lambda ps: engine.target_only_batch(ps, **kw),
-            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False, budget=budgets["base"]),
-            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True, budget=budgets["domino"])}
+            "base": lambda ps: engine.speculative_batch(ps, **kw, use_head=False, budget=budgets["base"], shrink=shrink),
+            "domino": lambda ps: engine.speculative_batch(ps, **kw, use_head=True, budget=budgets["domino"],
+                                                          shrink=shrink)}
 
 
 def warm_up(runs, items: list[list[int]], b: int) -> None:
@@ -152,22 +154,22 @@ def path_of(engine, solo: bool, device: str, kv_paths: set, budget=None) -> dict
 
 
 def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write,
-            temperature: float = 0.0, budget=None) -> dict:
+            temperature: float = 0.0, budget=None, shrink: bool = False) -> dict:
     import torch
 
     from domino_graft.decoding.budget import VerifyBudget, candidate_budgets
     from domino_graft.decoding.divergence import first_divergence
 
-    runs = decoders(engine, max_new, solo, temperature, budget)
+    runs = decoders(engine, max_new, solo, temperature, budget, shrink)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
     if budget is not None:  # every verify shape the budget may choose, its graphs captured before any timing
-        warm_up(decoders(engine, max_new, solo, temperature, None), items, b)
+        warm_up(decoders(engine, max_new, solo, temperature, None, shrink), items, b)
         if budget.mode == "auto" and not solo:
             for kk in candidate_budgets(engine.adapter.num_slots, budget.lengths):
                 if kk < engine.adapter.num_slots:
                     fixed = VerifyBudget("fixed", n=kk, costs=budget.costs)
-                    warm_up(decoders(engine, max_new, solo, temperature, fixed), items, b)
+                    warm_up(decoders(engine, max_new, solo, temperature, fixed, shrink), items, b)
     warm_up(runs, items, b)  # under the budget: its costs measured, its first estimates made
     if device == "cuda":
         torch.cuda.synchronize()
@@ -282,6 +284,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy (identity checked), > 0 sampled")
     p.add_argument("--verify-budget", default="full", help="batched chains: full, auto or N (decoding/budget.py)")
     p.add_argument("--verify-costs", default=None, help="a cost table for --verify-budget auto (else measured on CUDA)")
+    p.add_argument("--shrink", action="store_true",
+                   help="batched chains compact as their rows end (the target alone's loop always does)")
     p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -341,7 +345,7 @@ def main(argv=None) -> int:
         "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench/concurrency.py",
                              *(sys.argv[1:] if argv is None else argv)]),
         "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note,
-        "verify_budget": args.verify_budget, "rows": {},
+        "verify_budget": args.verify_budget, "shrink": args.shrink, "rows": {},
     }
     def write():
         atomic_write_json(args.out, {**report, "elapsed_s": round(clock.elapsed(), 1)})
@@ -377,7 +381,7 @@ def main(argv=None) -> int:
             write()
 
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
-                      budget)
+                      budget, args.shrink)
         write_row(row)
         report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)

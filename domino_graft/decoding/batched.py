@@ -17,9 +17,11 @@ are never kept, its tokens never emitted, and the others do not wait for it (the
 target and drafter step it at its last position, its outputs dropped). Once at most half the
 rows go on, the batch shrinks (`_shrink`): the target's session and the static drafter move the
 rows that go on to the first rows of their caches (`compact`), padded with ended rows to a power
-of two, and the next steps run at that batch size, so a static batch's stragglers cost what a
-small batch costs, not what the full one does (the target alone's loop shrinks alike). Where the
-drafter cannot move rows (the eager ragged contract) the batch keeps its size.
+of two, and the next steps run at that batch size, so a batch's stragglers cost what a small batch
+costs, not what the full one does. The target alone's loop (and a chain's committed plain tail)
+always shrinks; a speculating chain only with `shrink=True` (measured slower on the H200 at
+80205fb: docs/design.md), and only where the drafter can move rows (the static drafter's
+`compact`; the eager ragged contract cannot).
 `DecodeResult.kv_path` says which cache ran.
 
 The drafter sees the same ragged layout. Beside the static target, a family that offers
@@ -224,12 +226,15 @@ def _push_each(rows: list, chunks: list[list[int]], live, t0: float) -> list[boo
 @torch.inference_mode()
 def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                   stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0,
-                  kv: str = "auto", budget: Optional[VerifyBudget] = None) -> list[DecodeResult]:
+                  kv: str = "auto", budget: Optional[VerifyBudget] = None, shrink: bool = False) -> list[DecodeResult]:
     """Chain speculative decoding of every prompt at once (module docstring); row b's output is
     `engine.speculative(prompts[b])`'s: token for token (greedy), in distribution (T > 0).
     kv: "dynamic" forces the HF cache; otherwise the static one where supported (`ragged_target`).
     budget: how many drafts each step verifies (decoding/budget.py); None = all K. What it chose
-    is left in `engine.last_budget` (budget.BudgetRun.report)."""
+    is left in `engine.last_budget` (budget.BudgetRun.report). shrink: compact the batch as its rows
+    end while it speculates (module docstring); off by default: on the H200 it cost more than it saved
+    (each smaller batch meets the drafter's compiled pieces and graphs at new shapes: docs/design.md).
+    The committed plain tail shrinks either way."""
     sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
@@ -259,7 +264,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     target = ragged_target(engine, ids, length, kv)
     drafter = static_batch_drafter(adapter, target, length, b)
     engine.batch_drafter_path = "eager" if drafter is None else "static"  # what the last batch ran (bench reports)
-    shrinks = _can_shrink(target, drafter, needs_drafter=True)
+    shrinks = shrink and _can_shrink(target, drafter, needs_drafter=True)
     adapter.reset(b)
     logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
     if drafter is not None:  # right-padded: row b's padding slots lie at or after its anchor

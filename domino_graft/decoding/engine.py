@@ -150,14 +150,16 @@ class Engine:
 
     def speculative_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                           stop_ids: Iterable[int] = (), use_head: bool = True, seed_offset: int = 0,
-                          budget: Optional[VerifyBudget] = None) -> list[DecodeResult]:
+                          budget: Optional[VerifyBudget] = None, shrink: bool = False) -> list[DecodeResult]:
         """Every prompt at once, chains (decoding/batched.py); row b == `speculative(prompts[b])`
         (greedy: token for token; T > 0: in distribution, by per-row speculative sampling).
-        budget: the drafts verified per step (decoding/budget.py); None = all K."""
+        budget: the drafts verified per step (decoding/budget.py); None = all K. shrink: compact the
+        speculative batch as its rows end (batched.py; off by default, docs/design.md says why)."""
         if self.adapter is None:
             raise ValueError("speculative decoding needs a drafter adapter")
         return batched_chain(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                             use_head=use_head, seed_offset=seed_offset, kv=self._batch_kv(), budget=budget)
+                             use_head=use_head, seed_offset=seed_offset, kv=self._batch_kv(), budget=budget,
+                             shrink=shrink)
 
     def _batch_kv(self) -> str:
         return "dynamic" if self.kv_requested == "dynamic" else "auto"

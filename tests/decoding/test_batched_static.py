@@ -284,8 +284,9 @@ def test_shrink_keeps_the_live_rows_and_pads_to_a_power_of_two():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_a_batch_shrinks_as_its_rows_end_and_every_row_is_still_its_solo_decode(seed, monkeypatch):
-    """Rows that end early leave the batch (batched.py `_shrink`): the target's session and the static
-    drafter compact to the rows that go on, and each row's output stays its solo decode's."""
+    """Rows that end early leave the batch (batched.py `_shrink`; the chain's with shrink=True): the target's
+    session and the static drafter compact to the rows that go on, and each row's output stays its solo
+    decode's."""
     cfg, target, adapter, head, prompts, rng = ragged_case(seed)
     prompts = prompts + [[5] * (3 + i) for i in range(6 - len(prompts))] if len(prompts) < 6 else prompts
     stops = stop_token_ids(target)
@@ -302,7 +303,7 @@ def test_a_batch_shrinks_as_its_rows_end_and_every_row_is_still_its_solo_decode(
     # so the early rows end by a stop token instead (each row's own 4th token)
     stop_at = {refs[r][3] for r in range(3)}
     want = [engine.target_only(p, max_new_tokens=16, stop_ids=stop_at).tokens for p in prompts]
-    got = engine.speculative_batch(prompts, max_new_tokens=16, stop_ids=stop_at)
+    got = engine.speculative_batch(prompts, max_new_tokens=16, stop_ids=stop_at, shrink=True)
     assert [r.tokens for r in got] == want, (seed, cfg)
     alone = engine.target_only_batch(prompts, max_new_tokens=16, stop_ids=stop_at)
     assert [r.tokens for r in alone] == want

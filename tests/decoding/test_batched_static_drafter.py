@@ -177,7 +177,8 @@ def nudged_decodes(seed, target, adapter, head, prompts, refs, budget, extra, ca
     nudged = Engine(target, StaticRowOracle(adapter, full, rows, 0.7, seed, vocab), head, stop_ids=stops)
     plain = Engine(target, RowOracle(adapter, full, rows, 0.7, seed, vocab), head, stop_ids=stops)
     calls.update(static=0, eager=0)
-    static = nudged.speculative_batch(prompts, max_new_tokens=budget, stop_ids=extra)
+    # shrink: the static path compacts as rows end (the eager one cannot), acceptance must not change
+    static = nudged.speculative_batch(prompts, max_new_tokens=budget, stop_ids=extra, shrink=True)
     assert calls["static"] > 0 and calls["eager"] == 0, calls
     return static, batched_chain(plain, prompts, max_new_tokens=budget, stop_ids=extra, kv="dynamic")
 
