@@ -186,7 +186,9 @@ class DrafterAdapter(nn.Module):
         ``observe_block(features [B, T, F], positions)``, positions as B host ints; row b's
         context in cache row b. Under a verify budget (decoding/budget.py) T may be any 1..K+1 and
         two observe_blocks may come without a propose between them (a step that verified no
-        drafts): both must reach the context. It may offer ``compact(rows)`` (rows `rows` become rows
+        drafts): both must reach the context. ``prefill(features, n, rows=slots)`` may fill only the
+        cache rows `slots` (prompts admitted into freed rows of a batch in flight: serving/batch.py),
+        the other rows' context kept. It may offer ``compact(rows)`` (rows `rows` become rows
         0..len(rows)-1: decoding/session.py), so that a batch whose rows ended shrinks; without it the
         batch keeps its size to the end. None (the default): batches observe/propose eagerly."""
         return None

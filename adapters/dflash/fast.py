@@ -174,17 +174,30 @@ class StaticDFlashDrafter:
             return torch.full((1,), host[0], dtype=torch.long, device=self.device)
         return torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
 
-    def prefill(self, feats: torch.Tensor, n: int) -> None:
-        """The prompts' features [B, >= n, F] at positions 0..n-1 of rows 0..B-1 (eager: one shape
-        per prompt). Ragged prompts come right-padded: row b's slots >= its own length are
-        harmless (module docstring)."""
+    def prefill(self, feats: torch.Tensor, n: int, rows=None) -> None:
+        """The prompts' features [P, >= n, F] at positions 0..n-1 of rows 0..P-1 (eager: one shape
+        per prompt), or of cache rows `rows` (prompts admitted into freed rows of a batch in flight:
+        the other rows keep their context). Ragged prompts come right-padded: row b's slots >= its
+        own length are harmless (module docstring)."""
         if n > self.max_len:
             raise ValueError(f"prompt of {n} positions > the drafter cache's {self.max_len}")
         b = feats.shape[0]
-        if b > self.max_batch:
-            raise ValueError(f"batch of {b} rows > the drafter cache's {self.max_batch}")
-        self._write(feats[:, :n], torch.zeros(b, dtype=torch.long, device=self.device))
-        self._pending = None
+        if b > self.max_batch or (rows is not None and max(rows) >= self.max_batch):
+            raise ValueError(f"batch of {b if rows is None else max(rows) + 1} rows > the drafter cache's "
+                             f"{self.max_batch}")
+        if rows is None:
+            self._write(feats[:, :n], torch.zeros(b, dtype=torch.long, device=self.device))
+            self._pending = None
+            return
+        if self._pending is not None:  # the rows in flight's last block first: it may lie where a new prompt goes
+            pending, start = self._pending_start()
+            self._call(("write", *pending.shape[:2]), self._write)(pending, start)
+            self._pending = None
+        at = torch.tensor(list(rows), device=self.device)[:, None]
+        pos = self._slots[:n][None].expand(b, n)
+        for kc, vc, (k, v) in zip(self.k, self.v, self.backbone.context_kv(feats[:, :n], pos)):
+            kc[at, :, pos] = k.transpose(1, 2)
+            vc[at, :, pos] = v.transpose(1, 2)
 
     def observe_block(self, feats: torch.Tensor, pos) -> None:
         """The verify's features [B, T, F] of x_0, d_1..d_{T-1} at pos..pos+T-1 of each row (pos: an
@@ -195,6 +208,8 @@ class StaticDFlashDrafter:
             feats_before, start = self._pending_start()
             self._call(("write", *feats_before.shape[:2]), self._write)(feats_before, start)
         self._pending = (feats, host_ints(pos, feats.shape[0]))
+
+    admits_rows = True  # prefill(..., rows=): prompts into freed rows of a batch in flight (serving/batch.py)
 
     def compact(self, rows) -> None:
         """Rows `rows` become rows 0..len(rows)-1: their context K/V and their part of the pending block

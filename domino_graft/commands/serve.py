@@ -31,6 +31,9 @@ def add_arguments(p) -> None:
                    help="skip the warm start: by default, before /health says ok, the batched server reserves its "
                         "caches at full size and captures every shape traffic can meet (CUDA graphs, compiles, the "
                         "verify budget's costs), so no request waits for them (docs/serving.md)")
+    p.add_argument("--admit-in-place", default="auto", choices=("auto", "on", "off"),
+                   help="prefill new requests into freed rows of the batch in flight instead of rebuilding it "
+                        "(auto: on off CUDA; on CUDA not yet measured, docs/serving.md)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 

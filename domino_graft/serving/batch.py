@@ -3,11 +3,16 @@
 `serve --target-only`), cut at their block boundaries so a scheduler can retire rows between
 blocks and rebuild the batch to admit new ones.
 
-Why a rebuild rather than an insert: the target's session (`ragged_target`: the fast engine's
-static cache, or one HF DynamicCache with a validity mask; decoding/session.py) can prefill a
-prompt into a freed row of a batch in flight, but the adapters' ragged contract (`adapter.reset(B)`,
-then `observe`/`propose` over all B rows) and the static drafters are filled by one prefill of the
-whole batch and cannot yet (issue #40). So admission re-prefills the batch: each running row's verified
+Admission in place (`admit`): where the target's session is the fast engine's static cache and the
+drafter (if any) is a static one that `admits_rows` (DFlash's), new prompts are prefilled into freed rows
+of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the other rows park past
+their ends, decoding/session.py) and the drafter's `prefill(features, n, rows=slots)`. The rows in flight
+keep their caches, their anchors and the verify budget's run; nothing of theirs is recomputed. When the
+freed rows are too few, a new row would not fit the caches, or a row in flight has no room left to park,
+the batch is rebuilt instead.
+
+Why a rebuild otherwise: the adapters' ragged contract (`adapter.reset(B)`, then `observe`/`propose` over
+all B rows) is filled by one prefill of the whole batch. So a rebuild re-prefills the batch: each running row's verified
 context (its prompt and every token it emitted but the last) and each new row's prompt,
 right-padded as `batched_chain` pads them. The running row's last token is already chosen: it is
 the row's anchor again, and the prefill's pick for that row is dropped. A row's state is thus
@@ -177,6 +182,55 @@ class _Rows:
         self.pos = self.pos + live_t.long()
         self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
 
+    def free_slots(self) -> list[int]:
+        """Rows whose request ended (finished, cancelled, or an idle pad): a prompt may be admitted there."""
+        return [b for b, (r, on) in enumerate(zip(self.rows, self.live)) if not (on and r.alive())]
+
+    def can_admit(self, rows: list[BatchRow]) -> bool:
+        """Whether `rows` can be prefilled into freed rows of this batch (module docstring)."""
+        target = self.target
+        if target.kv_path != "static" or len(rows) > len(self.free_slots()):
+            return False
+        room = min(target.lm.max_len, getattr(self, "drafter_len", target.lm.max_len))
+        return max(r.positions_needed for r in rows) + self.extra <= room
+
+    @torch.inference_mode()
+    def admit(self, rows: list[BatchRow]) -> list[int]:
+        """Prefill `rows` into freed rows of the batch in flight (`can_admit` first); the others keep their
+        state. -> the slots they took. A row in flight without room to park raises ValueError (the
+        caller rebuilds)."""
+        slots = self.free_slots()[: len(rows)]
+        ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for r in rows]
+        logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=slots)
+        self._prefill_drafter(feats, slots)
+        for slot, row in zip(slots, rows):
+            self.rows[slot] = row
+        self.groups = _groups(self.rows, self.dev)
+        if self.gen is None:  # the first sampled row of an all-greedy batch
+            self.gen = _generator(self.groups, self.dev, None)
+        picked = self._pick_rows(logits, rows).tolist()
+        idx = torch.tensor(slots, device=self.dev)
+        self.anchor = self.anchor.index_copy(0, idx, torch.tensor(picked, dtype=torch.long, device=self.dev))
+        for slot, row, first in zip(slots, rows, picked):
+            self.pos_h[slot] = len(row.context)
+            row.anchor = first
+            self.live[slot] = not row.push([first])
+        self.pos = torch.tensor(self.pos_h, device=self.dev)
+        return slots
+
+    def _pick_rows(self, logits: torch.Tensor, rows: list[BatchRow]) -> torch.Tensor:
+        """logits [P, V] of `rows` -> [P]: each by its own setting, as `_pick` does for the batch."""
+        out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        for idx, s in _groups(rows, logits.device):
+            out[idx] = pick(logits[idx], s, self.gen)
+        return out
+
+    def _capture(self) -> tuple:
+        return ()
+
+    def _prefill_drafter(self, feats, slots: list[int]) -> None:
+        """The target alone has no drafter."""
+
     def _retire_cancelled(self) -> bool:
         """A cancelled row is retired at the block boundary: masked like a finished one; -> any live."""
         self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
@@ -191,6 +245,7 @@ class TargetBatch(_Rows):
     def __init__(self, engine, rows: list[BatchRow], *, seed: Optional[int] = None):
         # room for a chain's K extra positions too, as batched_target_only leaves: one cache for both
         k = getattr(getattr(engine, "adapter", None), "num_slots", 0)
+        self.extra = k + 1
         ids = self._start(engine, rows, k + 1, seed)
         logits, _, _, _ = self.target.prefill(ids, ())
         self._anchor(logits)
@@ -214,10 +269,13 @@ class ChainBatch(_Rows):
         adapter = self.adapter = engine.adapter
         self.use_head, self.on_step = use_head, on_step
         self.k = k = adapter.num_slots
+        self.extra = k + 1
         ids = self._start(engine, rows, k + 1, seed)
         self.capture = adapter.capture_layers()
         length = max(r.positions_needed for r in rows) + k + 1  # the target's, as _start made it
         self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
+        if self.drafter is not None:
+            self.drafter_len = self.drafter.max_len
         adapter.reset(len(rows))
         logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
         if self.drafter is not None:
@@ -229,6 +287,16 @@ class ChainBatch(_Rows):
         self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
         if self.run is not None and self.dev.type == "cuda":
             self.measure_costs(self.run)
+
+    def can_admit(self, rows: list[BatchRow]) -> bool:
+        """As `_Rows.can_admit`, and the drafter must be a static one that fills single rows."""
+        return getattr(self.drafter, "admits_rows", False) and super().can_admit(rows)
+
+    def _capture(self) -> tuple:
+        return tuple(self.capture)
+
+    def _prefill_drafter(self, feats, slots: list[int]) -> None:
+        self.drafter.prefill(feats, feats.shape[1], rows=slots)
 
     def measure_costs(self, run: BudgetRun) -> None:
         """The target's cost at this batch size of each candidate verify length the budget's table

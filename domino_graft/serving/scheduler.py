@@ -152,14 +152,20 @@ class Scheduler:
 
     def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None,
                  budget=None, pad_batches: Optional[bool] = None, warm_start: Optional[int] = None,
-                 sweep: Optional[bool] = None):
+                 sweep: Optional[bool] = None, admit_in_place: Optional[bool] = None):
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
-        sweep: its every kv bucket and prefill length, by default on CUDA)."""
+        sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
+        requests into freed rows of the batch in flight where it can (serving/batch.py); by default off
+        CUDA only: on CUDA its prefill shapes (parked rows, larger kv buckets) are neither warmed up nor
+        measured yet (docs/serving.md)."""
         adapter = engine.adapter
         self.engine = engine
         # pad each batch to a power of two (module docstring); by default where graphs are captured
         self.pad_batches = engine.target.device.type == "cuda" if pad_batches is None else pad_batches
+        self.admit_in_place = engine.target.device.type != "cuda" if admit_in_place is None else admit_in_place
+        self.rebuilds = 0  # batches built (the first of each busy spell included): each re-prefills its rows
+        self.admitted_in_place = 0  # requests prefilled into freed rows of the batch in flight
         self.budget = budget  # the batched chains' verify budget (decoding/budget.py; None: all K)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.target_only = target_only
@@ -353,14 +359,27 @@ class Scheduler:
                 for row in (batch.rows if batch is not None else []):
                     if row not in running and row in jobs:
                         self._retire(jobs.pop(row))
-                rows = running
+                new_rows = []
                 for job in admitted:
                     row = BatchRow(job.prompt_ids, None, len(job.prompt_ids) + job.max_tokens, job.sampling,
                                    job.push, lambda job=job: not job.cancelled)
                     jobs[row] = job
-                    rows = rows + [row]
+                    new_rows.append(row)
+                try:
+                    placed = self._admit_in_place(batch, new_rows)
+                except Exception as e:
+                    self._fail_all(jobs, e)
+                    batch = None
+                    continue
+                if placed:
+                    self.running = len(batch.running())
+                    self._gauges()
+                    new_rows = None
+            if admitted and new_rows is not None:
+                rows = running + new_rows
                 if self.pad_batches:
                     rows = rows + [idle_row(rows[0]) for _ in range(self._padded(len(rows)) - len(rows))]
+                self.rebuilds += 1
                 try:
                     carry = getattr(batch, "run", None)  # the replaced batch's acceptance estimate goes on
                     batch = (TargetBatch(self.engine, rows) if self.target_only else
@@ -386,6 +405,19 @@ class Scheduler:
                     job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
             self.running = sum(batch.live)
             self._gauges()
+
+    def _admit_in_place(self, batch, rows: list) -> bool:
+        """Prefill `rows` into freed rows of the batch in flight (serving/batch.py `admit`); False when it
+        cannot (then the caller rebuilds). Any other failure propagates: the caller fails the batch's
+        requests, as after a failed step."""
+        if batch is None or not self.admit_in_place or not batch.can_admit(rows):
+            return False
+        try:
+            batch.admit(rows)
+        except ValueError:  # a row in flight has no positions left to park: rebuild
+            return False
+        self.admitted_in_place += len(rows)
+        return True
 
     def _padded(self, n: int) -> int:
         """The batch size n rows run at: the next power of two, at most max_batch."""

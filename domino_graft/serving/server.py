@@ -90,7 +90,8 @@ def build(opts: ServeOptions):
     max_model_len = opts.max_model_len or positions  # what prompt + max_tokens may reach (app._budget)
     scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
                           target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine),
-                          warm_start=max_model_len if opts.warm_start else None)
+                          warm_start=max_model_len if opts.warm_start else None,
+                          admit_in_place={"on": True, "off": False}.get(getattr(opts, "admit_in_place", "auto")))
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,
                     max_model_len=max_model_len, api_key=opts.api_key, max_body_bytes=opts.max_body_bytes)

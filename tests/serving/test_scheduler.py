@@ -268,3 +268,38 @@ def test_serve_refuses_a_bad_verify_budget_before_binding(tiny_run, capsys, argv
 
     assert run_command("serve", [str(tiny_run), "--port", "0", *argv]) == 1
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_requests_join_freed_rows_in_place_and_each_equals_its_target_alone(engine, target_only):
+    """Admission in place (serving/batch.py `admit`): once a row of the batch in flight has ended, the
+    next requests are prefilled into freed rows; the row still decoding is not rebuilt (its cache,
+    anchor and drafter context stay), and every greedy answer equals its target-alone decode."""
+    from domino_graft.serving.scheduler import Scheduler
+
+    sched = Scheduler(engine, max_batch=4, max_queue=16, target_only=target_only, pad_batches=True)
+    assert type(engine.adapter).__name__ == "DFlashAdapter"  # a static drafter that admits rows
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8], 400)
+        first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
+        for job in [long, *first]:
+            sched.submit(job)
+        for job in first:
+            assert job.done.wait(60)
+        assert long.finish_reason is None, "the long request should still be decoding"
+        built = sched.rebuilds
+        later = [_job(engine, [7, 1, 3, 9, 2, 8], 11), _job(engine, [12], 8), _job(engine, [3, 5], 10)]
+        for job in later:
+            sched.submit(job)
+        for job in later:
+            assert job.done.wait(60)
+        assert sched.admitted_in_place >= len(later) and sched.rebuilds == built, (sched.admitted_in_place,
+                                                                                   sched.rebuilds, built)
+        long.cancel()
+        assert long.done.wait(30)
+        for job in [*first, *later]:
+            assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
+        assert long.tokens == engine.target_only([5, 6, 7, 8], max_new_tokens=len(long.tokens)).tokens
+    finally:
+        assert sched.stop(30)
