@@ -24,6 +24,8 @@ latency (a row's latency ends when it does), averaged. identical_to_target: ever
 every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
 first when 1 is not among the sizes).
 
+--rounds R times every batch R times over (a row's num_prompts counts each decode): at B = 64 the 64
+prompts are one batch a mode, ~0.2 s, within the noise of one measurement.
 --deadline-s S: the report is rewritten after every batch, and no batch starts after S seconds
 (the row then says complete: false): a time-limited call leaves what it measured.
 CPU smoke (numbers meaningless): tests/test_concurrency_bench.py.
@@ -154,7 +156,7 @@ def path_of(engine, solo: bool, device: str, kv_paths: set, budget=None) -> dict
 
 
 def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write,
-            temperature: float = 0.0, budget=None, shrink: bool = False) -> dict:
+            temperature: float = 0.0, budget=None, shrink: bool = False, rounds: int = 1) -> dict:
     import torch
 
     from domino_graft.decoding.budget import VerifyBudget, candidate_budgets
@@ -185,7 +187,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     bad = {m: 0 for m in MODES}
     bad_in_batch = {m: 0 for m in ("base", "domino")}  # against the same batch's target-alone rows
     divergences = []
-    for start in range(0, len(items), b):
+    for start in [s for _ in range(rounds) for s in range(0, len(items), b)]:  # every batch, `rounds` times
         if clock.over():
             row["stopped"] = f"deadline: {clock.elapsed():.0f} s >= --deadline-s {clock.deadline_s}"
             break
@@ -227,7 +229,8 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             row["verify_budget_k"] = chosen
             row["verify_budget_last"] = last_report
         write(row)
-    row["complete"] = row["num_prompts"] == len(items)
+    row["rounds"] = rounds
+    row["complete"] = row["num_prompts"] == rounds * len(items)
     fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sampled)
     return row
 
@@ -284,6 +287,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy (identity checked), > 0 sampled")
     p.add_argument("--verify-budget", default="full", help="batched chains: full, auto or N (decoding/budget.py)")
     p.add_argument("--verify-costs", default=None, help="a cost table for --verify-budget auto (else measured on CUDA)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every batch this many times (a large B has only N / B batches: one is noisy)")
     p.add_argument("--shrink", action="store_true",
                    help="batched chains compact as their rows end (the target alone's loop always does)")
     p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
@@ -297,6 +302,8 @@ def main(argv=None) -> int:
                    help="an earlier report of this run (a call cut short by its time limit): its complete rows are "
                         "kept and not measured again")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: valid: an integer >= 1")
     sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
     if not sizes or sizes[0] < 1:
         p.error(f"--batch-sizes {args.batch_sizes!r}: valid: positive integers, comma-separated")
@@ -381,7 +388,7 @@ def main(argv=None) -> int:
             write()
 
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
-                      budget, args.shrink)
+                      budget, args.shrink, args.rounds)
         write_row(row)
         report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)

@@ -122,3 +122,13 @@ def test_resume_keeps_the_earlier_calls_rows_and_measures_the_rest(tiny_run, tmp
     assert measured == [1] and set(rep["rows"]) == {"1", "2"}
     assert rep["rows"]["2"] == first["rows"]["2"] and rep["rows"]["1"]["identical_to_target"] is True
     assert len(rep["calls"]) == 2 and "--resume" in rep["calls"][1]["command"]
+
+
+def test_rounds_time_every_batch_again(tiny_run, tmp_path):
+    """--rounds 2: every batch decoded and timed twice, each time equal to the target alone."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(2, 95) for _ in range(n)] for n in (5, 3, 8)]
+    _, _, rep = run_bench(tiny_run, tmp_path, prompts, "--batch-sizes", "2", "--max-new-tokens", "5", "--rounds", "2")
+    row = rep["rows"]["2"]
+    assert row["rounds"] == 2 and row["num_prompts"] == 6 and row["num_batches"] == 4 and row["complete"]
+    assert row["identical_to_target"] is True
