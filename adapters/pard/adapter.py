@@ -97,6 +97,16 @@ class PardAdapter(DrafterAdapter):
         return out.last_hidden_state
 
     # ---- decoding
+    @property
+    def ragged_batch(self) -> bool:
+        """Ragged batches (adapters/base.py): rows share one DynamicCache of the drafter's LM, each row
+        owning the entries a validity mask marks (`_propose_ragged`); not with sliding-window layers,
+        whose cache keeps only a window for every row alike."""
+        cfg = self.model.config.get_text_config()
+        layer_types = getattr(cfg, "layer_types", None) or ()
+        return not (any("sliding" in str(t) for t in layer_types)
+                    or (getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)))
+
     def reset(self, batch_size: int) -> None:
         from transformers import DynamicCache
 
@@ -105,14 +115,19 @@ class PardAdapter(DrafterAdapter):
             self._cache.activate_past_recording()
         self._ctx = 0
         self._pending = []
+        self._valid = None  # [B, L] bool in a ragged batch: row b owns cache entry l
 
     def observe(self, features, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
+        """ids [1, n] at positions [n] (one row), or ids [B, n] at positions [B, n], -1 where an entry is not
+        that row's (a ragged batch: a right-padded prompt, or a row that kept fewer of the block)."""
         if ids is None:
             raise ValueError(
                 "PARD observe(): token ids are required (the drafter reads tokens, not target features); "
                 "the decoding engine must call adapter.observe(features, positions, ids=...)"
             )
-        if ids.shape[1] != positions.numel():
+        if positions.dim() == 2 and tuple(ids.shape) != tuple(positions.shape):
+            raise ValueError(f"PARD observe(): ids {tuple(ids.shape)} for positions {tuple(positions.shape)}")
+        if positions.dim() != 2 and ids.shape[1] != positions.numel():
             raise ValueError(f"PARD observe(): {ids.shape[1]} ids for {positions.numel()} positions")
         self._pending.append((self.known(ids), positions))
 
@@ -151,9 +166,12 @@ class PardAdapter(DrafterAdapter):
             object.__setattr__(self, "_static_stamp", stamp)
         return cur or None
 
-    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+    def propose(self, anchor: torch.Tensor, position) -> DraftBlock:
+        """anchor [B] at `position`: an int (one row), or a [B] tensor (a ragged batch)."""
         if self._cache is None:
             raise RuntimeError("PARD propose() before reset(): call adapter.reset(batch_size) first")
+        if torch.is_tensor(position):
+            return self._propose_ragged(anchor, position)
         new = [i for i, _ in self._pending]
         new_pos = [p for _, p in self._pending]
         n_new = sum(int(p.numel()) for p in new_pos)
@@ -173,6 +191,42 @@ class PardAdapter(DrafterAdapter):
         # through observe() once the target has verified it.
         self._cache.crop(-k)
         self._ctx, self._pending = position, []
+        return DraftBlock(hidden=hidden, base_logits=self.base_logits(hidden))
+
+    def _propose_ragged(self, anchor: torch.Tensor, position: torch.Tensor) -> DraftBlock:
+        """A ragged batch's block: each row's newly verified entries (observe's -1 columns are not that
+        row's) and its block [x_0, PARD, ...] at its own positions, in one forward over the shared cache.
+        A query sees its row's valid entries and the new columns of its row up to itself, so each row's
+        block is its solo propose's up to floating-point reassociation (as decoding/session.py's
+        DynamicSession argues for the target); the block is cropped off again, and the new entries join
+        the cache under the validity mask."""
+        b, k, dev = anchor.shape[0], self.num_slots, anchor.device
+        if self._valid is None:
+            self._valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
+        if self._pending:
+            new_ids = torch.cat([i.expand(b, -1) for i, _ in self._pending], dim=1)
+            new_pos = torch.cat([p.expand(b, -1) if p.dim() == 2 else p[None].expand(b, -1) for _, p in self._pending],
+                                dim=1).to(dev)
+        else:
+            new_ids = torch.zeros(b, 0, dtype=torch.long, device=dev)
+            new_pos = torch.zeros(b, 0, dtype=torch.long, device=dev)
+        mine = new_pos >= 0
+        block_pos = position.to(dev)[:, None] + torch.arange(k, device=dev)
+        ids = torch.cat([new_ids, self.block_ids(anchor)], dim=1)
+        pos = torch.cat([new_pos.clamp(min=0), block_pos], dim=1)
+        n = ids.shape[1]
+        cols = torch.arange(n, device=dev)
+        cols_mine = torch.cat([mine, torch.ones(b, k, dtype=torch.bool, device=dev)], dim=1)
+        # a column the row does not own is seen by no query but its own (no query is fully masked)
+        allowed_new = ((cols[None, :] <= cols[:, None]) & cols_mine[:, None, :]) | torch.eye(n, dtype=torch.bool,
+                                                                                            device=dev)
+        allowed = torch.cat([self._valid[:, None, :].expand(b, n, -1), allowed_new], dim=-1)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+        hidden = self._hidden(ids, pos, cache=self._cache, mask=mask[:, None])[:, -k:]
+        self._cache.crop(-k)  # the block comes back through observe() once the target has verified it
+        self._valid = torch.cat([self._valid, mine], dim=1)
+        self._pending = []
         return DraftBlock(hidden=hidden, base_logits=self.base_logits(hidden))
 
     # ---- training

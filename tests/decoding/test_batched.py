@@ -186,3 +186,41 @@ def test_bench_batch_size_reports_totals_and_identity(tiny_run, tmp_path, capsys
     assert run_command("bench", args[:-2] + ["--temperature", "1", "--json", str(out), "--force"]) == 0
     rep = json.loads(out.read_text())
     assert rep["batch_size"] == 5 and rep["identical_to_target"] is None and rep["tau"] >= 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("kv", ["auto", "dynamic"])
+def test_pard_batches_ragged_rows_each_equal_to_its_solo_decode(arch, kv):
+    """PARD's ragged contract (adapters/pard/adapter.py `_propose_ragged`: one cache of its LM, a validity
+    mask per row): a batch of prompts of different lengths, one row ending early on a stop token, gives
+    every row its target-alone greedy decode, and the drafter's acceptance per row is its solo decode's."""
+    from tests.decoding.test_static_kv import PROMPTS, graft
+
+    target, adapter, head = graft("pard", arch, seed=3)
+    assert adapter.ragged_batch
+    engine = Engine(target, adapter, head, stop_ids=stop_token_ids(target), kv="dynamic" if kv == "dynamic" else "auto")
+    refs = [engine.target_only(p, max_new_tokens=20).tokens for p in PROMPTS]
+    extra = [refs[0][3]]  # row 0 ends early
+    want = [engine.target_only(p, max_new_tokens=20, stop_ids=extra) for p in PROMPTS]
+    got = engine.speculative_batch(PROMPTS, max_new_tokens=20, stop_ids=extra)
+    assert [r.tokens for r in got] == [r.tokens for r in want], (arch, kv)
+    solo = [engine.speculative(p, max_new_tokens=20, stop_ids=extra) for p in PROMPTS]
+    assert [r.accepted for r in got] == [r.accepted for r in solo], (arch, kv)
+
+
+def test_pard_ragged_acceptance_under_nudged_drafts_equals_each_rows_solo():
+    """RowOracle nudges PARD's drafts toward each row's continuation (hit rate 0.7): ragged acceptance
+    (full blocks, rejections, rows accepting different counts), each row's as in its solo decode."""
+    from tests.decoding.test_static_kv import PROMPTS, graft
+
+    target, adapter, head = graft("pard", "qwen3", seed=4)
+    stops, vocab = stop_token_ids(target), target.shape.vocab_size
+    refs = [Engine(target, adapter, head, stop_ids=stops).target_only(p, max_new_tokens=24).tokens for p in PROMPTS]
+    full = [p + r for p, r in zip(PROMPTS, refs)]
+    batch = Engine(target, RowOracle(adapter, full, list(range(len(PROMPTS))), 0.7, 4, vocab), head, stop_ids=stops)
+    got = batch.speculative_batch(PROMPTS, max_new_tokens=24)
+    assert [r.tokens for r in got] == refs
+    for r, p in enumerate(PROMPTS):
+        solo = Engine(target, RowOracle(adapter, [full[r]], [r], 0.7, 4, vocab), head, stop_ids=stops)
+        assert got[r].accepted == solo.speculative(p, max_new_tokens=24).accepted, r
+    assert len({a for r in got for a in r.accepted}) > 2  # the nudges made acceptance ragged
