@@ -21,6 +21,7 @@ class PEagleAdapter(DrafterAdapter):
     family = "peagle"
     topology = "chain"
     one_pass = True
+    ragged_batch = True  # rows at their own positions: one entry cache, a validity mask per row (_observe_ragged)
 
     def __init__(self, cfg: PEagleConfig, target):
         super().__init__()
@@ -80,13 +81,17 @@ class PEagleAdapter(DrafterAdapter):
         self._todo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (ids, feats, positions)
         self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # g of the last position, awaiting its token
         self._seen = 0  # positions observed: 0.._seen-1
+        self._valid: Optional[torch.Tensor] = None  # ragged batches: [B, C] bool, row b owns committed entry c
 
     def observe(self, features, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
         """Entries pair g_q with x_{q+1}: each observed position completes the previous one's entry,
-        and the last position's g waits for its token (the next observe's first id, or the anchor)."""
+        and the last position's g waits for its token (the next observe's first id, or the anchor).
+        positions [n] (one row), or [B, n] with -1 where an entry is not the row's (a ragged batch)."""
         if ids is None:
             raise ValueError("P-EAGLE observe(): token ids are required (an entry pairs the target's features with "
                              "the next token); the engine must call adapter.observe(features, positions, ids=...)")
+        if positions.dim() == 2:
+            return self._observe_ragged(features, positions, ids)
         n = positions.numel()
         if n == 0:
             return
@@ -105,10 +110,77 @@ class PEagleAdapter(DrafterAdapter):
         self._last = (features[:, -1:], positions[-1:])
         self._seen = int(positions[-1]) + 1
 
+    def _observe_ragged(self, features, positions: torch.Tensor, ids: torch.Tensor) -> None:
+        """The ragged batch's observe: each row's valid columns are a prefix (a right-padded prompt, or the
+        entries a row kept of its block), paired as the solo observe pairs them; an entry a row does not
+        own keeps position -1 (masked from every query but its own in `_propose_ragged`)."""
+        if features is None or tuple(ids.shape) != tuple(positions.shape) or features.shape[:2] != ids.shape:
+            raise RuntimeError(f"P-EAGLE observe(): ids {tuple(ids.shape)}, positions {tuple(positions.shape)} and "
+                               f"features {None if features is None else tuple(features.shape[:2])} must match [B, n]")
+        b, n = ids.shape
+        if n == 0:
+            return
+        valid = positions >= 0
+        count = valid.sum(1)  # each row's observed positions
+        if self._last is None:  # the prompt: g_q pairs with x_{q+1} inside it
+            toks, feats, pos = ids[:, 1:], features[:, :-1], torch.where(valid[:, 1:], positions[:, :-1], -1)
+        else:  # the row's waiting g pairs with this observe's first id
+            feats = torch.cat([self._last[0].to(features.dtype), features[:, :-1]], 1)
+            pos = torch.where(valid, torch.cat([self._last[1][:, None], positions[:, :-1]], 1), -1)
+            toks = ids
+        if toks.shape[1]:
+            self._todo.append((toks, feats, pos))
+        rows = torch.arange(b, device=ids.device)
+        at = (count - 1).clamp(min=0)
+        g, g_pos = features[rows, at][:, None], positions[rows, at]
+        if self._last is not None:  # a row that observed nothing keeps its waiting g
+            keep = count == 0
+            g = torch.where(keep[:, None, None], self._last[0].to(g.dtype), g)
+            g_pos = torch.where(keep, self._last[1], g_pos)
+        self._last = (g, g_pos)
+
+    def _propose_ragged(self, anchor: torch.Tensor, position: torch.Tensor) -> DraftBlock:
+        """The solo propose's one forward over [committed entries, new entries, anchor entry, masks], each
+        row at its own positions: a query sees its row's committed and new entries and the block causally
+        (a column the row does not own only by itself, so that no query is fully masked); the new entries
+        join the cache under the validity mask, the block never does."""
+        b, k, dev = anchor.shape[0], self.num_slots, anchor.device
+        mask_id = torch.full((b, k - 1), self.cfg.mask_token_id, dtype=torch.long, device=dev)
+        blk_ids = torch.cat([anchor[:, None].long(), mask_id], 1)
+        g = self._last[0].to(self.backbone.mask_hidden.dtype)
+        blk_feats = torch.cat([g, self.backbone.mask_hidden.expand(b, k - 1, -1)], 1)
+        blk_pos = position.to(dev)[:, None] - 1 + torch.arange(k, device=dev)
+        ids = torch.cat([t for t, _, _ in self._todo] + [blk_ids], 1)
+        feats = torch.cat([f.to(g.dtype) for _, f, _ in self._todo] + [blk_feats], 1)
+        new_pos = torch.cat([p.to(dev) for _, _, p in self._todo] + [blk_pos], 1)
+        mine = new_pos >= 0
+        t = ids.shape[1]
+        if self._valid is None:
+            self._valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
+        cols = torch.arange(t, device=dev)
+        allowed_new = ((cols[None, :] <= cols[:, None]) & mine[:, None, :]) | torch.eye(t, dtype=torch.bool,
+                                                                                       device=dev)
+        mask = torch.cat([self._valid[:, None, :].expand(b, t, -1), allowed_new], dim=-1)
+        hidden, kvs = self.backbone(ids, feats, new_pos.clamp(min=0), self._past, mask)
+        n_ctx = t - k
+        if n_ctx:
+            new = [(kk[:, :, :n_ctx], vv[:, :, :n_ctx]) for kk, vv in kvs]
+            self._past = new if self._past is None else [
+                (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(self._past, new)]
+            self._valid = torch.cat([self._valid, mine[:, :n_ctx]], dim=1)
+        self._todo = []
+        slots = hidden[:, n_ctx:]
+        return DraftBlock(hidden=slots, base_logits=self.base_logits(slots))
+
     def context_length(self) -> int:
         return self._seen
 
-    def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
+    def propose(self, anchor: torch.Tensor, position) -> DraftBlock:
+        """anchor [B] at `position`: an int (one row), or a [B] tensor (a ragged batch)."""
+        if torch.is_tensor(position):
+            if self._last is None:
+                raise RuntimeError("P-EAGLE propose(): nothing observed yet; observe the prompt first")
+            return self._propose_ragged(anchor, position)
         if self._last is None or position != self._seen:
             raise RuntimeError(f"P-EAGLE propose(anchor at position {position}): the drafter has seen positions "
                                f"0..{self._seen - 1}; it needs every verified position before the anchor")

@@ -224,3 +224,27 @@ def test_pard_ragged_acceptance_under_nudged_drafts_equals_each_rows_solo():
         solo = Engine(target, RowOracle(adapter, [full[r]], [r], 0.7, 4, vocab), head, stop_ids=stops)
         assert got[r].accepted == solo.speculative(p, max_new_tokens=24).accepted, r
     assert len({a for r in got for a in r.accepted}) > 2  # the nudges made acceptance ragged
+
+
+@pytest.mark.parametrize("family,arch", [("peagle", "llama"), ("peagle", "qwen3"), ("pard", "llama")])
+def test_ragged_acceptance_under_nudged_drafts_equals_each_rows_solo(family, arch):
+    """P-EAGLE's and PARD's ragged contracts under RowOracle's nudges (hit rate 0.7): prompts of different
+    lengths, one row ending early on a stop token; every row's tokens are its target-alone decode and its
+    acceptance its solo speculative decode's."""
+    from tests.decoding.test_static_kv import PROMPTS, graft
+
+    target, adapter, head = graft(family, arch, seed=5)
+    assert adapter.ragged_batch
+    stops, vocab = stop_token_ids(target), target.shape.vocab_size
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    refs = [plain.target_only(p, max_new_tokens=24).tokens for p in PROMPTS]
+    extra = [refs[1][5]]  # some row ends early
+    refs = [plain.target_only(p, max_new_tokens=24, stop_ids=extra).tokens for p in PROMPTS]
+    full = [p + r for p, r in zip(PROMPTS, refs)]
+    batch = Engine(target, RowOracle(adapter, full, list(range(len(PROMPTS))), 0.7, 5, vocab), head, stop_ids=stops)
+    got = batch.speculative_batch(PROMPTS, max_new_tokens=24, stop_ids=extra)
+    assert [r.tokens for r in got] == refs
+    for r, p in enumerate(PROMPTS):
+        solo = Engine(target, RowOracle(adapter, [full[r]], [r], 0.7, 5, vocab), head, stop_ids=stops)
+        assert got[r].accepted == solo.speculative(p, max_new_tokens=24, stop_ids=extra).accepted, r
+    assert len({a for r in got for a in r.accepted}) > 2  # the nudges made acceptance ragged

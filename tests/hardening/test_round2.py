@@ -219,11 +219,6 @@ CASES = [
                                             "--top-k", "-3"], ["--top-k: -3 is invalid"], {"p.jsonl": P3}),
     Case("bench-limit-0", "decode", ["bench", "{dflash}", "--prompts", "p.jsonl", "--limit", "0"],
          ["--limit: 0 is invalid; valid: an integer >= 1"], {"p.jsonl": P3}),
-    Case("bench-peagle-batched-refused", "decode", ["bench", "{peagle}", "--prompts", "p.jsonl", "--batch-size", "3",
-                                                    "--no-progress"],
-         ["the peagle drafter does not take ragged batches", "valid: --batch-size 1"], {"p.jsonl": P3}),
-    Case("gen-peagle-batched-refused", "decode", ["generate", "{peagle}", "--prompts", "p.jsonl", "--batch-size", "3"],
-         ["the peagle drafter does not take ragged batches", "valid: --batch-size 1"], {"p.jsonl": P3}),
     Case("gen-max-new-tokens-0", "decode", ["generate", "{dflash}", "--prompt-ids", "5", "--max-new-tokens", "0"],
          ["--max-new-tokens: 0 is invalid; valid: an integer >= 1"]),
     Case("gen-prompt-ids-empty", "decode", ["generate", "{dflash}", "--prompt-ids", ""],
@@ -507,7 +502,8 @@ def test_the_round_has_sixty_cases_half_in_the_first_three_classes():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_batches_equal_the_target_alone(family, runs, tmp_path, monkeypatch, capsys):
     """`generate --batch-size 1, 3, 7` prints, prompt by prompt, exactly what `--target-only` prints
-    (greedy: lossless); families that take no ragged batches refuse 3 and 7 by name."""
+    (greedy: lossless), for every family (each takes ragged batches; a family that does not is refused by
+    name: tests/decoding/test_batched.py)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.jsonl").write_text(jsonl(*({"prompt_ids": list(range(5, 5 + n))} for n in (1, 4, 2, 7, 3, 5, 6))))
     base = ["generate", str(runs[family]), "--prompts", "p.jsonl", "--max-new-tokens", "6"]
@@ -521,9 +517,6 @@ def test_greedy_batches_equal_the_target_alone(family, runs, tmp_path, monkeypat
     assert rc == 0, err
     for bs in ("1", "3", "7"):
         rc, out, err = answers("--batch-size", bs)
-        if family == "peagle" and bs != "1":
-            assert rc == 1 and f"the {family} drafter does not take ragged batches" in err, err
-            continue
         assert rc == 0, err
         assert out == want, f"--batch-size {bs}"
 
