@@ -4,7 +4,7 @@
 blocks and rebuild the batch to admit new ones.
 
 Admission in place (`admit`): where the target's session is the fast engine's static cache and the
-drafter (if any) is a static one that `admits_rows` (DFlash's), new prompts are prefilled into freed rows
+drafter (if any) is a family's static drafter that `admits_rows`, new prompts are prefilled into freed rows
 of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the other rows park past
 their ends, decoding/session.py) and the drafter's `prefill(features, n, rows=slots)`. The rows in flight
 keep their caches, their anchors and the verify budget's run; nothing of theirs is recomputed. When the
