@@ -152,17 +152,18 @@ class StaticDFlashDrafter:
         return self
 
     # ------------------------------------------------------------------ context
-    def _write(self, feats: torch.Tensor, start: torch.Tensor) -> None:
-        """Context K/V of feats [B, T, F]: row b at positions start[b]..start[b]+T-1 (start: [B])."""
+    def _write(self, feats: torch.Tensor, start: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
+        """Context K/V of feats [B, T, F]: row b at positions start[b]..start[b]+T-1 (start: [B]) of cache
+        row b, or of cache row rows[b] (rows: [B], prompts admitted into freed rows)."""
         b, t = feats.shape[:2]
         pos = start[:, None] + self._slots[:t]  # [B, T]
         new = self.backbone.context_kv(feats, pos)
-        if b == 1:  # one row: along the positions of cache row 0 (the solo drafter's write)
+        if b == 1 and rows is None:  # one row: along the positions of cache row 0 (the solo drafter's write)
             for kc, vc, (k, v) in zip(self.k, self.v, new):
                 kc[:1].index_copy_(2, pos[0], k)
                 vc[:1].index_copy_(2, pos[0], v)
             return
-        rows = self._rows[:b, None]
+        rows = (self._rows[:b] if rows is None else rows)[:, None]
         for kc, vc, (k, v) in zip(self.k, self.v, new):  # k [B, Hkv, T, D] -> slots [B, T, Hkv, D]
             kc[rows, :, pos] = k.transpose(1, 2)
             vc[rows, :, pos] = v.transpose(1, 2)
@@ -185,29 +186,28 @@ class StaticDFlashDrafter:
         if b > self.max_batch or (rows is not None and max(rows) >= self.max_batch):
             raise ValueError(f"batch of {b if rows is None else max(rows) + 1} rows > the drafter cache's "
                              f"{self.max_batch}")
+        start = torch.zeros(b, dtype=torch.long, device=self.device)
         if rows is None:
-            self._write(feats[:, :n], torch.zeros(b, dtype=torch.long, device=self.device))
+            self._write(feats[:, :n], start)
             self._pending = None
             return
-        if self._pending is not None:  # the rows in flight's last block first: it may lie where a new prompt goes
-            pending, start = self._pending_start()
-            self._call(("write", *pending.shape[:2]), self._write)(pending, start)
-            self._pending = None
-        at = torch.tensor(list(rows), device=self.device)[:, None]
-        pos = self._slots[:n][None].expand(b, n)
-        for kc, vc, (k, v) in zip(self.k, self.v, self.backbone.context_kv(feats[:, :n], pos)):
-            kc[at, :, pos] = k.transpose(1, 2)
-            vc[at, :, pos] = v.transpose(1, 2)
+        self._flush()  # the rows in flight's last block first: it may lie where a new prompt goes
+        self._write(feats[:, :n], start, torch.tensor(list(rows), device=self.device))
 
     def observe_block(self, feats: torch.Tensor, pos) -> None:
         """The verify's features [B, T, F] of x_0, d_1..d_{T-1} at pos..pos+T-1 of each row (pos: an
         int or B host ints; T = K+1, or fewer under a verify budget), written with the next propose
         (inside its graph); only those before each row's next anchor are ever read. A block still
         pending (a step that proposed nothing: decoding/budget.py's K' = 0) is written first."""
-        if self._pending is not None:  # on CUDA one graph per shape: a plain step's write is one launch
-            feats_before, start = self._pending_start()
-            self._call(("write", *feats_before.shape[:2]), self._write)(feats_before, start)
+        self._flush()
         self._pending = (feats, host_ints(pos, feats.shape[0]))
+
+    def _flush(self) -> None:
+        """Write the pending block now, not with the next propose (on CUDA one graph per shape: one launch)."""
+        if self._pending is not None:
+            feats, start = self._pending_start()
+            self._call(("write", *feats.shape[:2]), self._write)(feats, start)
+            self._pending = None
 
     admits_rows = True  # prefill(..., rows=): prompts into freed rows of a batch in flight (serving/batch.py)
 
