@@ -98,6 +98,18 @@ def slot_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
     return labels, prev
 
 
+def ragged_allowed(valid: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:
+    """Who may attend what in one forward of a ragged batch over a shared cache (the eager drafters' ragged
+    contract, as decoding/session.py's DynamicSession does for the target): valid [B, L] = the cached
+    entries each row owns, mine [B, n] = the new columns each row owns -> bool [B, n, L + n]. A query sees
+    its row's cached entries and its row's new columns up to itself; a column the row does not own is
+    seen by no query but its own, so that no query is fully masked."""
+    b, n = mine.shape
+    cols = torch.arange(n, device=mine.device)
+    new = ((cols[None, :] <= cols[:, None]) & mine[:, None, :]) | torch.eye(n, dtype=torch.bool, device=mine.device)
+    return torch.cat([valid[:, None, :].expand(b, n, -1), new], dim=-1)
+
+
 @dataclass
 class TrainingBlocks:
     """Teacher-forced blocks for the Domino objective.

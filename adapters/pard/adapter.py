@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, slot_targets
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, ragged_allowed, slot_targets
 from .model import SLOTS_KEY, load_folder_state, resolve, tensor_shapes, tied_aliases, untie
 from .vocab import fit_vocab
 
@@ -214,13 +214,7 @@ class PardAdapter(DrafterAdapter):
         block_pos = position.to(dev)[:, None] + torch.arange(k, device=dev)
         ids = torch.cat([new_ids, self.block_ids(anchor)], dim=1)
         pos = torch.cat([new_pos.clamp(min=0), block_pos], dim=1)
-        n = ids.shape[1]
-        cols = torch.arange(n, device=dev)
-        cols_mine = torch.cat([mine, torch.ones(b, k, dtype=torch.bool, device=dev)], dim=1)
-        # a column the row does not own is seen by no query but its own (no query is fully masked)
-        allowed_new = ((cols[None, :] <= cols[:, None]) & cols_mine[:, None, :]) | torch.eye(n, dtype=torch.bool,
-                                                                                            device=dev)
-        allowed = torch.cat([self._valid[:, None, :].expand(b, n, -1), allowed_new], dim=-1)
+        allowed = ragged_allowed(self._valid, torch.cat([mine, torch.ones(b, k, dtype=torch.bool, device=dev)], 1))
         dtype = self.model.get_input_embeddings().weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
         hidden = self._hidden(ids, pos, cache=self._cache, mask=mask[:, None])[:, -k:]

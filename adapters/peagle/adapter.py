@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, placeholder_token_problems,
-                    read_config_json, slot_targets)
+                    ragged_allowed, read_config_json, slot_targets)
 from .model import (FILL_MARGIN, VERIFIER_KEYS, PEagleBackbone, PEagleConfig, check_vocab_maps, from_native,
                     load_npy_maps, random_vocab_maps, tensor_shapes, to_native)
 from .schema import CHECKPOINT_FIELDS
@@ -157,10 +157,7 @@ class PEagleAdapter(DrafterAdapter):
         t = ids.shape[1]
         if self._valid is None:
             self._valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
-        cols = torch.arange(t, device=dev)
-        allowed_new = ((cols[None, :] <= cols[:, None]) & mine[:, None, :]) | torch.eye(t, dtype=torch.bool,
-                                                                                       device=dev)
-        mask = torch.cat([self._valid[:, None, :].expand(b, t, -1), allowed_new], dim=-1)
+        mask = ragged_allowed(self._valid, mine)
         hidden, kvs = self.backbone(ids, feats, new_pos.clamp(min=0), self._past, mask)
         n_ctx = t - k
         if n_ctx:
