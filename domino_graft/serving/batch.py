@@ -191,8 +191,11 @@ class _Rows:
         target = self.target
         if target.kv_path != "static" or len(rows) > len(self.free_slots()):
             return False
-        room = min(target.lm.max_len, getattr(self, "drafter_len", target.lm.max_len))
-        return max(r.positions_needed for r in rows) + self.extra <= room
+        return max(r.positions_needed for r in rows) + self.extra <= self._room()
+
+    def _room(self) -> int:
+        """The positions a row may reach in this batch's caches."""
+        return self.target.lm.max_len
 
     @torch.inference_mode()
     def admit(self, rows: list[BatchRow]) -> list[int]:
@@ -274,8 +277,6 @@ class ChainBatch(_Rows):
         self.capture = adapter.capture_layers()
         length = max(r.positions_needed for r in rows) + k + 1  # the target's, as _start made it
         self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
-        if self.drafter is not None:
-            self.drafter_len = self.drafter.max_len
         adapter.reset(len(rows))
         logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
         if self.drafter is not None:
@@ -291,6 +292,9 @@ class ChainBatch(_Rows):
     def can_admit(self, rows: list[BatchRow]) -> bool:
         """As `_Rows.can_admit`, and the drafter must be a static one that fills single rows."""
         return getattr(self.drafter, "admits_rows", False) and super().can_admit(rows)
+
+    def _room(self) -> int:
+        return min(super()._room(), self.drafter.max_len)
 
     def _capture(self) -> tuple:
         return tuple(self.capture)
