@@ -25,7 +25,8 @@ every mode, equals the target-alone solo greedy output (batch size 1's target de
 first when 1 is not among the sizes).
 
 --rounds R times every batch R times over (a row's num_prompts counts each decode): at B = 64 the 64
-prompts are one batch a mode, ~0.2 s, within the noise of one measurement.
+prompts are one batch a mode, ~0.2 s, within the noise of one measurement. --min-batches M gives each B
+at least M timed batches a mode (more rounds only where N / B < M).
 --deadline-s S: the report is rewritten after every batch, and no batch starts after S seconds
 (the row then says complete: false): a time-limited call leaves what it measured.
 CPU smoke (numbers meaningless): tests/test_concurrency_bench.py.
@@ -275,6 +276,13 @@ def by_batch(rows: dict) -> list[dict]:
     return sorted(out, key=lambda r: (r["temperature"], r["B"]))
 
 
+def rounds_for(b: int, n: int, rounds: int, min_batches: int) -> int:
+    """How many times batch size b decodes its n prompts: `rounds`, or more until it has timed at least
+    `min_batches` batches (B = 64 of 64 prompts is one batch a round)."""
+    per_round = -(-n // b)
+    return max(rounds, -(-min_batches // per_round))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help="a trained run dir or bundle (default: graft one with --data into --work)")
@@ -289,6 +297,8 @@ def main(argv=None) -> int:
     p.add_argument("--verify-costs", default=None, help="a cost table for --verify-budget auto (else measured on CUDA)")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every batch this many times (a large B has only N / B batches: one is noisy)")
+    p.add_argument("--min-batches", type=int, default=1,
+                   help="time each B at least this many batches a mode (more rounds where N / B is small)")
     p.add_argument("--shrink", action="store_true",
                    help="batched chains compact as their rows end (the target alone's loop always does)")
     p.add_argument("--also-batched-1", action="store_true", help='add row "1_batched": the batched path at B = 1')
@@ -304,6 +314,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: valid: an integer >= 1")
+    if args.min_batches < 1:
+        p.error(f"--min-batches {args.min_batches}: valid: an integer >= 1")
     sizes = sorted({int(x) for x in args.batch_sizes.split(",") if x.strip()})
     if not sizes or sizes[0] < 1:
         p.error(f"--batch-sizes {args.batch_sizes!r}: valid: positive integers, comma-separated")
@@ -387,8 +399,9 @@ def main(argv=None) -> int:
             report["rows"][key] = row
             write()
 
+        rounds = rounds_for(b, len(items), args.rounds, args.min_batches)
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
-                      budget, args.shrink, args.rounds)
+                      budget, args.shrink, rounds)
         write_row(row)
         report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)

@@ -132,3 +132,11 @@ def test_rounds_time_every_batch_again(tiny_run, tmp_path):
     row = rep["rows"]["2"]
     assert row["rounds"] == 2 and row["num_prompts"] == 6 and row["num_batches"] == 4 and row["complete"]
     assert row["identical_to_target"] is True
+
+
+def test_min_batches_adds_rounds_only_where_batches_are_few():
+    """--min-batches M: a B with fewer than M batches a round decodes its prompts again; others once."""
+    from concurrency import rounds_for
+
+    assert [rounds_for(b, 64, 1, 4) for b in (1, 8, 16, 32, 64)] == [1, 1, 1, 2, 4]
+    assert rounds_for(64, 64, 3, 2) == 3 and rounds_for(3, 5, 1, 5) == 3  # 2 batches a round -> 3 rounds
