@@ -207,6 +207,13 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
                 run.resize(len(keep))
 
 
+def _batch_left(rows: list, live: list[bool]) -> tuple[int, int]:
+    """(live rows, the most tokens a live row may still emit): what a step's rate is judged by when the
+    batch runs at full size until its last row ends (budget.py `batch_tokens`)."""
+    left = [row.out.left() for row, on in zip(rows, live) if on]
+    return len(left), max(left, default=0)
+
+
 def _push_each(rows: list, chunks: list[list[int]], live, t0: float) -> list[bool]:
     """Each live row's chunk into its Output; -> which rows go on (a row's seconds: when it ended)."""
     now = None
@@ -286,7 +293,8 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         if run is not None and run.committed():  # plain from here on: the target alone's loop
             _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run)
             break
-        kk = k if run is None else run.choose()  # K': the drafts this step verifies
+        # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
+        kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))
         if run is not None:
             run.tick(kk)
         timer = propose_timer(run, dev) if kk else None

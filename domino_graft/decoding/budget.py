@@ -8,7 +8,12 @@ alpha_i the running acceptance of slot i given slot i was reached, the tokens a 
     E(K') = 1 + sum_{j=1..K'} prod_{i<=j} alpha_i
 
 and the budget picks, among a few candidates (so that CUDA graphs stay few), the K' maximising
-E(K') / cost(K'). At a large batch a long verify costs several decode steps (issue #39's table:
+E(K') / cost(K'). A static batch (`batched_chain`, not shrinking) runs every step at full size until its
+last row ends, so its rate is its slowest row's, not the mean row's: with n live rows and R tokens left
+to its longest row, a row needs R / E steps give or take sigma sqrt(R) / E^1.5 (sigma^2 the variance of
+a step's gain), and the slowest of n lags by E[max of n normals] of those (`batch_tokens`). On f083e02's
+SmolLM2 run (bench/results/concurrency_h200.json) B = 16 ran 48.5 steps a batch where its rows' mean
+needed 33 (the model: 49); the server's batches refill ended rows, so they keep E(K'). At a large batch a long verify costs several decode steps (issue #39's table:
 6.2 steps for T = 16 at B = 16 with the default kernels), so a low acceptance makes K' = 0 (the target
 alone) the best choice: a speculative batch is then never slower than the target.
 
@@ -19,7 +24,10 @@ own, its own) is added to the device-side cost of that kind, so the choice compa
 not yet seen adds nothing (it looks cheap, so it gets tried and measured). A plain step is costed by the
 target alone's lean loop ("lean": no features captured, nothing written to the drafter) once that has
 samples: choosing K' = 0 leads there after COMMIT_AFTER steps, and a plain step through the chain costs
-more (1.12 against ~0.6 ms of excess at B = 64 in d5c6fde's run), which made K' = 0 look worse than it is. The first step of a decode is
+more (1.12 against ~0.6 ms of excess at B = 64 in d5c6fde's run), which made K' = 0 look worse than it is.
+Before the lean loop has samples, K' = 0 takes the smaller of the plain and speculative excess: the lean
+loop's host work (one sync, the pushes) is a speculative step's (0.33 / 0.37 ms lean against 0.33 / 0.34
+speculative at B = 16 / 64 in f083e02's run, 0.58 / 0.61 plain through the chain). The first step of a decode is
 not sampled (it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER
 times its device-side cost; the committed plain loop samples its own steps.
 
@@ -48,6 +56,7 @@ it measures them, costs.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -92,12 +101,53 @@ def expected_tokens(alphas: Iterable[float], k: int) -> float:
     return total
 
 
-def best_budget(alphas: list[float], candidates: Iterable[int], cost_ms: Callable[[int], float]) -> int:
-    """The candidate K' with the most expected tokens per millisecond; a tie goes to the larger K'
-    (fewer target forwards for the same rate)."""
+def tokens_variance(alphas: Iterable[float], k: int) -> float:
+    """The variance of the tokens a row gains from a step verifying k drafts: with P(X >= j) the
+    chance of gaining at least j tokens (1, then the products of the alphas),
+    E[X^2] = sum_j (2j - 1) P(X >= j)."""
+    mean, second, reach = 1.0, 1.0, 1.0
+    for j, a in enumerate(list(alphas)[:k], start=2):
+        reach *= a
+        mean += reach
+        second += (2 * j - 1) * reach
+    return max(second - mean * mean, 0.0)
+
+
+# E[max of n independent standard normals], n = 2^i (i = 0..7): how far the slowest of n rows lags
+_MAX_NORMAL = (0.0, 0.5642, 1.0294, 1.4236, 1.7660, 2.0697, 2.3352, 2.5724)
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals], interpolated in log2 n (held past 128)."""
+    if n <= 1:
+        return 0.0
+    x = min(math.log2(n), len(_MAX_NORMAL) - 1)
+    i = min(int(x), len(_MAX_NORMAL) - 2)
+    return _MAX_NORMAL[i] + (_MAX_NORMAL[i + 1] - _MAX_NORMAL[i]) * (x - i)
+
+
+def batch_tokens(alphas: list[float], k: int, rows: int, remaining: int) -> float:
+    """Tokens per step of a batch that runs until its last row ends (a static batch), per row: the
+    `remaining` tokens of its longest row over the steps its slowest row is expected to need. A row
+    needs remaining / mean steps, give or take sigma * sqrt(remaining) / mean^1.5 (the renewal count of
+    steps that gain X tokens each); the slowest of `rows` lags by E[max of rows normals] of those.
+    One row, or k = 0 (one token a step, no spread): the plain expected tokens."""
+    mean = expected_tokens(alphas, k)
+    if rows <= 1 or k == 0 or remaining <= 0:
+        return mean
+    spread = math.sqrt(tokens_variance(alphas, k) * remaining) / mean ** 1.5
+    # every step gains a row at least one token: no row needs more steps than plain decoding would
+    return remaining / min(remaining / mean + expected_max_normal(rows) * spread, remaining)
+
+
+def best_budget(alphas: list[float], candidates: Iterable[int], cost_ms: Callable[[int], float],
+                tokens: Optional[Callable[[int], float]] = None) -> int:
+    """The candidate K' with the most expected tokens (`tokens(K')`, default `expected_tokens`) per
+    millisecond; a tie goes to the larger K' (fewer target forwards for the same rate)."""
+    tokens = tokens or (lambda kk: expected_tokens(alphas, kk))
     best, best_rate = None, -1.0
     for kk in sorted(set(candidates)):
-        rate = expected_tokens(alphas, kk) / max(cost_ms(kk), 1e-9)
+        rate = tokens(kk) / max(cost_ms(kk), 1e-9)
         if rate >= best_rate:
             best, best_rate = kk, rate
     return best
@@ -414,6 +464,10 @@ class BudgetRun:
         own = self.excess.get(str(kk), [])
         if kk == 0 and len(self.excess.get("lean", [])) >= MIN_OWN:  # where K' = 0 leads (module docstring)
             return self.device_cost_ms(0) + self.excess_ms("lean")
+        if kk == 0 and self.excess.get("plain") and self.excess.get("spec"):
+            # the lean loop not seen yet: its host work (one sync, the pushes) is a speculative step's,
+            # less than a plain step through the chain's (which also writes the drafter)
+            return self.device_cost_ms(0) + min(self.excess_ms("plain"), self.excess_ms("spec"))
         return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
 
     def excess_ms(self, key: str) -> float:
@@ -447,8 +501,10 @@ class BudgetRun:
             samples.append(ms - device)
             del samples[:-WALL_WINDOW]
 
-    def choose(self) -> int:
-        """K' for the next step."""
+    def choose(self, rows: int = 1, remaining: int = 0) -> int:
+        """K' for the next step. A batch that runs until its last row ends (`batched_chain`; not the
+        server's, whose ended rows are replaced) gives its live `rows` and the `remaining` tokens of its
+        longest row: its rate is then its slowest row's (`batch_tokens`, module docstring)."""
         b = self.budget
         if b.mode == "full":
             kk = self.k
@@ -459,7 +515,9 @@ class BudgetRun:
         elif self.probe and self.decode_steps < PROBE_STEPS:  # check the estimate
             kk = self.k
         else:
-            kk = best_budget(self.alphas(), self.candidates, self.cost_ms)
+            alphas = self.alphas()
+            kk = best_budget(alphas, self.candidates, self.cost_ms,
+                             lambda kk: batch_tokens(alphas, kk, rows, remaining))
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0

@@ -68,6 +68,10 @@ class Output:
             self.on_tokens(self.tokens[start:])
         return self.stop_reason is not None
 
+    def left(self) -> int:
+        """The most tokens this decode may still emit (a stop token may end it sooner)."""
+        return 0 if self.stop_reason is not None else self.max_new_tokens - len(self.tokens)
+
 
 def check_prompt(target, prompt_ids, max_new_tokens: int) -> torch.Tensor:
     """The prompt as a [1, T] tensor on the target's device, or a ValueError saying what is wrong."""

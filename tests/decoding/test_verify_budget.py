@@ -645,3 +645,68 @@ def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committ
     report = run.finish()
     assert report["batch"] == 8 and report["last_batch"] == 1
     assert not budget.start(15, 8, "cuda").starts_committed
+
+
+# ------------------------------------------------- a static batch runs until its slowest row ends
+def _simulated_batch_tokens(alphas, k, rows, remaining, trials, seed=0):
+    """Monte Carlo of `batch_tokens`: rows draw each step's gain from the alphas until `remaining` tokens;
+    the batch's steps are its slowest row's."""
+    import random
+
+    rng = random.Random(seed)
+    steps = 0
+    for _ in range(trials):
+        worst = 0
+        for _ in range(rows):
+            n = got = 0
+            while got < remaining:
+                x = 1
+                for a in alphas[:k]:
+                    if rng.random() >= a:
+                        break
+                    x += 1
+                got, n = got + x, n + 1
+            worst = max(worst, n)
+        steps += worst
+    return remaining * trials / steps
+
+
+def test_batch_tokens_is_the_slowest_rows_rate():
+    """`batch_tokens`: the spread of a step's gain (its exact variance) and the slowest of n rows (the
+    renewal count's normal approximation) against a simulation, within 3%; one row or plain steps: the
+    mean; more rows: fewer tokens per step."""
+    from domino_graft.decoding.budget import batch_tokens, expected_max_normal, tokens_variance
+
+    alphas = [0.55, 0.6, 0.57, 0.57, 0.74, 0.63, 0.58, 0.74, 0.64, 0.75, 0.81, 0.78, 0.8, 0.76, 0.78]
+    assert tokens_variance([0.5], 1) == pytest.approx(0.25)  # 1 or 2 tokens, even odds
+    assert tokens_variance([1.0] * 4, 4) == 0.0
+    assert expected_max_normal(1) == 0.0 and expected_max_normal(16) == pytest.approx(1.766)
+    assert batch_tokens(alphas, 15, 1, 96) == expected_tokens(alphas, 15)
+    assert batch_tokens(alphas, 0, 64, 96) == 1.0
+    by_rows = [batch_tokens(alphas, 15, n, 96) for n in (1, 4, 16, 64)]
+    assert by_rows == sorted(by_rows, reverse=True)
+    for n in (4, 16):
+        assert batch_tokens(alphas, 15, n, 96) == pytest.approx(_simulated_batch_tokens(alphas, 15, n, 96, 200),
+                                                                rel=0.03)
+
+
+def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
+    """H200 costs of f083e02's SmolLM2 run at B = 32 (a 16-token verify 2.6 ms, a lean step ~1.2): per
+    row speculation pays (2.4 tokens a step), but a batch that runs until its slowest of 32 rows ends
+    gains ~1.9 a step: plain. With few live rows left, or one row, it speculates."""
+    costs = VerifyCosts.from_dict({"step_ms": {"32": {"1": 0.85, "4": 1.5, "8": 1.7, "16": 1.75}},
+                                   "propose_ms": {"32": 0.55}})
+    alphas = [0.57, 0.62, 0.59, 0.58, 0.65, 0.67, 0.64, 0.66, 0.69, 0.71, 0.82, 0.72, 0.83, 0.75, 0.81]
+    run = VerifyBudget("auto", costs=costs).start(15, 32, "cuda")
+    run.decode_steps = run.steps = 2
+    run.reached, run.accepted = [1000.0] * 15, [1000.0 * a for a in alphas]
+    for kk, excess in ((15, 0.32), (0, 0.53)):
+        for _ in range(3):
+            run.add_wall(kk, run.device_cost_ms(kk) + excess)
+    assert run.cost_ms(0) == pytest.approx(0.85 + 0.32)  # no lean samples yet: a speculative step's excess
+    assert run.choose() == 15  # each row on its own
+    assert run.choose(32, 96) == 0  # the batch, to its last row
+    assert run.choose(2, 96) == 15
+    from domino_graft.decoding.budget import batch_tokens
+
+    assert batch_tokens(alphas, 15, 32, 3) == 1.0  # a step gains at least a token: never below plain's
