@@ -156,14 +156,14 @@ class Scheduler:
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
-        requests into freed rows of the batch in flight where it can (serving/batch.py); by default off
-        CUDA only: on CUDA its prefill shapes (parked rows, larger kv buckets) are neither warmed up nor
-        measured yet (docs/serving.md)."""
+        requests into freed rows of the batch in flight where it can (serving/batch.py); by default on,
+        except on CUDA without a warm start that sweeps: its prefills meet graph shapes of their own
+        (parked rows, larger kv buckets), which only the sweep visits beforehand (serving/warmup.py)."""
         adapter = engine.adapter
         self.engine = engine
+        cuda = engine.target.device.type == "cuda"
         # pad each batch to a power of two (module docstring); by default where graphs are captured
-        self.pad_batches = engine.target.device.type == "cuda" if pad_batches is None else pad_batches
-        self.admit_in_place = engine.target.device.type != "cuda" if admit_in_place is None else admit_in_place
+        self.pad_batches = cuda if pad_batches is None else pad_batches
         self.rebuilds = 0  # batches built (the first of each busy spell included): each re-prefills its rows
         self.admitted_in_place = 0  # requests prefilled into freed rows of the batch in flight
         self.budget = budget  # the batched chains' verify budget (decoding/budget.py; None: all K)
@@ -181,6 +181,8 @@ class Scheduler:
         self.error: Optional[str] = None  # set if the worker thread itself died
         self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
         self.warm_sweep = sweep
+        swept = self.warm_positions is not None and (cuda if sweep is None else sweep)
+        self.admit_in_place = (swept or not cuda) if admit_in_place is None else admit_in_place
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
         self.warm_failed = False
@@ -245,16 +247,16 @@ class Scheduler:
         try:
             self.warm = warm_start(self.engine, batch_sizes=self.batch_sizes(), positions=self.warm_positions,
                                    target_only=self.target_only, use_head=self.use_head, budget=self.budget,
-                                   sweep=self.warm_sweep)
+                                   sweep=self.warm_sweep, admit=self.admit_in_place)
         except Exception:
             self.warm_failed = True
             raise
         finally:
             self.warming = False
         r = self.warm.report
-        log.info("warm start: %.1f s; batch sizes %s, %d prefill lengths, %d kv buckets, %d steps, %d target graphs "
-                 "captured; cache %s", r["seconds"], r["batch_sizes"], r["prefill_lengths"], r["kv_buckets"],
-                 r["steps"], r["graphs"], r["cache"])
+        log.info("warm start: %.1f s; batch sizes %s, %d prefill lengths, %d kv buckets, %d steps, %d admission "
+                 "prefills, %d target graphs captured; cache %s", r["seconds"], r["batch_sizes"], r["prefill_lengths"],
+                 r["kv_buckets"], r["steps"], r["admission_prefills"], r["graphs"], r["cache"])
 
     def _main(self) -> None:
         try:

@@ -22,12 +22,19 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
      full block and by a plain step, the drafter's shapes after each), and the committed plain step.
      An eager drafter (a family without a static path) reads only the context it observed: its blocks
      run once where the rows are, and at each bucket the target's forwards alone;
-  3. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
+  3. where the scheduler admits in place (serving/batch.py `admit`), per batch size of two rows or more
+     (a batch of one is retired when its row ends, never admitted into), an admission prefill through the
+     real `admit` of a placeholder batch: for each of those padded prompt lengths, one per kv bucket the
+     rows in flight can park it in (their ends, decoding/session.py `_park`, set the bucket: a larger one
+     than a prefill at position 0 meets), and, with a static drafter, one after each verify length (the
+     pending block its `prefill(rows=)` writes first: a shape of its own);
+  4. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
 
 `sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
-the shortest prefill only. Placeholder rows belong to no job: nothing reaches /metrics, and the state
-they leave cannot change an output (every batch starts with its own prefill; a row never reads the
-cache at or past its position before writing it: decoding/session.py and the static drafters' own rule).
+the shortest prefill only (and its first admission). Placeholder rows belong to no job: nothing reaches
+/metrics, and the state they leave cannot change an output (every batch starts with its own prefill; a
+row never reads the cache at or past its position before writing it: decoding/session.py and the static
+drafters' own rule).
 """
 
 from __future__ import annotations
@@ -70,19 +77,62 @@ def bucket_ends(length: int, sweep: bool) -> list[int]:
     return ends if sweep else ends[:1]
 
 
-def placeholder_rows(n: int, context: int, positions: int) -> list[BatchRow]:
-    """n greedy rows of `context` tokens that never finish and belong to no job."""
-    return [BatchRow([0] * context, None, positions, Sampling(temperature=0.0), lambda ids: False, lambda: True)
+def admission_ends(t: int, low: int, length: int, max_len: int, sweep: bool) -> list[int]:
+    """Parked ends for an admission prefill of padded length t, one per kv bucket (of end + t) it can
+    land in: the rows in flight's ends run from `low` (past a step's tokens) to `length`, and parking
+    needs t positions past them in the cache (decoding/session.py `_park`). The first only without the sweep."""
+    top = min(length, max_len - t)
+    if top < low:
+        return []
+    sums = [s for s in range(KV_BLOCK, top + t, KV_BLOCK) if s - t >= low] + [top + t]
+    ends = [s - t for s in sums]
+    return ends if sweep else ends[:1]
+
+
+def placeholder_rows(n: int, context: int, positions: int, alive: bool = True) -> list[BatchRow]:
+    """n greedy rows of `context` tokens that never finish and belong to no job. alive=False: rows whose
+    client has gone (their slot stays free for the next admission)."""
+    return [BatchRow([0] * context, None, positions, Sampling(temperature=0.0), lambda ids: False, lambda: alive)
             for _ in range(n)]
+
+
+def visit_admissions(warm, contexts: list[int], verify: list[Optional[int]], *, positions: int, length: int,
+                     max_len: int, sweep: bool) -> int:
+    """Admission prefills into the freed first row of `warm` (its client gone), each through `admit` as
+    traffic runs it, right after a step that parks the rows in flight at an end admission_ends chose:
+    every padded prompt length at each of its buckets after a step of K' = verify[0], and at the first
+    of them one after each other K' too (the pending block the drafter writes first has its shape).
+    verify: the K' of the parking steps, largest first (None: the target alone's step). -> how many (0
+    where the batch cannot admit in place)."""
+    if not warm.can_admit(placeholder_rows(1, contexts[0], positions)):
+        return 0  # a static drafter that cannot fill single rows: admission rebuilds
+    first = verify[0]
+    t_step = 1 if first is None else first + 1
+    visits = []
+    for context in contexts:
+        for end in admission_ends(prefill_length(context, max_len), t_step, length, max_len, sweep):
+            visits += [(context, end, kk) for kk in (verify if sweep and not visits else verify[:1])]
+    for context, end, kk in visits:
+        # every parking step starts where a block of K' = verify[0] ending at `end` does, as the bucket
+        # visits' blocks start (their shapes, nothing new); a shorter K' parks the rows a little earlier
+        warm.seek(end - t_step)
+        if kk is None:
+            warm.step()
+        else:
+            warm.step(verify=kk)
+        warm.admit(placeholder_rows(1, context, positions, alive=False))
+    return len(visits)
 
 
 @torch.inference_mode()
 def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: bool, use_head: bool,
-               budget=None, sweep: Optional[bool] = None, measure: Optional[bool] = None) -> "WarmStart":
+               budget=None, sweep: Optional[bool] = None, measure: Optional[bool] = None,
+               admit: bool = False) -> "WarmStart":
     """Reserve, visit every shape, seed the budget (module docstring) -> what it did (WarmStart).
     positions: what a request may reach (prompt + max_tokens <= the server's max_model_len).
     sweep: every kv bucket and prefill length (default: on CUDA). measure: seed the auto budget's
-    costs (default: on CUDA, where ChainBatch measures them; elsewhere auto reads a given table)."""
+    costs (default: on CUDA, where ChainBatch measures them; elsewhere auto reads a given table).
+    admit: the scheduler admits in place, so visit its prefills too."""
     t0 = time.perf_counter()
     cuda = engine.target.device.type == "cuda"
     sweep = cuda if sweep is None else sweep
@@ -107,13 +157,18 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
     script = block_script(budgets) if budgets else []
     measure = auto and (cuda if measure is None else measure)
 
-    def batch(b: int, context: int):
-        rows = placeholder_rows(b, context, positions)
+    def batch(b: int, context: int, gone: int = 0):
+        # `gone` first rows whose client has gone: free for an admission
+        rows = placeholder_rows(gone, context, positions, alive=False) + placeholder_rows(b - gone, context, positions)
         return TargetBatch(engine, rows) if adapter is None else ChainBatch(engine, rows, use_head=use_head)
 
     capture = () if adapter is None else tuple(adapter.capture_layers())
     lengths = sorted({kk + 1 for kk in budgets})
-    steps = 0
+    steps = admitted = 0
+    # admission in place needs the static cache and, for a chain, a static drafter (ChainBatch.can_admit);
+    # elsewhere it rebuilds, and a rebuild's prefill is at position 0
+    admit = admit and static and (adapter is None or static_drafter)
+    verify = [None] if adapter is None else sorted(budgets, reverse=True)
     for b in batch_sizes:
         for n in contexts[1:]:  # each longer padded prompt length: its prefill
             batch(b, n)
@@ -136,9 +191,13 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
             for t, layers in visits:
                 warm.visit(t, end, layers)
             steps += len(blocks) + len(visits)
+        if admit and b > 1:  # a batch of one row is retired when its row ends: nothing is admitted into it
+            n = visit_admissions(batch(b, contexts[0], gone=1), contexts, verify, positions=positions,
+                                 length=length, max_len=target.lm.max_len, sweep=sweep)
+            admitted, steps = admitted + n, steps + n
     if cuda:
         torch.cuda.synchronize()
-    report.update(prefill_lengths=len(contexts), kv_buckets=len(ends), steps=steps,
+    report.update(prefill_lengths=len(contexts), kv_buckets=len(ends), steps=steps, admission_prefills=admitted,
                   graphs=_captures(target) - runners_before, seconds=round(time.perf_counter() - t0, 3))
     return WarmStart(engine, target, report)
 

@@ -95,14 +95,11 @@ def test_the_cache_is_reserved_once_and_every_batch_reuses_it(engine, monkeypatc
     assert sum(s.value for m in metrics.requests.collect() for s in m.samples) == len(jobs)
 
 
-@pytest.mark.parametrize("target_only", [False, True])
-def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, target_only):
-    """Padded batches (1, 2, 4 rows) under the auto budget, rows reaching 3 kv buckets: every target
-    forward's graph key (captured layers, B, T, kv bucket, logits kept) and every drafter call key met
-    in traffic was met in the warm-up, which covered each (B, T, bucket) the loop can build."""
+def _record_keys(monkeypatch) -> set:
+    """The keys of every target forward (captured layers, B, T, kv bucket, logits kept) and drafter call
+    from now on, into the set returned: on a CPU nothing is captured, but each key is a graph on CUDA."""
     from domino_graft.adapters.dflash import fast as dflash_fast
     from domino_graft.fast import GraphRunner
-    from domino_graft.serving.scheduler import Scheduler
 
     seen: set = set()
     runner_call, drafter_call = GraphRunner.__call__, dflash_fast.StaticDFlashDrafter._call
@@ -119,6 +116,17 @@ def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, ta
 
     monkeypatch.setattr(GraphRunner, "__call__", record)
     monkeypatch.setattr(dflash_fast.StaticDFlashDrafter, "_call", record_drafter)
+    return seen
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, target_only):
+    """Padded batches (1, 2, 4 rows) under the auto budget, rows reaching 3 kv buckets: every target
+    forward's graph key (captured layers, B, T, kv bucket, logits kept) and every drafter call key met
+    in traffic was met in the warm-up, which covered each (B, T, bucket) the loop can build."""
+    from domino_graft.serving.scheduler import Scheduler
+
+    seen = _record_keys(monkeypatch)
     positions = 600
     sched = Scheduler(engine, max_batch=4, max_queue=16, budget=None if target_only else _auto_budget(),
                       pad_batches=True, target_only=target_only, warm_start=positions, sweep=True)
@@ -139,14 +147,65 @@ def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, ta
                 assert ("target", capture, b, t, bucket, 0) in warm, (b, t, bucket)
             assert ("target", (), b, 1, bucket, 0) in warm  # the target alone's step (committed plain loop)
     seen.clear()
-    # the GPU's defaults: padded batches, admission by rebuild (in place meets prefill shapes at parked
-    # positions the warm start does not visit: docs/serving.md)
+    # padded batches, admission by rebuild (test_the_warm_start_visits_the_prefills_of_admission_in_place
+    # admits in place)
     _serve(Scheduler(engine, max_batch=4, max_queue=16, budget=None if target_only else _auto_budget(),
                      pad_batches=True, target_only=target_only, admit_in_place=False), jobs)
     assert seen and seen <= warm, sorted(seen - warm)
     assert {key[4] for key in seen if key[0] == "target"} >= {768}  # traffic reached the last bucket
     for job, (p, n) in zip(jobs, prompts):
         assert job.tokens == engine.target_only(p, max_new_tokens=n).tokens, (p, n)
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkeypatch, target_only):
+    """Requests admitted into freed rows while the row in flight is deep in the cache: their prefills'
+    graph keys (a larger kv bucket than a prefill at position 0, set by the parked row's end) and the
+    drafter's write of the pending block before them were all met in the warm-up, which runs them
+    because the scheduler admits in place (a default wherever the warm start sweeps)."""
+    from domino_graft.fast import KV_BLOCK, kv_bucket, prefill_length
+    from domino_graft.serving.scheduler import Scheduler
+
+    seen = _record_keys(monkeypatch)
+    positions = 600
+    # no budget: every block verifies K, so only an admission writes a pending block of K + 1 alone
+    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, target_only=target_only,
+                      warm_start=positions, sweep=True)
+    assert sched.admit_in_place
+    _serve(sched, [])
+    warm = set(seen)
+    report = sched.warm.report
+    max_len = report["cache"]["positions"]
+    assert report["admission_prefills"] >= 2 * report["prefill_lengths"]  # batch sizes 2 and 4, every length
+    seen.clear()
+    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, target_only=target_only,
+                      admit_in_place=True)
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8] * 75, 280)  # from position 300 on: parks past the first bucket
+        first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
+        for job in [long, *first]:
+            sched.submit(job)
+        later = [_job(engine, [7, 1, 3, 9, 2, 8], 11), _job(engine, [12, 3] * 20, 8)]  # padded to 16 and 64
+        for job, at in zip(later, (0, 230)):
+            _until(lambda at=at: all(j.finish_reason for j in first) and len(long.tokens) > at, 120)
+            sched.submit(job)
+            assert job.done.wait(60)
+        assert long.finish_reason is None and sched.admitted_in_place >= len(later)
+        long.cancel()
+        assert long.done.wait(30)
+    finally:
+        assert sched.stop(30)
+    assert seen and seen <= warm, sorted(seen - warm)
+    # (T, bucket) of the prefills whose bucket is past a prefill at position 0's: parked rows set it
+    parked = {(key[3], key[4]) for key in seen
+              if key[0] == "target" and key[5] == 1 and key[4] > kv_bucket(key[3], max_len)}
+    assert {(prefill_length(6, max_len), 2 * KV_BLOCK), (prefill_length(40, max_len), 3 * KV_BLOCK)} <= parked
+    if not target_only:
+        k = engine.adapter.num_slots
+        assert ("drafter", "write", 4, k + 1) in seen  # the pending block, written before the admitted prompt
+    for job in [*first, *later]:
+        assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
 
 
 def test_health_says_warming_and_requests_wait_for_the_warm_start(engine, monkeypatch):
