@@ -185,10 +185,12 @@ async def drive(args, mode: str, items: list[list[int]], report: dict, write, cl
                 write()
                 print(f"{mode} {key}: {row['output_tokens_per_s']} tok/s, TPOT p50 {row['tpot_ms_p50']} ms, "
                       f"TTFT p99 {row['ttft_ms_p99']} ms", flush=True)
-            after = (await client.get(f"{base}/health")).json().get("warm_start") or {}
+            health = (await client.get(f"{base}/health")).json()
+            after = health.get("warm_start") or {}
             # graphs captured after the warm start (0: it covered every shape the points met) and whether the
             # reserved cache was kept
             report["servers"][mode]["after_points"] = {k: after.get(k) for k in ("graphs_since", "cache_kept")}
+            report["servers"][mode]["batches"] = health.get("batches")
             metrics = await client.get(f"{base}/metrics")
             report["servers"][mode]["metrics_tail"] = [
                 ln for ln in metrics.text.splitlines() if ln.startswith(("domino_graft_tau", "domino_graft_verify"))]

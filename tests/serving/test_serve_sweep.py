@@ -35,3 +35,5 @@ def test_serve_sweep_smoke(tiny_run, tmp_path):
     for s in rep["servers"].values():
         assert s["server_warm_start_s"] >= 0 and s["health"]["warm_start"]["positions"] == 25
         assert s["after_points"]["cache_kept"] is True
+        # every request joined a built batch or a freed row of one
+        assert s["batches"]["rebuilds"] >= 1 and s["batches"]["admitted_in_place"] >= 0
