@@ -104,3 +104,36 @@ def test_batched_sampling_is_reproducible_and_stops_per_row():
     t = engine.target_only_batch(prompts, max_new_tokens=12, sampling=sampling)
     assert [r.tokens for r in t] == [r.tokens for r in engine.target_only_batch(prompts, max_new_tokens=12,
                                                                                    sampling=sampling)]
+
+
+# PARD and P-EAGLE take ragged batches through contracts of their own (adapters' `_propose_ragged`); their
+# vocabularies shrunk to the 8 tokens (the mask / PARD token the last). A target not peaked: with these
+# drafters' own LMs a peaked one gives the drafts almost no mass, nothing is accepted, and no q could be
+# told from another (the control would pass); near-uniform, most drafts are accepted (tau 2.2-3.3 of 3).
+VOCAB_OVERRIDES = {
+    "pard": ("target.random.vocab_size=8", "drafter.random.vocab_size=8", "drafter.pard_token_id=7"),
+    "peagle": ("target.random.vocab_size=8", "drafter.mask_token_id=7", "drafter.draft_vocab_size=6"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(VOCAB_OVERRIDES))
+def test_pard_and_peagle_batches_sample_the_target_distribution(family):
+    """As the DFlash test above, for PARD's and P-EAGLE's ragged batches: every prompt's rows follow
+    the target's exact joint law of three tokens; the base drafter's q handed to the verifier is rejected."""
+    from tests.conftest import randomize_head
+    from tests.decoding.test_static_kv import graft
+
+    target, adapter, head = graft(family, "qwen3", seed=0, extra=VOCAB_OVERRIDES[family])
+    randomize_head(head, 1, 2.0)
+    warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
+    sampling = Sampling(seed=0, **warp_)
+    joints = exact_joints(target, warp_)
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * 3000)]
+    engine = Engine(target, adapter, head)
+    results = engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling)
+    assert len({r.target_forwards for r in results}) > 1, "no row took a second step: rows never finished apart"
+    right = row_pvalues(results, joints)
+    engine.rollout = wrong_q
+    wrong = row_pvalues(engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling), joints)
+    assert min(right) > ALPHA, f"a batched {family} row deviates from the target: {right}"
+    assert max(wrong) < ALPHA, f"the test cannot tell a wrong q from the right one: {wrong}"
