@@ -61,6 +61,7 @@ def start_server(args, mode: str, port: int, log: Path) -> subprocess.Popen:
         cmd += ["--rollout", args.rollout]
     if args.max_model_len:  # the positions the servers' warm start reserves and captures for
         cmd += ["--max-model-len", str(args.max_model_len)]
+    cmd += ["--admit-in-place", args.admit_in_place]  # both servers alike: the modes differ only in speculation
     cmd += ["--target-only"] if mode == "target" else ["--verify-budget", args.verify_budget]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
                    help="serve --max-model-len (default: the longest prompt + --max-tokens, what the points reach; "
                         "0: the target's own, every position warmed up)")
     p.add_argument("--verify-budget", default="auto")
+    p.add_argument("--admit-in-place", default="auto", choices=("auto", "on", "off"),
+                   help="the servers' --admit-in-place (auto: off on a GPU; docs/serving.md)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", ""))
     p.add_argument("--rollout", default="triton", help="the Domino rollout kernel (serve --rollout; '' = the recipe's)")
     p.add_argument("--modes", default=",".join(MODES))
@@ -246,7 +249,7 @@ def main(argv=None) -> int:
         "git_sha": os.environ.get("DG_GIT_SHA"), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "run": args.run, "num_prompts": len(items), "max_tokens": args.max_tokens, "max_batch": args.max_batch,
         "max_model_len": args.max_model_len or None,
-        "verify_budget": args.verify_budget, "dtype": args.dtype, "rollout": args.rollout, "servers": {}, "points": [],
+        "verify_budget": args.verify_budget, "admit_in_place": args.admit_in_place, "dtype": args.dtype, "rollout": args.rollout, "servers": {}, "points": [],
     }
     try:
         import torch

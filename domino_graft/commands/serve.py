@@ -33,8 +33,7 @@ def add_arguments(p) -> None:
                         "verify budget's costs), so no request waits for them (docs/serving.md)")
     p.add_argument("--admit-in-place", default="auto", choices=("auto", "on", "off"),
                    help="prefill new requests into freed rows of the batch in flight instead of rebuilding it "
-                        "(auto: on where the warm start visits its shapes: off CUDA, and on CUDA with the warm start; "
-                        "docs/serving.md)")
+                        "(auto: on off CUDA; on a GPU off until measured there, docs/serving.md)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 

@@ -156,9 +156,9 @@ class Scheduler:
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
-        requests into freed rows of the batch in flight where it can (serving/batch.py); by default on,
-        except on CUDA without a warm start that sweeps: its prefills meet graph shapes of their own
-        (parked rows, larger kv buckets), which only the sweep visits beforehand (serving/warmup.py)."""
+        requests into freed rows of the batch in flight where it can (serving/batch.py); by default on off
+        CUDA only. Its prefills meet graph shapes of their own (parked rows, larger kv buckets), which the warm
+        start visits where it is on (serving/warmup.py); on a GPU neither is measured yet (docs/serving.md)."""
         adapter = engine.adapter
         self.engine = engine
         cuda = engine.target.device.type == "cuda"
@@ -181,8 +181,7 @@ class Scheduler:
         self.error: Optional[str] = None  # set if the worker thread itself died
         self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
         self.warm_sweep = sweep
-        swept = self.warm_positions is not None and (cuda if sweep is None else sweep)
-        self.admit_in_place = (swept or not cuda) if admit_in_place is None else admit_in_place
+        self.admit_in_place = not cuda if admit_in_place is None else admit_in_place
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
         self.warm_failed = False
