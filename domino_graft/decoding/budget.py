@@ -44,6 +44,13 @@ ended committed, and that is not a probe, starts committed (`starts_committed`):
 target alone's decode itself, without the drafter's prefill or the prompt's features, which a
 decode that only commits after COMMIT_AFTER steps still pays.
 
+Near break-even the estimate's error decides, and it leans one way: on the H200 (bench/results/
+concurrency_h200.json) the speculative steps auto chose at B = 16 greedy (4a3b5fe) and at B = 1, T = 1
+(f083e02) were chosen at model rates a few percent over plain steps, and those runs ended 0.98x the
+target alone (the slowest-row spread and an unreached slot's optimistic prior both err upward). So
+auto verifies drafts only where their rate beats plain steps' by SWITCH_MARGIN (10%): speculation
+gives up gains under that margin, and a batch where it does not clearly pay decodes as the target.
+
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
 next one (`committed_whole`): a tail of a few rows that went plain says nothing about the full batch.
@@ -90,6 +97,8 @@ COMMIT_AFTER = 3
 OUTLIER = 4.0
 # a K' with this many wall-clock samples of its own is costed by them, not by its kind's
 MIN_OWN = 3
+# auto verifies drafts only where that promises SWITCH_MARGIN x plain steps' rate (module docstring)
+SWITCH_MARGIN = 1.1
 
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
@@ -141,13 +150,15 @@ def batch_tokens(alphas: list[float], k: int, rows: int, remaining: int) -> floa
 
 
 def best_budget(alphas: list[float], candidates: Iterable[int], cost_ms: Callable[[int], float],
-                tokens: Optional[Callable[[int], float]] = None) -> int:
+                tokens: Optional[Callable[[int], float]] = None, margin: float = 1.0) -> int:
     """The candidate K' with the most expected tokens (`tokens(K')`, default `expected_tokens`) per
-    millisecond; a tie goes to the larger K' (fewer target forwards for the same rate)."""
+    millisecond; a tie goes to the larger K' (fewer target forwards for the same rate). margin: K' = 0's
+    rate counts this many times over, so a speculative K' must promise that much more than plain steps
+    (auto's SWITCH_MARGIN)."""
     tokens = tokens or (lambda kk: expected_tokens(alphas, kk))
     best, best_rate = None, -1.0
     for kk in sorted(set(candidates)):
-        rate = tokens(kk) / max(cost_ms(kk), 1e-9)
+        rate = tokens(kk) / max(cost_ms(kk), 1e-9) * (margin if kk == 0 else 1.0)
         if rate >= best_rate:
             best, best_rate = kk, rate
     return best
@@ -517,7 +528,7 @@ class BudgetRun:
         else:
             alphas = self.alphas()
             kk = best_budget(alphas, self.candidates, self.cost_ms,
-                             lambda kk: batch_tokens(alphas, kk, rows, remaining))
+                             lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0

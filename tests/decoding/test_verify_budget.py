@@ -57,6 +57,25 @@ def test_expected_tokens_and_candidates():
     assert best_budget([0.0] * 3, [0, 3], lambda kk: 1.0) == 3
 
 
+def test_speculation_must_beat_plain_steps_by_the_switch_margin():
+    """A verify whose expected rate is within SWITCH_MARGIN of plain steps' loses to them (the estimate's
+    error decides there); one clearly over it wins; best_budget alone keeps the plain argmax."""
+    from domino_graft.decoding.budget import SWITCH_MARGIN
+
+    alphas = [0.5] * 3  # E(3) = 1.875 tokens a step
+    for ratio, want in ((1.05, 0), (SWITCH_MARGIN * 1.02, 3)):  # speculation's rate over plain steps'
+        cost = {0: 1.0, 3: expected_tokens(alphas, 3) / ratio}
+        assert best_budget(alphas, [0, 3], cost.get, margin=SWITCH_MARGIN) == want, ratio
+        assert best_budget(alphas, [0, 3], cost.get) == 3  # no margin: the plain argmax
+    assert SWITCH_MARGIN > 1.0
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 1.75}}, "propose_ms": {"4": 0.1}})
+    run = VerifyBudget("auto", costs=costs).start(3, 4, "cpu")
+    for _ in range(40):  # every row accepts 2 of 3: E(3) ~ 2.6-2.9 tokens for 1.85 ms, 1.4-1.6x plain
+        kk = run.choose()
+        run.observe(kk, [2] * 4 if kk else [])
+    assert run.choose() == 3, run.report()
+
+
 def test_policy_plain_decoding_when_verify_is_dear_and_acceptance_low():
     run = run_with(H200, k=15, batch=32, accept_prob=0.2)
     assert run.choose() == 0
@@ -693,7 +712,7 @@ def test_batch_tokens_is_the_slowest_rows_rate():
 def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
     """H200 costs of f083e02's SmolLM2 run at B = 32 (a 16-token verify 2.6 ms, a lean step ~1.2): per
     row speculation pays (2.4 tokens a step), but a batch that runs until its slowest of 32 rows ends
-    gains ~1.9 a step: plain. With few live rows left, or one row, it speculates."""
+    gains ~1.9 a step: plain. With one live row left it speculates (two rows are within SWITCH_MARGIN)."""
     costs = VerifyCosts.from_dict({"step_ms": {"32": {"1": 0.85, "4": 1.5, "8": 1.7, "16": 1.75}},
                                    "propose_ms": {"32": 0.55}})
     alphas = [0.57, 0.62, 0.59, 0.58, 0.65, 0.67, 0.64, 0.66, 0.69, 0.71, 0.82, 0.72, 0.83, 0.75, 0.81]
@@ -706,7 +725,8 @@ def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
     assert run.cost_ms(0) == pytest.approx(0.85 + 0.32)  # no lean samples yet: a speculative step's excess
     assert run.choose() == 15  # each row on its own
     assert run.choose(32, 96) == 0  # the batch, to its last row
-    assert run.choose(2, 96) == 15
+    assert run.choose(1, 96) == 15
+    assert run.choose(2, 96) == 0
     from domino_graft.decoding.budget import batch_tokens
 
     assert batch_tokens(alphas, 15, 32, 3) == 1.0  # a step gains at least a token: never below plain's
