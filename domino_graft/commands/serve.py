@@ -47,7 +47,7 @@ def run(args) -> int:
                         kv=args.kv, rollout=args.rollout, drain_s=args.drain_timeout,
                         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
                         dtype=args.dtype, verify_budget=args.verify_budget, verify_costs=args.verify_costs,
-                        warm_start=args.warm_start)
+                        warm_start=args.warm_start, admit_in_place=args.admit_in_place)
     opts.check()  # before minutes of loading
     loading("serve")
     return serve(opts)

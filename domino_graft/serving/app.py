@@ -104,7 +104,8 @@ def health_status(s: Scheduler) -> tuple[int, dict]:
         return 503, body
     body["warm_start"] = None if s.warm is None else s.warm.status()
     # how new requests joined: batches built (each re-prefills its rows) and prefills into freed rows
-    body["batches"] = {"rebuilds": s.rebuilds, "admitted_in_place": s.admitted_in_place}
+    body["batches"] = {"admit_in_place": s.admit_in_place, "rebuilds": s.rebuilds,
+                       "admitted_in_place": s.admitted_in_place}
     return 200, body
 
 

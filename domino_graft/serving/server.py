@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 
+ADMIT_CHOICES = ("auto", "on", "off")
+
+
 @dataclass
 class ServeOptions:
     run: Optional[str]
@@ -35,6 +38,7 @@ class ServeOptions:
     verify_budget: Optional[str] = None  # full, auto or N; None: auto on CUDA, full elsewhere
     verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
     warm_start: bool = True  # reserve the caches and visit every shape before /health says ok (serving/warmup.py)
+    admit_in_place: str = "auto"  # on, off, or auto (the scheduler's default): new requests into freed rows
 
     def check(self) -> None:
         """Every bad option, before minutes of loading."""
@@ -55,6 +59,8 @@ class ServeOptions:
                 VerifyBudget.parse(self.verify_budget)
             except ValueError as e:
                 problems.append(str(e))
+        if self.admit_in_place not in ADMIT_CHOICES:
+            problems.append(f"--admit-in-place: {self.admit_in_place!r} is invalid; valid: {', '.join(ADMIT_CHOICES)}")
         if self.api_key is not None and not self.api_key.strip():
             problems.append("--api-key: empty; valid: a non-empty token (or leave --api-key out)")
         if problems:
@@ -91,7 +97,7 @@ def build(opts: ServeOptions):
     scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
                           target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine),
                           warm_start=max_model_len if opts.warm_start else None,
-                          admit_in_place={"on": True, "off": False}.get(getattr(opts, "admit_in_place", "auto")))
+                          admit_in_place={"on": True, "off": False}.get(opts.admit_in_place))
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,
                     max_model_len=max_model_len, api_key=opts.api_key, max_body_bytes=opts.max_body_bytes)

@@ -252,3 +252,29 @@ def test_a_failed_warm_start_stops_serve_with_one_line(tiny_run, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: serve: the warm start failed: RuntimeError: CUDA out of memory (injected);")
 
+
+
+@pytest.mark.parametrize("flag, want", [("off", False), ("on", True), ("auto", True)])  # auto: on off CUDA
+def test_the_serve_flag_for_admission_in_place_reaches_the_scheduler(tiny_run, monkeypatch, flag, want):
+    """`serve --admit-in-place` was once parsed and dropped (the H200 sweep at 80ccb72 ran with it "on" and
+    admitted nothing in place): the command's value must reach ServeOptions, the scheduler and /health."""
+    from domino_graft.cli import main
+    from domino_graft.serving import server
+    from domino_graft.serving.app import health_status
+
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)
+    assert main(["serve", str(tiny_run), "--admit-in-place", flag]) == 0
+    assert seen[0].admit_in_place == flag
+    _, served = server.build(seen[0])
+    assert served.scheduler.admit_in_place is want
+    served.scheduler.warming = False
+    monkeypatch.setattr(type(served.scheduler), "alive", property(lambda self: True))
+    assert health_status(served.scheduler)[1]["batches"]["admit_in_place"] is want
+
+
+def test_a_bad_admit_in_place_value_is_named():
+    from domino_graft.serving.server import ServeOptions
+
+    with pytest.raises(ValueError, match=r"--admit-in-place: 'maybe' is invalid; valid: auto, on, off"):
+        ServeOptions(run=None, admit_in_place="maybe").check()
