@@ -140,13 +140,16 @@ class StaticSession:
         final post-norm state), or None: what `TargetModel.__call__(..., capture=...)` returns."""
         return torch.cat([hidden[i] for i in capture], dim=-1) if capture else None
 
-    def prefill(self, prompts: list[torch.Tensor], capture, rows: Optional[Sequence[int]] = None):
+    def prefill(self, prompts: list[torch.Tensor], capture, rows: Optional[Sequence[int]] = None,
+                starts: Optional[Sequence[int]] = None):
         """The prompts right-padded to `fast.prefill_length(n_max)` and run through the graph runner
         like a step: a handful of padded shapes, each compiled and captured once, instead of an eager
         launch-bound forward per prompt (SmolLM2's eager forward is ~22 ms against a ~1 ms graphed
         step; docs/design.md §5). Row b's padding writes K/V at positions >= n_b, which no real query
         of row b sees before a step overwrites them. rows: the slots the prompts go to (the others
-        park past their ends); None = a new batch of len(prompts) rows."""
+        park past their ends); None = a new batch of len(prompts) rows. starts (with rows): each
+        prompt's first position, a chunk of a longer one whose earlier chunks are in the cache
+        (serving/batch.py's chunked admission; default 0)."""
         from ..fast import prefill_length
 
         dev = prompts[0].device
@@ -157,9 +160,11 @@ class StaticSession:
             self.rows, self._ends = len(prompts), [t] * len(prompts)
             batch, at, slots = ids, [0] * len(prompts), torch.arange(len(prompts), device=dev)
         else:
-            batch, at = self._park(t, rows)
+            batch, at = self._park(t, rows, starts)
             slots = torch.tensor(list(rows), device=dev)
             batch[slots] = ids
+            if starts is not None:
+                pos = torch.where(real, pos + torch.tensor(list(starts), device=dev)[:, None], -1)
         capture = tuple(capture)
         # the final post-norm state gives each row's logits at its own last prompt token (the runner's
         # logits are the padded batch's last column)
@@ -171,15 +176,19 @@ class StaticSession:
             feats = feats[:, :n] if rows is None else feats[slots, :n]
         return last, feats, ids[:, :n], pos
 
-    def _park(self, t: int, rows: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
-        """-> (a [B, t] batch, each row's position): `rows` at 0, every other row's `t` placeholder tokens
-        at its end, past all it verified, so nothing of it changes."""
-        at = [0 if r in rows else e for r, e in enumerate(self._ends)]
+    def _park(self, t: int, rows: Sequence[int],
+              starts: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, list[int]]:
+        """-> (a [B, t] batch, each row's position): `rows` at their starts (0 by default), every other row's
+        `t` placeholder tokens at its end, past all it verified, so nothing of it changes. A parked row's
+        end stays where it was: what it verified still ends there, and the next park may overwrite this
+        one's placeholders (so parks in a row, a chunked admission's, need room for one of them only)."""
+        first = dict(zip(rows, starts if starts is not None else [0] * len(rows)))
+        at = [first.get(r, e) for r, e in enumerate(self._ends)]
         full = [r for r, e in enumerate(at) if e + t > self.lm.max_len]
         if full:
             raise ValueError(f"prefill into a batch in flight: row {full[0]} has no {t} positions left to park "
                              f"(cache of {self.lm.max_len}); valid: a session created with room for them")
-        self._ends = [e + t for e in at]
+        self._ends = [a + t if r in first else e for r, (a, e) in enumerate(zip(at, self._ends))]
         return torch.zeros(self.rows, t, dtype=torch.long, device=self.lm.device), at
 
     def step(self, seq: torch.Tensor, pos: Optional[torch.Tensor], capture, host_pos: Optional[list[int]]):

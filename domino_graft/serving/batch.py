@@ -9,7 +9,8 @@ of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (t
 their ends, decoding/session.py) and the drafter's `prefill(features, n, rows=slots)`. The rows in flight
 keep their caches, their anchors and the verify budget's run; nothing of theirs is recomputed. When the
 freed rows are too few, a new row would not fit the caches, or a row in flight has no room left to park,
-the batch is rebuilt instead.
+the batch is rebuilt instead. A prompt longer than the scheduler's chunk is prefilled a chunk a block
+(`prefill_chunks`, docs/serving.md "Chunked prefill"): pending until its last chunk, then it decodes.
 
 Why a rebuild otherwise: the adapters' ragged contract (`adapter.reset(B)`, then `observe`/`propose` over
 all B rows) is filled by one prefill of the whole batch. So a rebuild re-prefills the batch: each running row's verified
@@ -63,6 +64,31 @@ class BatchRow:
         self.alive = alive  # False once the client has gone
 
 
+class _Chunked:
+    """A prompt admitted in chunks (`_Rows.admit`): how much of it is in the target's cache, and the
+    captured features of those chunks (the drafter's context is written whole after the last)."""
+
+    def __init__(self, row: BatchRow):
+        self.row, self.done, self.feats = row, 0, []
+
+    def next_ids(self, chunk: int, dev) -> torch.Tensor:
+        return torch.tensor(self.row.context[self.done: self.done + chunk], dtype=torch.long, device=dev)
+
+    def add(self, n: int, feats) -> None:
+        self.done += n
+        if feats is not None:
+            self.feats.append(feats)
+
+    @staticmethod
+    def features(chunked: list["_Chunked"]):
+        """[P, n_max, F] of the prompts' features, right-padded with zeros (None without features)."""
+        if not chunked[0].feats:
+            return None
+        whole = [torch.cat(c.feats, dim=0) for c in chunked]
+        n = max(f.shape[0] for f in whole)
+        return torch.stack([torch.nn.functional.pad(f, (0, 0, 0, n - f.shape[0])) for f in whole])
+
+
 def _groups(rows: list[BatchRow], dev) -> list[tuple[torch.Tensor, Sampling]]:
     """The rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]."""
     by_key: dict[tuple, list[int]] = {}
@@ -102,6 +128,8 @@ class _Rows:
         """Groups, generator and target (room for `extra` positions past the longest row's budget);
         -> the rows' contexts as tensors, for the prefill."""
         self.engine, self.rows = engine, rows
+        self.pending: dict[int, _Chunked] = {}  # slot -> a prompt admitted in chunks, not yet all prefilled
+        self.chunk: Optional[int] = None  # tokens per chunk of those (admit's `chunk`)
         self.dev = dev = engine.target.device
         self.groups = _groups(rows, dev)
         self.gen = _generator(self.groups, dev, seed)
@@ -144,11 +172,13 @@ class _Rows:
 
     @property
     def any_live(self) -> bool:
-        return any(self.live)
+        return any(self.live) or bool(self.pending)
 
     def running(self) -> list[BatchRow]:
-        """The rows still decoding, each with its context and anchor as of now (for a rebuild)."""
-        return [r for r, on in zip(self.rows, self.live) if on and r.alive()]
+        """The rows still decoding, each with its context and anchor as of now, and the prompts still being
+        prefilled in chunks (no anchor yet: a rebuild prefills them whole)."""
+        return ([r for r, on in zip(self.rows, self.live) if on and r.alive()]
+                + [c.row for c in self.pending.values() if c.row.alive()])
 
     def seek(self, position: int) -> None:
         """Every row's next step at `position` (the warm start's visit of a kv bucket with a static
@@ -184,33 +214,85 @@ class _Rows:
 
     def free_slots(self) -> list[int]:
         """Rows whose request ended (finished, cancelled, or an idle pad): a prompt may be admitted there."""
-        return [b for b, (r, on) in enumerate(zip(self.rows, self.live)) if not (on and r.alive())]
+        return [b for b, (r, on) in enumerate(zip(self.rows, self.live)) if not (on and r.alive())
+                and b not in self.pending]
 
-    def can_admit(self, rows: list[BatchRow]) -> bool:
-        """Whether `rows` can be prefilled into freed rows of this batch (module docstring)."""
+    def can_admit(self, rows: list[BatchRow], chunk: Optional[int] = None) -> bool:
+        """Whether `rows` can be prefilled into freed rows of this batch (module docstring); with prompts
+        in chunks (`chunk`, or some already pending), also whether every chunk's park fits (`_chunk_room`)."""
         target = self.target
         if target.kv_path != "static" or len(rows) > len(self.free_slots()):
             return False
-        return max(r.positions_needed for r in rows) + self.extra <= self._room()
+        if max(r.positions_needed for r in rows) + self.extra > self._room():
+            return False
+        chunked = self.pending or (chunk is not None and any(len(r.context) > chunk for r in rows))
+        return not chunked or self._chunk_room(rows, chunk or self.chunk)
+
+    def _chunk_room(self, rows: list[BatchRow], chunk: int) -> bool:
+        """Every other row parks a chunk's padded length past its end at each chunk (decoding/session.py
+        `_park`): each row's furthest end (its positions_needed plus a verify's extra) must leave room."""
+        from ..fast import prefill_length
+
+        room = self._room()
+        t = prefill_length(chunk, room)
+        return all(r.positions_needed + self.extra + t <= room for r in [*self.running(), *rows])
 
     def _room(self) -> int:
         """The positions a row may reach in this batch's caches."""
         return self.target.lm.max_len
 
     @torch.inference_mode()
-    def admit(self, rows: list[BatchRow]) -> list[int]:
+    def admit(self, rows: list[BatchRow], chunk: Optional[int] = None) -> list[int]:
         """Prefill `rows` into freed rows of the batch in flight (`can_admit` first); the others keep their
         state. -> the slots they took. A row in flight without room to park raises ValueError (the
-        caller rebuilds)."""
+        caller rebuilds). chunk: a prompt longer than this many tokens is prefilled this many at a time,
+        one chunk before each block (`step`), so the rows in flight keep decoding meanwhile; it starts
+        decoding once its last chunk is in."""
         slots = self.free_slots()[: len(rows)]
-        ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for r in rows]
-        logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=slots)
-        self._prefill_drafter(feats, slots)
         for slot, row in zip(slots, rows):
             self.rows[slot] = row
+            self.live[slot] = False
         self.groups = _groups(self.rows, self.dev)
         if self.gen is None:  # the first sampled row of an all-greedy batch
             self.gen = _generator(self.groups, self.dev, None)
+        whole = [(s, r) for s, r in zip(slots, rows) if chunk is None or len(r.context) <= chunk]
+        if whole:
+            ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
+            logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
+            self._begin([s for s, _ in whole], [r for _, r in whole], logits, feats)
+        if len(whole) < len(rows):  # their chunks come one a block, before each (`_retire_cancelled`)
+            self.chunk = chunk
+            for slot, row in zip(slots, rows):
+                if len(row.context) > chunk:
+                    self.pending[slot] = _Chunked(row)
+        return slots
+
+    @torch.inference_mode()
+    def prefill_chunks(self) -> None:
+        """The next chunk of every pending prompt, in one prefill (each at its own start; the other rows
+        park); a prompt whose last chunk this was starts decoding (`_begin`)."""
+        if not self.pending:
+            return
+        slots = sorted(self.pending)
+        parts = [self.pending[s].next_ids(self.chunk, self.dev) for s in slots]
+        starts = [self.pending[s].done for s in slots]
+        logits, feats, _, _ = self.target.prefill(parts, self._capture(), rows=slots, starts=starts)
+        done = []
+        for i, (slot, ids) in enumerate(zip(slots, parts)):
+            c = self.pending[slot]
+            c.add(ids.numel(), None if feats is None else feats[i, : ids.numel()])
+            self.pos_h[slot] = c.done  # a step's placeholder lands where the next chunk overwrites it
+            if c.done == len(c.row.context):
+                done.append(i)
+        if done:
+            ended = [slots[i] for i in done]
+            chunked = [self.pending.pop(s) for s in ended]
+            self._begin(ended, [c.row for c in chunked], logits[done], _Chunked.features(chunked))
+        self.pos = torch.tensor(self.pos_h, device=self.dev)
+
+    def _begin(self, slots: list[int], rows: list[BatchRow], logits: torch.Tensor, feats) -> None:
+        """Rows whose prompts are all in the target's cache: the drafter's context, their first tokens."""
+        self._prefill_drafter(feats, slots)
         picked = self._pick_rows(logits, rows).tolist()
         idx = torch.tensor(slots, device=self.dev)
         self.anchor = self.anchor.index_copy(0, idx, torch.tensor(picked, dtype=torch.long, device=self.dev))
@@ -219,7 +301,6 @@ class _Rows:
             row.anchor = first
             self.live[slot] = not row.push([first])
         self.pos = torch.tensor(self.pos_h, device=self.dev)
-        return slots
 
     def _pick_rows(self, logits: torch.Tensor, rows: list[BatchRow]) -> torch.Tensor:
         """logits [P, V] of `rows` -> [P]: each by its own setting, as `_pick` does for the batch."""
@@ -235,8 +316,12 @@ class _Rows:
         """The target alone has no drafter."""
 
     def _retire_cancelled(self) -> bool:
-        """A cancelled row is retired at the block boundary: masked like a finished one; -> any live."""
+        """A cancelled row is retired at the block boundary: masked like a finished one (a pending prompt
+        dropped); the pending prompts' next chunks; -> any live."""
         self.live = [on and r.alive() for on, r in zip(self.live, self.rows)]
+        for slot in [s for s, c in self.pending.items() if not c.row.alive()]:
+            del self.pending[slot]
+        self.prefill_chunks()
         return any(self.live)
 
 
@@ -289,9 +374,9 @@ class ChainBatch(_Rows):
         if self.run is not None and self.dev.type == "cuda":
             self.measure_costs(self.run)
 
-    def can_admit(self, rows: list[BatchRow]) -> bool:
+    def can_admit(self, rows: list[BatchRow], chunk: Optional[int] = None) -> bool:
         """As `_Rows.can_admit`, and the drafter must be a static one that fills single rows."""
-        return getattr(self.drafter, "admits_rows", False) and super().can_admit(rows)
+        return getattr(self.drafter, "admits_rows", False) and super().can_admit(rows, chunk)
 
     def _room(self) -> int:
         return min(super()._room(), self.drafter.max_len)

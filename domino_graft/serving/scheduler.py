@@ -33,6 +33,8 @@ from ..decoding.common import Output
 from ..sampling import Sampling
 
 log = logging.getLogger("domino_graft.serve")
+# a prompt admitted in place longer than this is prefilled this many tokens a block (serve --prefill-chunk)
+PREFILL_CHUNK = 512
 
 
 class QueueFull(Exception):
@@ -152,13 +154,16 @@ class Scheduler:
 
     def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None,
                  budget=None, pad_batches: Optional[bool] = None, warm_start: Optional[int] = None,
-                 sweep: Optional[bool] = None, admit_in_place: Optional[bool] = None):
+                 sweep: Optional[bool] = None, admit_in_place: Optional[bool] = None,
+                 prefill_chunk: Optional[int] = PREFILL_CHUNK):
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
         requests into freed rows of the batch in flight where it can (serving/batch.py); by default on off
         CUDA only. Its prefills meet graph shapes of their own (parked rows, larger kv buckets), which the warm
-        start visits where it is on (serving/warmup.py); on a GPU neither is measured yet (docs/serving.md)."""
+        start visits where it is on (serving/warmup.py); on a GPU neither is measured yet (docs/serving.md).
+        prefill_chunk: a prompt admitted in place and longer than this is prefilled this many tokens a
+        block, between the blocks of the rows in flight (serving/batch.py `admit`; None: whole)."""
         adapter = engine.adapter
         self.engine = engine
         cuda = engine.target.device.type == "cuda"
@@ -182,6 +187,7 @@ class Scheduler:
         self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
         self.warm_sweep = sweep
         self.admit_in_place = not cuda if admit_in_place is None else admit_in_place
+        self.prefill_chunk = prefill_chunk
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
         self.warm_failed = False
@@ -400,9 +406,9 @@ class Scheduler:
                 self._fail_all(jobs, e)
                 batch = None
                 continue
-            for row, on in zip(batch.rows, batch.live):
+            for b, (row, on) in enumerate(zip(batch.rows, batch.live)):
                 job = jobs.get(row)  # None: an idle row
-                if job is not None and not on and job.finish_reason is None:
+                if job is not None and not on and job.finish_reason is None and b not in batch.pending:
                     job.finish("cancelled" if job.cancelled else (job.out.stop_reason or "stop"))
             self.running = sum(batch.live)
             self._gauges()
@@ -411,10 +417,10 @@ class Scheduler:
         """Prefill `rows` into freed rows of the batch in flight (serving/batch.py `admit`); False when it
         cannot (then the caller rebuilds). Any other failure propagates: the caller fails the batch's
         requests, as after a failed step."""
-        if batch is None or not self.admit_in_place or not batch.can_admit(rows):
+        if batch is None or not self.admit_in_place or not batch.can_admit(rows, self.prefill_chunk):
             return False
         try:
-            batch.admit(rows)
+            batch.admit(rows, self.prefill_chunk)
         except ValueError:  # a row in flight has no positions left to park: rebuild
             return False
         self.admitted_in_place += len(rows)

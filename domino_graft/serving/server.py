@@ -39,12 +39,13 @@ class ServeOptions:
     verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
     warm_start: bool = True  # reserve the caches and visit every shape before /health says ok (serving/warmup.py)
     admit_in_place: str = "auto"  # on, off, or auto (the scheduler's default): new requests into freed rows
+    prefill_chunk: Optional[int] = None  # a prompt admitted in place longer than this goes in chunks (None: 512)
 
     def check(self) -> None:
         """Every bad option, before minutes of loading."""
         problems = []
-        for name, low in (("max_batch", 1), ("max_queue", 1), ("max_body_bytes", 1)):
-            if getattr(self, name) < low:
+        for name, low in (("max_batch", 1), ("max_queue", 1), ("max_body_bytes", 1), ("prefill_chunk", 1)):
+            if getattr(self, name) is not None and getattr(self, name) < low:
                 problems.append(f"--{name.replace('_', '-')}: {getattr(self, name)!r} is invalid; valid: an integer >= {low}")
         if not 0 <= self.port <= 65535:
             problems.append(f"--port: {self.port!r} is invalid; valid: 0..65535 (0 = any free port)")
@@ -97,7 +98,8 @@ def build(opts: ServeOptions):
     scheduler = Scheduler(engine, max_batch=opts.max_batch, max_queue=opts.max_queue,
                           target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine),
                           warm_start=max_model_len if opts.warm_start else None,
-                          admit_in_place={"on": True, "off": False}.get(opts.admit_in_place))
+                          admit_in_place={"on": True, "off": False}.get(opts.admit_in_place),
+                          **({} if opts.prefill_chunk is None else {"prefill_chunk": opts.prefill_chunk}))
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,
                     max_model_len=max_model_len, api_key=opts.api_key, max_body_bytes=opts.max_body_bytes)

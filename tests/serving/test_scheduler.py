@@ -270,6 +270,15 @@ def test_serve_refuses_a_bad_verify_budget_before_binding(tiny_run, capsys, argv
     assert message in capsys.readouterr().err
 
 
+def _cancel_and_check_each_against_the_target_alone(engine, long, done: list) -> None:
+    """Cancel the row still in flight; every finished answer, and what it emitted, equal target-alone decodes."""
+    long.cancel()
+    assert long.done.wait(30)
+    for job in done:
+        assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
+    assert long.tokens == engine.target_only(long.prompt_ids, max_new_tokens=len(long.tokens)).tokens
+
+
 @pytest.mark.parametrize("target_only", [False, True])
 def test_requests_join_freed_rows_in_place_and_each_equals_its_target_alone(engine, target_only):
     """Admission in place (serving/batch.py `admit`): once a row of the batch in flight has ended, the
@@ -296,10 +305,50 @@ def test_requests_join_freed_rows_in_place_and_each_equals_its_target_alone(engi
             assert job.done.wait(60)
         assert sched.admitted_in_place >= len(later) and sched.rebuilds == built, (sched.admitted_in_place,
                                                                                    sched.rebuilds, built)
-        long.cancel()
-        assert long.done.wait(30)
-        for job in [*first, *later]:
-            assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
-        assert long.tokens == engine.target_only([5, 6, 7, 8], max_new_tokens=len(long.tokens)).tokens
+        _cancel_and_check_each_against_the_target_alone(engine, long, [*first, *later])
     finally:
         assert sched.stop(30)
+
+
+@pytest.mark.parametrize("target_only", [False, True])
+def test_a_long_prompt_admitted_in_place_is_prefilled_in_chunks_between_blocks(engine, target_only, monkeypatch):
+    """Chunked prefill (serving/batch.py `admit`, `prefill_chunks`): a prompt longer than prefill_chunk goes
+    into the target's cache that many tokens a block, each chunk at its own start, while the row in flight
+    keeps decoding between them; it decodes once its last chunk is in, and every greedy answer, the one
+    still in flight included, equals its target-alone decode."""
+    from domino_graft.decoding.session import StaticSession
+    from domino_graft.serving.scheduler import Scheduler
+
+    calls = []  # (each chunked prompt's start, tokens the row in flight had by then)
+    real = StaticSession.prefill
+
+    def spy(self, prompts, capture, rows=None, starts=None):
+        if starts is not None:
+            calls.append((list(starts), len(long.tokens)))
+        return real(self, prompts, capture, rows=rows, starts=starts)
+
+    monkeypatch.setattr(StaticSession, "prefill", spy)
+    sched = Scheduler(engine, max_batch=4, max_queue=16, target_only=target_only, pad_batches=True, prefill_chunk=8)
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8], 300)
+        first = [_job(engine, [9, 3, 4], 4), _job(engine, [11, 2], 5)]
+        for job in [long, *first]:
+            sched.submit(job)
+        for job in first:
+            assert job.done.wait(60)
+        built = sched.rebuilds
+        prompts = [[(3 * i + 1) % 29 + 1 for i in range(30)], [(5 * i + 2) % 23 + 1 for i in range(20)], [7, 1, 3]]
+        later = [_job(engine, p, n) for p, n in zip(prompts, (9, 7, 6))]
+        for job in later:
+            sched.submit(job)
+        for job in later:
+            assert job.done.wait(60)
+        assert long.finish_reason is None and sched.rebuilds == built and sched.admitted_in_place >= 3
+        _cancel_and_check_each_against_the_target_alone(engine, long, [*first, *later])
+    finally:
+        assert sched.stop(30)
+    starts = sorted({s for st, _ in calls for s in st})
+    assert {0, 8, 16, 24} <= set(starts), calls  # the 30-token prompt's chunks, each at its own start
+    # one chunk a block: the row in flight decoded between any two of them
+    assert len(calls) >= 4 and all(a < b for (_, a), (_, b) in zip(calls, calls[1:])), calls

@@ -278,3 +278,11 @@ def test_a_bad_admit_in_place_value_is_named():
 
     with pytest.raises(ValueError, match=r"--admit-in-place: 'maybe' is invalid; valid: auto, on, off"):
         ServeOptions(run=None, admit_in_place="maybe").check()
+
+
+def test_a_bad_prefill_chunk_is_named():
+    from domino_graft.serving.server import ServeOptions
+
+    with pytest.raises(ValueError, match=r"--prefill-chunk: 0 is invalid; valid: an integer >= 1"):
+        ServeOptions(run=None, prefill_chunk=0).check()
+    ServeOptions(run=None, prefill_chunk=16).check()
