@@ -352,3 +352,46 @@ def test_a_long_prompt_admitted_in_place_is_prefilled_in_chunks_between_blocks(e
     assert {0, 8, 16, 24} <= set(starts), calls  # the 30-token prompt's chunks, each at its own start
     # one chunk a block: the row in flight decoded between any two of them
     assert len(calls) >= 4 and all(a < b for (_, a), (_, b) in zip(calls, calls[1:])), calls
+
+
+# ----------------------------------------------------------------------------- GPU (opt-in: -m gpu)
+@pytest.mark.gpu
+@pytest.mark.parametrize("target_only", [False, True])
+def test_gpu_admission_in_place_and_chunked_prefill_equal_the_target_alone(target_only):
+    """On CUDA (graphs, Triton kernels), after the warm start: requests admitted into freed rows, one of them
+    in chunks of 8, every greedy answer equal to its target-alone decode, no rebuild. The graphs captured
+    after the warm start are printed (the chunks' shapes are not among its visits)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.serving.scheduler import Scheduler
+    from tests.decoding.test_static_kv import graft
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2, extra=("target.random.head_dim=16",))
+    for module in (target.model, adapter, head):
+        module.to("cuda")
+    engine = Engine(target, adapter, head, stop_ids=stop_token_ids(target))
+    sched = Scheduler(engine, max_batch=4, max_queue=16, target_only=target_only, pad_batches=True,
+                      admit_in_place=True, prefill_chunk=8, warm_start=160, sweep=False)
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8], 100)
+        first = [_job(engine, [9, 3, 4], 4), _job(engine, [11, 2], 5)]
+        for job in [long, *first]:
+            sched.submit(job)
+        for job in first:
+            assert job.done.wait(120)
+        built = sched.rebuilds
+        prompts = [[(3 * i + 1) % 29 + 1 for i in range(30)], [7, 1, 3]]
+        later = [_job(engine, p, n) for p, n in zip(prompts, (9, 6))]
+        for job in later:
+            sched.submit(job)
+        for job in later:
+            assert job.done.wait(120)
+        assert sched.rebuilds == built and sched.admitted_in_place >= 2, (sched.rebuilds, built)
+        _cancel_and_check_each_against_the_target_alone(engine, long, [*first, *later])
+        print(f"target_only={target_only}: warm start {sched.warm.status()}")
+    finally:
+        assert sched.stop(60)
