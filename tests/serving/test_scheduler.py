@@ -270,6 +270,24 @@ def test_serve_refuses_a_bad_verify_budget_before_binding(tiny_run, capsys, argv
     assert message in capsys.readouterr().err
 
 
+def _admit_after_a_first_batch(sched, engine, long, later: list, wait: float = 60) -> tuple[int, list]:
+    """`long` and two short requests as the first batch; once the short ones end, the `later` (prompt,
+    max_tokens) requests arrive and end while `long` still decodes. -> (rebuilds before them, the ended jobs)."""
+    first = [_job(engine, [9, 3, 4], 4), _job(engine, [11, 2], 5)]
+    for job in [long, *first]:
+        sched.submit(job)
+    for job in first:
+        assert job.done.wait(wait)
+    built = sched.rebuilds
+    jobs = [_job(engine, p, n) for p, n in later]
+    for job in jobs:
+        sched.submit(job)
+    for job in jobs:
+        assert job.done.wait(wait)
+    assert long.finish_reason is None, "the long request should still be decoding"
+    return built, [*first, *jobs]
+
+
 def _cancel_and_check_each_against_the_target_alone(engine, long, done: list) -> None:
     """Cancel the row still in flight; every finished answer, and what it emitted, equal target-alone decodes."""
     long.cancel()
@@ -332,20 +350,10 @@ def test_a_long_prompt_admitted_in_place_is_prefilled_in_chunks_between_blocks(e
     sched.start()
     try:
         long = _job(engine, [5, 6, 7, 8], 300)
-        first = [_job(engine, [9, 3, 4], 4), _job(engine, [11, 2], 5)]
-        for job in [long, *first]:
-            sched.submit(job)
-        for job in first:
-            assert job.done.wait(60)
-        built = sched.rebuilds
         prompts = [[(3 * i + 1) % 29 + 1 for i in range(30)], [(5 * i + 2) % 23 + 1 for i in range(20)], [7, 1, 3]]
-        later = [_job(engine, p, n) for p, n in zip(prompts, (9, 7, 6))]
-        for job in later:
-            sched.submit(job)
-        for job in later:
-            assert job.done.wait(60)
-        assert long.finish_reason is None and sched.rebuilds == built and sched.admitted_in_place >= 3
-        _cancel_and_check_each_against_the_target_alone(engine, long, [*first, *later])
+        built, done = _admit_after_a_first_batch(sched, engine, long, list(zip(prompts, (9, 7, 6))))
+        assert sched.rebuilds == built and sched.admitted_in_place >= 3
+        _cancel_and_check_each_against_the_target_alone(engine, long, done)
     finally:
         assert sched.stop(30)
     starts = sorted({s for st, _ in calls for s in st})
@@ -378,20 +386,10 @@ def test_gpu_admission_in_place_and_chunked_prefill_equal_the_target_alone(targe
     sched.start()
     try:
         long = _job(engine, [5, 6, 7, 8], 100)
-        first = [_job(engine, [9, 3, 4], 4), _job(engine, [11, 2], 5)]
-        for job in [long, *first]:
-            sched.submit(job)
-        for job in first:
-            assert job.done.wait(120)
-        built = sched.rebuilds
         prompts = [[(3 * i + 1) % 29 + 1 for i in range(30)], [7, 1, 3]]
-        later = [_job(engine, p, n) for p, n in zip(prompts, (9, 6))]
-        for job in later:
-            sched.submit(job)
-        for job in later:
-            assert job.done.wait(120)
+        built, done = _admit_after_a_first_batch(sched, engine, long, list(zip(prompts, (9, 6))), wait=120)
         assert sched.rebuilds == built and sched.admitted_in_place >= 2, (sched.rebuilds, built)
-        _cancel_and_check_each_against_the_target_alone(engine, long, [*first, *later])
+        _cancel_and_check_each_against_the_target_alone(engine, long, done)
         print(f"target_only={target_only}: warm start {sched.warm.status()}")
     finally:
         assert sched.stop(60)
