@@ -230,12 +230,16 @@ class _Rows:
 
     def _chunk_room(self, rows: list[BatchRow], chunk: int) -> bool:
         """Every other row parks a chunk's padded length past its end at each chunk (decoding/session.py
-        `_park`): each row's furthest end (its positions_needed plus a verify's extra) must leave room."""
+        `_park`): each row's furthest end must leave room. A row that has stepped ends before its
+        positions_needed plus a verify's extra; one admitted whole now ends at its padded prompt until its
+        first step, which comes after the next chunk."""
         from ..fast import prefill_length
 
         room = self._room()
         t = prefill_length(chunk, room)
-        return all(r.positions_needed + self.extra + t <= room for r in [*self.running(), *rows])
+        ends = [r.positions_needed + self.extra for r in self.running()]
+        ends += [max(r.positions_needed + self.extra, prefill_length(len(r.context), room)) for r in rows]
+        return all(e + t <= room for e in ends)
 
     def _room(self) -> int:
         """The positions a row may reach in this batch's caches."""

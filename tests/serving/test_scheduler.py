@@ -393,3 +393,21 @@ def test_gpu_admission_in_place_and_chunked_prefill_equal_the_target_alone(targe
         print(f"target_only={target_only}: warm start {sched.warm.status()}")
     finally:
         assert sched.stop(60)
+
+
+def test_chunks_are_admitted_only_where_every_park_fits(engine):
+    """Each chunk parks the other rows a padded chunk past their ends (decoding/session.py `_park`): a batch
+    whose row in flight may reach too near the cache's end refuses a chunked admission (the scheduler then
+    rebuilds), where the session's park would have failed mid-prompt; with room to spare it takes it."""
+    from domino_graft.fast import prefill_length
+    from domino_graft.serving.batch import TargetBatch
+    from domino_graft.serving.warmup import placeholder_rows
+
+    batch = TargetBatch(engine, placeholder_rows(1, 4, 100) + placeholder_rows(1, 4, 100, alive=False))
+    room, t = batch._room(), prefill_length(8, batch._room())
+    new = placeholder_rows(1, 30, 40)
+    assert batch.can_admit(new, chunk=8)  # 100 + extra + 16 well inside the cache
+    near = room - batch.extra - t + 1  # one position too far: the last chunk's park would not fit
+    batch = TargetBatch(engine, placeholder_rows(1, 4, near) + placeholder_rows(1, 4, near, alive=False))
+    assert batch._room() == room and not batch.can_admit(new, chunk=8)
+    assert batch.can_admit(new, chunk=None)  # whole, its one park is the session's to check (ValueError: rebuild)
