@@ -10,6 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+# On a CPU the Triton interpreter must be on before any kernel is defined, for the whole run. tests/kernels/
+# and test_batched_static_drafter turn it on too, but only when imported: a run that loaded the rollout's
+# kernels first (test_batched, then a budget test that imports test_batched_static_drafter, then
+# test_kernel_rollout_is_a_drop_in) failed in the interpreter at a nested @triton.jit helper ("Cannot call
+# @triton.jit'd outside of the scope of a kernel").
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 TINY_RECIPE = REPO / "recipes" / "tiny_dflash.yaml"
 
