@@ -253,16 +253,17 @@ class _Rows:
         one chunk before each block (`step`), so the rows in flight keep decoding meanwhile; it starts
         decoding once its last chunk is in."""
         slots = self.free_slots()[: len(rows)]
+        whole = [(s, r) for s, r in zip(slots, rows) if chunk is None or len(r.context) <= chunk]
+        if whole:  # first: a park that does not fit raises before the batch changes (the caller rebuilds)
+            ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
+            logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
         for slot, row in zip(slots, rows):
             self.rows[slot] = row
             self.live[slot] = False
         self.groups = _groups(self.rows, self.dev)
         if self.gen is None:  # the first sampled row of an all-greedy batch
             self.gen = _generator(self.groups, self.dev, None)
-        whole = [(s, r) for s, r in zip(slots, rows) if chunk is None or len(r.context) <= chunk]
         if whole:
-            ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
-            logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
             self._begin([s for s, _ in whole], [r for _, r in whole], logits, feats)
         if len(whole) < len(rows):  # their chunks come one a block, before each (`_retire_cancelled`)
             self.chunk = chunk
