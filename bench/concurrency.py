@@ -18,7 +18,8 @@ what the batched code itself costs. Each row says which path ran (`path`).
 Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
 verified and at each shorter K' the budget may choose, so that no timed batch captures a graph); then the
-prompts in order, B at a time, each batch by the three modes in turn. tokens/s = generated tokens / wall
+prompts in order, B at a time, each batch by the three modes in turn (which goes first rotates from batch
+to batch, so that no mode always follows the host's work between batches). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
 latency (a row's latency ends when it does), averaged. identical_to_target: every row of every batch, in
 every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
@@ -86,15 +87,17 @@ def read_items(loaded, path, limit: int) -> list[list[int]]:
     return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
 
 
-def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None, shrink: bool = False):
+def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None, shrink: bool = False,
+             budgets=None):
     """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0); budget:
-    the batched chains' verify budget (decoding/budget.py; None = every draft verified); shrink: the
-    batched chains compact as their rows end (decoding/batched.py)."""
+    the batched chains' verify budget (decoding/budget.py; None = every draft verified); budgets: the
+    speculative modes' own copies of it, if they go on from earlier batch sizes; shrink: the batched
+    chains compact as their rows end (decoding/batched.py)."""
     from domino_graft.sampling import Sampling
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
     # one budget per mode (what decodes learn is the mode's own); a fixed N at B = 1 is the batched chain's
-    budgets = {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
+    budgets = budgets or {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
     if solo and budget is not None and budget.mode == "fixed":
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
                 "base": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=False,
@@ -157,13 +160,13 @@ def path_of(engine, solo: bool, device: str, kv_paths: set, budget=None) -> dict
 
 
 def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str, solo: bool, write,
-            temperature: float = 0.0, budget=None, shrink: bool = False, rounds: int = 1) -> dict:
+            temperature: float = 0.0, budget=None, shrink: bool = False, rounds: int = 1, budgets=None) -> dict:
     import torch
 
     from domino_graft.decoding.budget import VerifyBudget, candidate_budgets
     from domino_graft.decoding.divergence import first_divergence
 
-    runs = decoders(engine, max_new, solo, temperature, budget, shrink)
+    runs = decoders(engine, max_new, solo, temperature, budget, shrink, budgets)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
     if budget is not None:  # every verify shape the budget may choose, its graphs captured before any timing
@@ -188,16 +191,23 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     bad = {m: 0 for m in MODES}
     bad_in_batch = {m: 0 for m in ("base", "domino")}  # against the same batch's target-alone rows
     divergences = []
-    for start in [s for _ in range(rounds) for s in range(0, len(items), b)]:  # every batch, `rounds` times
+    starts = [s for _ in range(rounds) for s in range(0, len(items), b)]  # every batch, `rounds` times
+    for i, start in enumerate(starts):
         if clock.over():
             row["stopped"] = f"deadline: {clock.elapsed():.0f} s >= --deadline-s {clock.deadline_s}"
             break
         chunk = items[start: start + b]
         batch_target = None
-        for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
+        results_of, budget_of = {}, {}
+        # the modes take turns going first (whatever the GPU's state after the host's work between
+        # batches, no mode always meets it); their rows are checked after, the target's first
+        for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
             t1 = time.perf_counter()
-            results = runs[mode](chunk)
+            results_of[mode] = runs[mode](chunk)
             wall[mode] += time.perf_counter() - t1
+            budget_of[mode] = getattr(engine, "last_budget", None)
+        for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
+            results = results_of[mode]
             for n, r in enumerate(results):
                 tokens[mode] += len(r.tokens)
                 rates[mode].append(len(r.tokens) / r.seconds if r.seconds > 0 else 0.0)
@@ -218,10 +228,10 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                         divergences.append({"mode": mode, "prompt": start + n, **(div or {})})
             if mode == "target":
                 batch_target = [r.tokens for r in results]
-            elif getattr(engine, "last_budget", None):
-                for kk, n in engine.last_budget["k_hist"].items():
+            elif budget_of[mode]:
+                for kk, n in budget_of[mode]["k_hist"].items():
                     chosen[mode][str(kk)] = chosen[mode].get(str(kk), 0) + n
-                last_report[mode] = engine.last_budget
+                last_report[mode] = budget_of[mode]
         row["num_prompts"] += len(chunk)
         row["num_batches"] += 1
         row["path"] = path_of(engine, solo, device, set().union(*kv.values()), budget)
@@ -389,6 +399,7 @@ def main(argv=None) -> int:
     if not any(key == "1" for key, *_ in plan) and any(t == 0 for *_, t in plan):
         # the solo target-alone outputs every greedy row is compared with (B = 1's own target decodes otherwise)
         refs = [engine.target_only(ids, max_new_tokens=args.max_new_tokens).tokens for ids in items]
+    learned: dict = {}  # temperature -> mode -> budget
     for key, b, solo, temperature in plan:
         if clock.over():
             report["stopped"] = f"deadline before batch size {key}: {clock.elapsed():.0f} s"
@@ -400,8 +411,12 @@ def main(argv=None) -> int:
             write()
 
         rounds = rounds_for(b, len(items), args.rounds, args.min_batches)
+        # each mode's budget goes on from the batch sizes before (as one served engine's would): the
+        # acceptance it learned holds at every size (decoding/budget.py), its costs are per size
+        budgets = None if budget is None else learned.setdefault(
+            temperature, {m: budget.fresh() for m in ("base", "domino")})
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
-                      budget, args.shrink, rounds)
+                      budget, args.shrink, rounds, budgets)
         write_row(row)
         report["by_batch"] = by_batch(report["rows"])
         e2e.log(f"batch size {key}: " + ", ".join(f"{m} {row[f'{m}_tokens_per_s'] or 0:.0f}" for m in MODES)
