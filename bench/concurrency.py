@@ -411,8 +411,8 @@ def main(argv=None) -> int:
             write()
 
         rounds = rounds_for(b, len(items), args.rounds, args.min_batches)
-        # each mode's budget goes on from the batch sizes before (as one served engine's would): the
-        # acceptance it learned holds at every size (decoding/budget.py), its costs are per size
+        # each mode's budget goes on from the batch sizes before, as one engine's would (what it learns
+        # is kept by batch size: decoding/budget.py)
         budgets = None if budget is None else learned.setdefault(
             temperature, {m: budget.fresh() for m in ("base", "domino")})
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,

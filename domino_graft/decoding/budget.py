@@ -31,30 +31,18 @@ speculative at B = 16 / 64 in f083e02's run, 0.58 / 0.61 plain through the chain
 not sampled (it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER
 times its device-side cost; the committed plain loop samples its own steps.
 
-What a decode learns stays with the budget. Its wall-clock excess samples are kept by batch size
-(`VerifyBudget.memory`); its acceptance estimate and probe schedule are every batch size's
-(`VerifyBudget.last`, the last decode of any size): the engine's rows are batch-invariant, so a row's
-acceptance does not depend on the batch it runs in, and a batch size that speculates keeps the
-estimate fresh for one that does not (at 80ccb72 each size learned its own from a few probe steps, and
-+ Domino at B = 8 judged slot 0 at 0.55 from 8 rows where B = 4's 700 steps had seen more). A decode
-starts from that estimate instead of verifying everything for WARMUP_STEPS; only when no decode has
-verified a draft for PROBE_EVERY decodes does one verify all K for one step first (a probe: the
+What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
+at that size starts from its acceptance estimate and excess samples instead of verifying everything
+for WARMUP_STEPS, and only every PROBE_EVERY-th decode verifies all K for one step first (the
 estimate keeps being checked; each probe that ends committed again doubles the interval, up to
-PROBE_MAX, and one that does not resets it, so where speculation pays nowhere the checks thin out).
-When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the decode commits to plain decoding
-(`committed()`): the callers then run the target alone's lean loop for the rest of it (no features
-captured, nothing written to the drafter), so a batch in which speculation does not pay costs what
-the target alone costs. A decode whose batch size's last decode ended committed, that is not a
-probe, and for which the current estimate and costs still choose K' = 0, starts committed
-(`starts_committed`): the callers run the target alone's decode itself, without the drafter's
-prefill or the prompt's features, which a decode that only commits after COMMIT_AFTER steps still pays.
-
-A K' with fewer than MIN_OWN wall-clock samples of its own at this batch size is costed with the
-least excess of the speculative steps measured there, not their median: a longer verify rolls out
-more and books more host work (at 80ccb72, B = 8: 0.35 ms over its device cost at K' = 15, none at
-K' = 3), so costing an untried short K' at the full verify's excess kept + Domino from ever trying
-K' = 3 at B = 8, where the drafter alone gained 1.10x with it. Optimism here costs at most MIN_OWN
-steps a batch size: then its own samples decide.
+PROBE_MAX, and one that does not resets it, so a batch size where speculation does not pay stops paying
+for the check). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
+decode commits to plain decoding (`committed()`): the callers then run the target alone's lean loop
+for the rest of it (no features captured, nothing written to the drafter), so a batch in which
+speculation does not pay costs what the target alone costs. A decode whose batch size's last decode
+ended committed, and that is not a probe, starts committed (`starts_committed`): the callers run the
+target alone's decode itself, without the drafter's prefill or the prompt's features, which a
+decode that only commits after COMMIT_AFTER steps still pays.
 
 Near break-even the estimate's error decides, and it leans one way: on the H200 (bench/results/
 concurrency_h200.json) the speculative steps auto chose at B = 16 greedy (4a3b5fe) and at B = 1, T = 1
@@ -313,8 +301,6 @@ class VerifyBudget:
     lengths: tuple[int, ...] = CANDIDATE_LENGTHS
     # what decodes learned, by batch size (or "solo"): their last BudgetRun (module docstring)
     memory: dict = field(default_factory=dict, repr=False, compare=False)
-    # the last decode of any batch size: its acceptance estimate and probe schedule (module docstring)
-    last: Optional["BudgetRun"] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in (*MODES, "fixed"):
@@ -345,7 +331,7 @@ class VerifyBudget:
         costs = self.costs
         if costs is not None:
             costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms), source=costs.source)
-        return replace(self, memory={}, last=None, costs=costs)
+        return replace(self, memory={}, costs=costs)
 
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
         """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
@@ -369,26 +355,24 @@ class VerifyBudget:
         return [self.n] if self.mode == "fixed" else candidate_budgets(k, self.lengths)
 
     def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None,
-              key=None, remaining: int = 0) -> "BudgetRun":
+              key=None) -> "BudgetRun":
         """The state of one decode of `batch` rows with a drafter of `k` slots; on CUDA it reads the
         wall clock too (module docstring). carry: the run this one continues (the server's rebuilt
-        batch), else what the last decode under `key` (default: the batch size) learned, with the
-        acceptance of the last decode of any size. remaining: the tokens its longest row may emit
-        (a static batch: whether it starts committed is judged by its slowest row, as `choose`)."""
+        batch), else what the last decode under `key` (default: the batch size) learned."""
         self.check(k, device_type)
         key = batch if key is None else key
         remembered = carry is None
         if remembered:
             carry = self.memory.get(key)
         return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry, key=key,
-                         remembered=remembered, remaining=remaining)
+                         remembered=remembered)
 
 
 class BudgetRun:
     """One decode's choices: the running acceptance and a histogram of the K' chosen."""
 
     def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
-                 carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False, remaining: int = 0):
+                 carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False):
         self.budget, self.k, self.batch = budget, k, batch
         self.first_batch = batch  # the decode's batch size before any compaction (`resize`)
         self.key = batch if key is None else key
@@ -396,7 +380,6 @@ class BudgetRun:
         self.reached = [0.0] * k
         self.accepted = [0.0] * k
         self.steps = 0  # steps observed, carried runs included
-        self.spec_steps = 0  # this decode's steps that verified drafts (they refresh the estimate)
         self.decode_steps = 0  # this decode's choices
         self.decodes = 0  # decodes before this one that this run's estimate has seen
         self.plain_streak = 0
@@ -407,52 +390,36 @@ class BudgetRun:
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
         self.committed_whole = False  # committed to plain steps at the decode's first batch size
         self.probe_every, self.since_probe = PROBE_EVERY, 0  # probe decodes (module docstring)
-        # the acceptance and probe schedule: the rebuilt batch's, else the last decode's of any size
-        seen = budget.last if remembered else carry
-        if seen is not None and seen.k == k:
-            self.reached, self.accepted = list(seen.reached), list(seen.accepted)
-            self.steps, self.decodes = seen.steps, seen.decodes + 1
-            self.probe_every, self.since_probe = seen.next_probe_every(), seen.since_probe + 1
-        if carry is not None and carry.k == k and carry.first_batch == batch:  # this size's excess samples
-            self.excess = {kind: list(v) for kind, v in carry.excess.items()}
+        if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
+            self.reached, self.accepted = list(carry.reached), list(carry.accepted)
+            self.steps, self.decodes = carry.steps, carry.decodes + 1
+            if carry.first_batch == batch:
+                self.excess = {kind: list(v) for kind, v in carry.excess.items()}
+            self.probe_every, self.since_probe = carry.next_probe_every(), carry.since_probe + 1
         self.probe = self.since_probe >= self.probe_every  # this decode checks the estimate first
         if self.probe:
             self.since_probe = 0
-        # the last decode at this batch size ended committed to plain steps, this one is no probe and
-        # the estimate still chooses plain steps here: it is the target alone's from its first step
-        # (module docstring), nothing drafted or prefilled
+        # the last decode at this batch size ended committed to plain steps and this one is no probe:
+        # it is the target alone's from its first step (module docstring), nothing drafted or prefilled
         self.starts_committed = (remembered and budget.mode == "auto" and carry is not None and carry.k == k
-                                 and carry.first_batch == batch and carry.committed_whole and not self.probe
-                                 and self._plain_chosen(batch, remaining))
+                                 and carry.first_batch == batch and carry.committed_whole and not self.probe)
         if self.starts_committed:
             self.plain_streak = COMMIT_AFTER
             self.committed_whole = True
 
-    def _plain_chosen(self, rows: int, remaining: int) -> bool:
-        """Whether `choose` would pick K' = 0 now (rows live, remaining tokens to the longest); with no
-        step costs to judge by, yes (the last decode here committed)."""
-        costs = self.budget.costs
-        if costs is None or not costs.step_ms:
-            return True
-        alphas = self.alphas()
-        return best_budget(alphas, self.candidates, self.cost_ms, lambda kk: batch_tokens(alphas, kk, rows, remaining),
-                           margin=SWITCH_MARGIN) == 0
-
     def next_probe_every(self) -> int:
-        """The probe interval after this decode: reset by any decode that did not commit (speculation
-        paid somewhere: the checks are frequent again), doubled by a probe that committed again
-        (module docstring)."""
-        if not self.committed_whole:
-            return PROBE_EVERY
-        return min(self.probe_every * 2, PROBE_MAX) if self.probe else self.probe_every
+        """The probe interval after this decode: doubled by a probe that committed again, reset by one
+        that did not (module docstring)."""
+        if not self.probe:
+            return self.probe_every
+        return min(self.probe_every * 2, PROBE_MAX) if self.committed_whole else PROBE_EVERY
 
     def resize(self, batch: int) -> None:
         """The batch shrank to `batch` rows (decoding/batched.py): steps cost that batch's, and the proposes
         timed so far are the old batch's."""
         costs = self.budget.costs
-        if self.propose_samples and costs is not None and self.batch not in costs.propose_ms:
-            s = sorted(self.propose_samples)
-            costs.propose_ms[self.batch] = s[len(s) // 2]
+        if self._propose_median() is not None and costs is not None and self.batch not in costs.propose_ms:
+            costs.propose_ms[self.batch] = self._propose_median()
         self.propose_samples = []
         self.batch = batch
 
@@ -474,6 +441,23 @@ class BudgetRun:
             b.costs.source += "+measured"
         b.costs.step_ms.setdefault(self.batch, {}).update(step_ms)
 
+    def add_propose(self, ms: float) -> None:
+        """A step's propose + rollout on the CUDA clock. Not a sample: a step of the decode's first
+        (its first shapes), or one over OUTLIER x the full verify's device cost at this batch size (a
+        graph capture or compile between the two events). At 63a585e one such sample, alone in its
+        decode, became B = 4's propose cost (1.9 s) and kept the drafter from speculating there."""
+        costs = self.budget.costs
+        if self.decode_steps <= 1:
+            return
+        if costs is not None and costs.step_ms and ms > OUTLIER * costs.step(self.batch, self.k + 1):
+            return
+        self.propose_samples.append(ms)
+
+    def _propose_median(self) -> Optional[float]:
+        """The decode's propose cost, once it has MIN_OWN samples (one sample may be the odd one)."""
+        s = sorted(self.propose_samples)
+        return s[len(s) // 2] if len(s) >= MIN_OWN else None
+
     def times_propose(self, device_type: str) -> bool:
         """Whether the engine should time this step's propose: auto on CUDA without a propose cost
         for this batch size, a handful of samples."""
@@ -485,13 +469,9 @@ class BudgetRun:
         """The decode's report; its propose measurements go into the budget's table (as its target
         costs did) and its estimate into the budget's memory, so the next decode at this batch
         size starts with them."""
-        if self.propose_samples and self.budget.costs is not None:
-            s = sorted(self.propose_samples)
-            self.budget.costs.propose_ms[self.batch] = s[len(s) // 2]
-        if self.spec_steps:  # this decode saw drafts verified: the estimate is fresh, the next probe waits
-            self.since_probe = 0
+        if self._propose_median() is not None and self.budget.costs is not None:
+            self.budget.costs.propose_ms[self.batch] = self._propose_median()
         self.budget.memory[self.key] = self
-        self.budget.last = self
         return self.report()
 
     def alphas(self) -> list[float]:
@@ -502,8 +482,8 @@ class BudgetRun:
         costs = self.budget.costs
         if kk == 0:
             return costs.step(self.batch, 1)
-        if self.propose_samples and self.batch not in costs.propose_ms:  # this decode's own (CUDA)
-            propose = sorted(self.propose_samples)[len(self.propose_samples) // 2]
+        if self._propose_median() is not None and self.batch not in costs.propose_ms:  # this decode's own (CUDA)
+            propose = self._propose_median()
         else:
             propose = costs.propose(self.batch) or 0.0
         return propose + costs.step(self.batch, kk + 1)
@@ -518,15 +498,7 @@ class BudgetRun:
             # the lean loop not seen yet: its host work (one sync, the pushes) is a speculative step's,
             # less than a plain step through the chain's (which also writes the drafter)
             return self.device_cost_ms(0) + min(self.excess_ms("plain"), self.excess_ms("spec"))
-        if kk and len(own) < MIN_OWN:  # not tried enough here: the least speculative excess (module docstring)
-            return self.device_cost_ms(kk) + self._least_spec_excess()
-        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else "plain")
-
-    def _least_spec_excess(self) -> float:
-        """The least of the speculative kind's excess and each K''s own (those with MIN_OWN samples); 0 if
-        no speculative step was measured (a kind not yet seen adds nothing)."""
-        keys = ["spec"] + [key for key, v in self.excess.items() if key.isdigit() and key != "0" and len(v) >= MIN_OWN]
-        return min((self.excess_ms(key) for key in keys if self.excess.get(key)), default=0.0)
+        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
 
     def excess_ms(self, key: str) -> float:
         samples = sorted(self.excess.get(key, [])[-WALL_WINDOW:])
@@ -601,7 +573,6 @@ class BudgetRun:
     def observe(self, kk: int, accepted: Iterable[int]) -> None:
         """A step that verified kk drafts; `accepted`: each live row's accepted count."""
         self.steps += 1
-        self.spec_steps += kk > 0
         self.reached = [n * DECAY for n in self.reached]
         self.accepted = [a * DECAY for a in self.accepted]
         for a in accepted:

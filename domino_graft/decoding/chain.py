@@ -107,7 +107,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
         if run is not None:
             if timer is not None:
-                run.propose_samples.append(timer[0].elapsed_time(timer[1]))
+                run.add_propose(timer[0].elapsed_time(timer[1]))
             run.observe(k, [a])
         accepted.append(a)
         for j in range(min(a + 1, k)):

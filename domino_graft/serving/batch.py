@@ -446,7 +446,7 @@ class ChainBatch(_Rows):
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         if timer is not None:
-            self.run.propose_samples.append(timer[0].elapsed_time(timer[1]))
+            self.run.add_propose(timer[0].elapsed_time(timer[1]))
         live_acc = [n_acc_h[r] for r in range(b) if self.live[r]]
         if self.run is not None:
             self.run.observe(kk, live_acc)

@@ -343,11 +343,8 @@ def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
 def test_a_decode_after_a_committed_one_runs_the_target_alone_from_its_first_step(monkeypatch):
     """starts_committed (decoding/budget.py): once a decode at a batch size has committed to plain
     steps, the next ones at that size run the target alone's decode outright (no drafter built or
-    prefilled, no rollout: every step K' = 0), until a probe verifies all K again. The acceptance and
-    the probe schedule are every size's: batched (B = 3) and solo (B = 1) decodes take turns, the solo
-    chain's first decode chooses from what the batched one saw (no warm-up of its own), and the probe
-    comes at the PROBE_EVERY-th decode since drafts were last verified, whichever its size. Outputs
-    equal the target alone's throughout."""
+    prefilled, no rollout: every step K' = 0), until the PROBE_EVERY-th decode verifies all K again;
+    outputs equal the target alone's throughout, batched (B = 3) and solo (B = 1)."""
     from domino_graft.decoding import batched
 
     target, adapter, head = graft("dflash", "qwen3", seed=2)
@@ -362,25 +359,21 @@ def test_a_decode_after_a_committed_one_runs_the_target_alone_from_its_first_ste
                                               "3": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
                                   "propose_ms": {"1": 5.0, "3": 5.0}})
     budget = VerifyBudget.parse("auto", dear)
-    drafted = []
-    for decode in range(2 * PROBE_EVERY + 2):
+    for decode in range(PROBE_EVERY + 1):
         built.clear()
-        if decode % 2 == 0:
-            got = engine.speculative_batch(prompts, max_new_tokens=12, budget=budget)
-            assert [r.tokens for r in got] == refs, decode
-        else:
-            got = [engine.speculative(prompts[0], max_new_tokens=12, budget=budget)]
-            assert got[0].tokens == refs[0], decode
+        got = engine.speculative_batch(prompts, max_new_tokens=12, budget=budget)
+        assert [r.tokens for r in got] == refs, decode
         hist = engine.last_budget["k_hist"]
-        assert all(len(r.accepted) == r.decode_steps for r in got)
-        if set(hist) != {"0"}:  # the first decode and each probe: all K verified first, then plain steps
-            assert hist.get(str(k), 0) >= 1 and hist.get("0", 0) > 0, (decode, hist)
-            drafted.append(decode)
-        elif decode % 2 == 0:  # started committed: nothing drafted, the target alone's rows
-            assert not built and all(r.accepted == [0] * r.decode_steps for r in got), decode
-    # the first, then the PROBE_EVERY-th decode after it (a batched one), then twice that interval
-    assert drafted == [0, PROBE_EVERY], drafted
-    assert budget.last.probe_every == 2 * PROBE_EVERY  # that probe committed again
+        if decode % PROBE_EVERY == 0:  # the first decode and each probe draft: they verify all K first
+            assert hist.get(str(k), 0) >= 1 and hist.get("0", 0) > 0 and built, (decode, hist)
+        else:
+            assert set(hist) == {"0"} and not built, (decode, hist)
+            assert all(r.accepted == [0] * r.decode_steps for r in got)
+        solo = engine.speculative(prompts[0], max_new_tokens=12, budget=budget)
+        assert solo.tokens == refs[0], decode
+        hist = engine.last_budget["k_hist"]
+        assert (set(hist) == {"0"}) == (decode % PROBE_EVERY != 0), (decode, hist)
+        assert len(solo.accepted) == solo.decode_steps
 
 
 # ------------------------------------------------------------- T > 0: in law
@@ -618,8 +611,7 @@ def test_a_plain_step_is_costed_by_the_lean_loop_once_it_has_samples():
 
 def test_probes_thin_out_while_they_keep_committing():
     """A probe decode that commits again doubles the interval to the next one (PROBE_EVERY, 2x, 4x,
-    ... up to PROBE_MAX); a decode that does not commit resets it. Between probes a decode starts
-    committed only while the estimate and costs still choose plain steps: cheaper costs are seen at once."""
+    ... up to PROBE_MAX); a probe that does not commit resets it."""
     from domino_graft.decoding.budget import PROBE_MAX
 
     dear = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 20.0, "8": 30.0, "16": 40.0}},
@@ -637,14 +629,18 @@ def test_probes_thin_out_while_they_keep_committing():
     assert probes == [4, 12, 28, 60], probes  # intervals 4, 8, 16, 32
     assert budget.memory[4].probe_every == min(64, PROBE_MAX)  # the probe at 60 doubled it again
     cheap = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 1.0}}, "propose_ms": {"4": 0.01}})
-    budget.costs = cheap  # speculation pays now: the next decode judges so at its start, probe or not
-    run = budget.start(15, 4, "cpu")
-    assert not run.probe and not run.starts_committed
-    for _ in range(8):
-        run.observe(run.choose(), [15] * 4)
-    assert not run.committed_whole
-    run.finish()
-    assert budget.start(15, 4, "cpu").probe_every == PROBE_EVERY  # a decode that did not commit resets it
+    budget.costs = cheap  # speculation pays now: the next probe does not commit, the interval resets
+    for decode in range(PROBE_MAX + 1):
+        run = budget.start(15, 4, "cpu")
+        if run.probe:
+            for _ in range(8):
+                run.observe(run.choose(), [15] * 4)
+            assert not run.committed_whole
+            run.finish()
+            break
+        assert run.starts_committed  # between probes: the target alone, whatever the costs say now
+        run.finish()
+    assert run.probe and budget.start(15, 4, "cpu").probe_every == PROBE_EVERY
 
 
 def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committed_decode():
@@ -736,53 +732,34 @@ def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
     assert batch_tokens(alphas, 15, 32, 3) == 1.0  # a step gains at least a token: never below plain's
 
 
-# ------------------------------------------------- what one batch size learns, another uses
-def test_the_acceptance_estimate_carries_across_batch_sizes_and_the_excess_does_not():
-    """A row's acceptance does not depend on its batch (the engine is batch-invariant), so a decode at
-    a new batch size starts from the last decode's estimate, of any size, and chooses from it at its
-    first step (no warm-up of all K); its wall-clock excess samples are its own size's."""
-    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4},
-                                               "8": {"1": 1.0, "4": 1.2, "8": 1.5, "16": 2.4}},
-                                   "propose_ms": {"4": 0.2, "8": 0.3}})
+def test_a_propose_cost_needs_several_samples_and_skips_outliers():
+    """add_propose: the decode's first step and a sample over OUTLIER x the full verify's cost (a graph
+    capture between the events) are not samples; the table takes a batch size's propose cost only from
+    MIN_OWN samples (at 63a585e a lone 1.9 s sample became B = 4's cost and kept the drafter plain)."""
+    from domino_graft.decoding.budget import MIN_OWN, OUTLIER
+
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 2.0}}})
     budget = VerifyBudget("auto", costs=costs)
-    four = budget.start(15, 4, "cuda")
-    four.decode_steps = 2
-    for _ in range(40):
-        four.observe(15, [3, 2, 15, 1])
-    four.add_wall(15, four.device_cost_ms(15) + 0.4)
-    four.finish()
-    eight = budget.start(15, 8, "cuda", remaining=64)
-    assert eight.alphas() == four.alphas() and eight.steps == four.steps
-    assert eight.excess == {"plain": [], "spec": []}  # B = 4's samples stay B = 4's
-    assert eight.choose(8, 64) < 15  # chosen from the estimate at once: the long verify costs too much here
-    assert budget.start(15, 4, "cuda").excess["spec"] == [pytest.approx(0.4)]
-
-
-def test_an_untried_short_verify_is_costed_at_the_least_speculative_excess():
-    """A K' without MIN_OWN samples of its own is costed with the least excess measured for speculative
-    steps (a full verify's excess includes rolling out all K: 80ccb72's B = 8), so it gets tried; once it
-    has its own samples they decide."""
-    from domino_graft.decoding.budget import MIN_OWN
-
-    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.2, "8": 1.4, "16": 2.0}},
-                                   "propose_ms": {"8": 0.3}})
-    run = VerifyBudget("auto", costs=costs).start(15, 8, "cuda")
+    run = budget.start(15, 4, "cuda")
+    run.choose()
+    run.add_propose(0.4)  # the decode's first step
+    run.choose()
+    run.add_propose(OUTLIER * 2.0 + 1)  # a capture in between
+    run.add_propose(0.5)
+    assert run.propose_samples == [0.5]
+    assert run.finish() and 4 not in costs.propose_ms  # one sample: not the table's
+    run = budget.start(15, 4, "cuda")
     run.decode_steps = 2
-    assert run.cost_ms(3) == pytest.approx(run.device_cost_ms(3))  # nothing measured: nothing added
-    for _ in range(MIN_OWN):
-        run.add_wall(15, run.device_cost_ms(15) + 0.4)
-    for _ in range(MIN_OWN):
-        run.add_wall(7, run.device_cost_ms(7) + 0.1)
-    assert run.cost_ms(3) == pytest.approx(run.device_cost_ms(3) + 0.1)  # K' = 7's, the least
-    assert run.cost_ms(15) == pytest.approx(run.device_cost_ms(15) + 0.4)
-    for _ in range(MIN_OWN):
-        run.add_wall(3, run.device_cost_ms(3) + 0.3)
-    assert run.cost_ms(3) == pytest.approx(run.device_cost_ms(3) + 0.3)  # its own now
+    for ms in (0.5, 0.6, 0.7)[:MIN_OWN]:
+        run.add_propose(ms)
+    assert run.device_cost_ms(15) == pytest.approx(0.6 + 2.0)
+    run.finish()
+    assert costs.propose_ms[4] == pytest.approx(0.6)
 
 
 def test_fresh_budgets_share_the_targets_costs_and_keep_their_own_proposes():
     """One budget per decoder (bench/concurrency.py: the drafter alone and + Domino): the target's step
-    costs are measured once for both, each keeps its own propose cost and its own estimate."""
+    costs are measured once for both, each keeps its own propose cost and its own memory."""
     base = VerifyBudget("auto", costs=VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0}}, "propose_ms": {"8": 0.3}}))
     a, b = base.fresh(), base.fresh()
     a.start(15, 8, "cuda").add_measured({4: 1.2})
@@ -790,4 +767,4 @@ def test_fresh_budgets_share_the_targets_costs_and_keep_their_own_proposes():
     a.costs.propose_ms[8] = 0.5
     assert b.costs.propose_ms[8] == 0.3 and base.costs.propose_ms[8] == 0.3
     a.start(15, 8, "cuda").finish()
-    assert a.last is not None and b.last is None and not b.memory
+    assert a.memory and not b.memory
