@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
                         "verify budget's costs), so no request waits for them (docs/serving.md)")
     p.add_argument("--admit-in-place", default="auto", choices=("auto", "on", "off"),
                    help="prefill new requests into freed rows of the batch in flight instead of rebuilding it "
-                        "(auto: on off CUDA; on a GPU off until measured there, docs/serving.md)")
+                        "(auto, the default: on; docs/serving.md)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="a prompt admitted in place (--admit-in-place) longer than N tokens is prefilled N tokens a "
                         "block, between the blocks of the requests in flight (default 512; docs/serving.md)")

@@ -159,9 +159,10 @@ class Scheduler:
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
-        requests into freed rows of the batch in flight where it can (serving/batch.py); by default on off
-        CUDA only. Its prefills meet graph shapes of their own (parked rows, larger kv buckets), which the warm
-        start visits where it is on (serving/warmup.py); on a GPU neither is measured yet (docs/serving.md).
+        requests into freed rows of the batch in flight where it can (serving/batch.py); on by default (on
+        the H200 it served 6-12% more tokens/s than rebuilding at 64 requests/s and 8-32 in flight, and cut
+        TTFT p99 at 64/s from 391 to 86 ms: docs/serving.md). Its prefills meet graph shapes of their own
+        (parked rows, larger kv buckets), which the warm start visits where it is on (serving/warmup.py).
         prefill_chunk: a prompt admitted in place and longer than this is prefilled this many tokens a
         block, between the blocks of the rows in flight (serving/batch.py `admit`; None: whole)."""
         adapter = engine.adapter
@@ -186,7 +187,7 @@ class Scheduler:
         self.error: Optional[str] = None  # set if the worker thread itself died
         self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
         self.warm_sweep = sweep
-        self.admit_in_place = not cuda if admit_in_place is None else admit_in_place
+        self.admit_in_place = True if admit_in_place is None else admit_in_place
         self.prefill_chunk = prefill_chunk
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done

@@ -254,7 +254,7 @@ def test_a_failed_warm_start_stops_serve_with_one_line(tiny_run, monkeypatch, ca
 
 
 
-@pytest.mark.parametrize("flag, want", [("off", False), ("on", True), ("auto", True)])  # auto: on off CUDA
+@pytest.mark.parametrize("flag, want", [("off", False), ("on", True), ("auto", True)])  # auto: on
 def test_the_serve_flag_for_admission_in_place_reaches_the_scheduler(tiny_run, monkeypatch, flag, want):
     """`serve --admit-in-place` was once parsed and dropped (the H200 sweep at 80ccb72 ran with it "on" and
     admitted nothing in place): the command's value must reach ServeOptions, the scheduler and /health."""
