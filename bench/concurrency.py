@@ -21,7 +21,9 @@ verified and at each shorter K' the budget may choose, so that no timed batch ca
 prompts in order, B at a time, each batch by the three modes in turn (which goes first rotates from batch
 to batch, so that no mode always follows the host's work between batches). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
-latency (a row's latency ends when it does), averaged. identical_to_target: every row of every batch, in
+latency (a row's latency ends when it does), averaged. `batches`: each timed batch's mode order and
+each mode's wall seconds, and for a speculative mode under a verify budget whether its decode was a probe or
+started committed (the decodes that can differ from the target alone's where the budget commits). identical_to_target: every row of every batch, in
 every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
 first when 1 is not among the sizes).
 
@@ -199,13 +201,19 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
         chunk = items[start: start + b]
         batch_target = None
         results_of, budget_of = {}, {}
+        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+        this = {"start": start, "order": list(order), "wall_s": {}}  # the batch's own record (`batches`)
         # the modes take turns going first (whatever the GPU's state after the host's work between
         # batches, no mode always meets it); their rows are checked after, the target's first
-        for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+        for mode in order:
             t1 = time.perf_counter()
             results_of[mode] = runs[mode](chunk)
-            wall[mode] += time.perf_counter() - t1
-            budget_of[mode] = getattr(engine, "last_budget", None)
+            this["wall_s"][mode] = round(time.perf_counter() - t1, 5)
+            wall[mode] += this["wall_s"][mode]
+            budget_of[mode] = getattr(engine, "last_budget", None) if mode != "target" else None
+            if budget_of[mode]:  # which decodes differ from the target alone's: probes, and those not committed
+                this[mode] = {key: budget_of[mode].get(key) for key in ("probe", "starts_committed", "k_hist")}
+        row.setdefault("batches", []).append(this)
         for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
             results = results_of[mode]
             for n, r in enumerate(results):

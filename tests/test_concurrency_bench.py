@@ -66,6 +66,9 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     assert rep["rows"]["1"]["path"]["decoder"].startswith("solo")
     assert rep["rows"]["2"]["path"]["decoder"].startswith("batched")
     assert rep["rows"]["2"]["kv_path"]["domino"] == ["static"] and rep["rows"]["2"]["num_batches"] == 3
+    batches = rep["rows"]["2"]["batches"]  # each batch's walls, the modes taking turns going first
+    assert [b["order"][0] for b in batches] == ["target", "base", "domino"] and [b["start"] for b in batches] == [0, 2, 4]
+    assert all(set(b["wall_s"]) == {"target", "base", "domino"} and min(b["wall_s"].values()) > 0 for b in batches)
     assert rep["rows"]["2"]["path"]["drafter"] == "static over the ragged batch, eager"
 
     plot = load_module("plot_concurrency", "experiments")
@@ -101,6 +104,8 @@ def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
                           "--max-new-tokens", "8", "--verify-budget", "auto", "--verify-costs", str(costs))
     assert all(rep["rows"][key]["identical_to_target"] is True for key in ("1", "3"))
     assert rep["rows"]["3"]["verify_budget_k"]["domino"] and rep["rows"]["3"]["verify_budget_last"]["domino"]
+    batch = rep["rows"]["3"]["batches"][0]  # the batch's own budget record beside its walls
+    assert set(batch["domino"]) == {"probe", "starts_committed", "k_hist"} and batch["domino"]["k_hist"]
     with pytest.raises(SystemExit):
         script.main(args + ["--verify-budget", "-2"])
 

@@ -592,6 +592,7 @@ class BudgetRun:
                 if self.budget.costs is not None and self.budget.costs.step_ms else None
             out["decodes_seen"] = self.decodes
             out["probe"], out["probe_every"], out["committed_whole"] = self.probe, self.probe_every, self.committed_whole
+            out["starts_committed"] = self.starts_committed
         return out
 
 
