@@ -30,6 +30,16 @@ import torch
 from torch import nn
 
 
+def forget_rows(positions: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """A ragged batch's positions [B, n] with `rows` made padding (-1: never attended, never read): what
+    an adapter's `observe_prompts` does to the context of rows whose requests ended."""
+    if positions.dim() != 2 or not rows:
+        return positions
+    out = positions.clone()
+    out[torch.as_tensor(rows, device=positions.device)] = -1
+    return out
+
+
 def checkpoint_conflicts(d, checkpoint: dict) -> list[str]:
     """One line per recipe field the user set (`d.model_fields_set`, not None = "the default")
     whose value contradicts the checkpoint's: `checkpoint` maps field name -> the checkpoint's
@@ -133,6 +143,7 @@ class DrafterAdapter(nn.Module):
     topology: str = "chain"  # "chain" | "tree"
     one_pass: bool = True  # the whole block comes from one backbone forward
     ragged_batch: bool = False  # observe/propose take per-row positions (module docstring)
+    admits_rows: bool = False  # observe_prompts: new prompts into rows of a ragged batch in flight
 
     num_slots: int  # K proposals per block
     hidden_dim: int  # Dh, what the LM head reads
@@ -161,6 +172,14 @@ class DrafterAdapter(nn.Module):
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         """anchor [B] = x_0 at absolute `position`; exactly one backbone forward."""
         raise NotImplementedError
+
+    def observe_prompts(self, features, positions: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> None:
+        """A ragged batch in flight (`admits_rows`; serving/batch.py's admission in place): `rows` now
+        hold new requests, whose earlier context is dropped; features [B, n, F] (or None), positions and
+        ids [B, n] hold their prompts (right-padded), -1 positions everywhere else. The other rows keep
+        their context, untouched. Afterwards every row decodes as before: a row's drafts read only
+        its own context, as in any ragged batch."""
+        raise NotImplementedError(f"{self.family}: no admission into a batch in flight (admits_rows is False)")
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, placeholder_token_problems,
-                    read_config_json, slot_targets)
+from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, forget_rows,
+                    placeholder_token_problems, read_config_json, slot_targets)
 from .model import (HEAD_KEYS_PREFIXES, ContextCache, DFlashBackbone, DFlashConfig, backbone_tensor_shapes,
                     default_target_layer_ids, domino_head_fields)
 
@@ -21,6 +21,7 @@ class DFlashAdapter(DrafterAdapter):
     topology = "chain"
     one_pass = True
     ragged_batch = True
+    admits_rows = True  # observe_prompts (eager; the static batched drafter admits rows itself)
 
     def __init__(self, cfg: DFlashConfig, target):
         super().__init__()
@@ -72,6 +73,15 @@ class DFlashAdapter(DrafterAdapter):
 
     def observe(self, features: torch.Tensor, positions: torch.Tensor, ids: Optional[torch.Tensor] = None) -> None:
         self._pending.append((features, positions))
+
+    def observe_prompts(self, features, positions: torch.Tensor, ids: Optional[torch.Tensor], rows: list[int]) -> None:
+        """(adapters/base.py) The rows' context entries, cached and pending, become padding (-1: never
+        attended); the prompts then come in as any ragged observe."""
+        if self._cache is not None:
+            c = self._cache
+            self._cache = ContextCache(c.k, c.v, forget_rows(c.positions, rows))
+        self._pending = [(f, forget_rows(p, rows)) for f, p in self._pending]
+        self.observe(features, positions, ids)
 
     def context_length(self) -> int:
         n = 0 if self._cache is None else int(self._cache.positions.numel())

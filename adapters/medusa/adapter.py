@@ -20,6 +20,7 @@ class MedusaAdapter(DrafterAdapter):
     family = "medusa"
     one_pass = True  # all K heads read one hidden state: one (tiny) backbone forward
     ragged_batch = True
+    admits_rows = True  # observe_prompts: only the newest state is read, so a prompt's replaces a row's
 
     def __init__(self, cfg: MedusaConfig, target):
         super().__init__()
@@ -103,6 +104,11 @@ class MedusaAdapter(DrafterAdapter):
         self._last_pos = int(positions[-1])
         self._seen += int(positions.numel())
 
+    def observe_prompts(self, features, positions: torch.Tensor, ids: Optional[torch.Tensor], rows: list[int]) -> None:
+        """(adapters/base.py) Medusa reads a row's newest state only: the prompts' last states replace the
+        rows' (a ragged observe keeps every row given padding only)."""
+        self.observe(features, positions, ids)
+
     def context_length(self) -> int:
         return self._seen
 
@@ -125,8 +131,10 @@ class MedusaAdapter(DrafterAdapter):
     def propose(self, anchor: torch.Tensor, position: int) -> DraftBlock:
         if self._last is None:
             raise RuntimeError("Medusa propose() before any observe(): the heads need the target's hidden state")
-        off = self._last_pos != position - 1  # a [B] tensor in a ragged batch
-        if bool(off.any() if torch.is_tensor(off) else off):
+        # one row: the heads must read h_{position-1}. A ragged batch is not checked: its rows that do not
+        # decode (ended, or a prompt still coming in chunks: serving/batch.py) keep a stale state by design,
+        # and the check would cost a device->host sync a step
+        if not torch.is_tensor(position) and self._last_pos != position - 1:
             raise RuntimeError(
                 f"Medusa propose(anchor at position {position}): the heads read the hidden state at "
                 f"{position - 1}, but the last observed position is {self._last_pos}"

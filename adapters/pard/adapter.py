@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, ragged_allowed, slot_targets
+from ..base import DraftBlock, DrafterAdapter, TrainingBlocks, forget_rows, ragged_allowed, slot_targets
 from .model import SLOTS_KEY, load_folder_state, resolve, tensor_shapes, tied_aliases, untie
 from .vocab import fit_vocab
 
@@ -106,6 +106,19 @@ class PardAdapter(DrafterAdapter):
         layer_types = getattr(cfg, "layer_types", None) or ()
         return not (any("sliding" in str(t) for t in layer_types)
                     or (getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)))
+
+    @property
+    def admits_rows(self) -> bool:
+        """New prompts into rows of a ragged batch in flight (`observe_prompts`): wherever it batches."""
+        return self.ragged_batch
+
+    def observe_prompts(self, features, positions: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> None:
+        """(adapters/base.py) The rows' cache entries leave the validity mask and their pending entries
+        become padding; the prompts then come in as any ragged observe, each at its own positions from 0."""
+        if self._valid is not None:
+            self._valid = forget_rows(self._valid.long(), rows) > 0
+        self._pending = [(i, forget_rows(p, rows)) for i, p in self._pending]
+        self.observe(features, positions, ids)
 
     def reset(self, batch_size: int) -> None:
         from transformers import DynamicCache

@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, placeholder_token_problems,
-                    ragged_allowed, read_config_json, slot_targets)
+from ..base import (DraftBlock, DrafterAdapter, TrainingBlocks, checkpoint_conflicts, forget_rows,
+                    placeholder_token_problems, ragged_allowed, read_config_json, slot_targets)
 from .model import (FILL_MARGIN, VERIFIER_KEYS, PEagleBackbone, PEagleConfig, check_vocab_maps, from_native,
                     load_npy_maps, random_vocab_maps, tensor_shapes, to_native)
 from .schema import CHECKPOINT_FIELDS
@@ -22,6 +22,7 @@ class PEagleAdapter(DrafterAdapter):
     topology = "chain"
     one_pass = True
     ragged_batch = True  # rows at their own positions: one entry cache, a validity mask per row (_observe_ragged)
+    admits_rows = True  # observe_prompts: new prompts into rows of a ragged batch in flight
 
     def __init__(self, cfg: PEagleConfig, target):
         super().__init__()
@@ -110,10 +111,20 @@ class PEagleAdapter(DrafterAdapter):
         self._last = (features[:, -1:], positions[-1:])
         self._seen = int(positions[-1]) + 1
 
-    def _observe_ragged(self, features, positions: torch.Tensor, ids: torch.Tensor) -> None:
+    def observe_prompts(self, features, positions: torch.Tensor, ids: torch.Tensor, rows: list[int]) -> None:
+        """(adapters/base.py) The rows' committed entries leave the validity mask and their waiting entries
+        become padding; the prompts are then paired inside themselves (g_q with x_{q+1}), as a first
+        observe pairs a prompt, while every other row keeps its waiting g."""
+        if self._valid is not None:
+            self._valid = forget_rows(self._valid.long(), rows) > 0
+        self._todo = [(t, f, forget_rows(p, rows)) for t, f, p in self._todo]
+        self._observe_ragged(features, positions, ids, prompts=True)
+
+    def _observe_ragged(self, features, positions: torch.Tensor, ids: torch.Tensor, prompts: bool = False) -> None:
         """The ragged batch's observe: each row's valid columns are a prefix (a right-padded prompt, or the
         entries a row kept of its block), paired as the solo observe pairs them; an entry a row does not
-        own keeps position -1 (masked from every query but its own in `_propose_ragged`)."""
+        own keeps position -1 (masked from every query but its own in `_propose_ragged`). prompts: the
+        valid columns are prompts (`observe_prompts`), paired inside themselves."""
         if features is None or tuple(ids.shape) != tuple(positions.shape) or features.shape[:2] != ids.shape:
             raise RuntimeError(f"P-EAGLE observe(): ids {tuple(ids.shape)}, positions {tuple(positions.shape)} and "
                                f"features {None if features is None else tuple(features.shape[:2])} must match [B, n]")
@@ -122,7 +133,7 @@ class PEagleAdapter(DrafterAdapter):
             return
         valid = positions >= 0
         count = valid.sum(1)  # each row's observed positions
-        if self._last is None:  # the prompt: g_q pairs with x_{q+1} inside it
+        if self._last is None or prompts:  # the prompt: g_q pairs with x_{q+1} inside it
             toks, feats, pos = ids[:, 1:], features[:, :-1], torch.where(valid[:, 1:], positions[:, :-1], -1)
         else:  # the row's waiting g pairs with this observe's first id
             feats = torch.cat([self._last[0].to(features.dtype), features[:, :-1]], 1)

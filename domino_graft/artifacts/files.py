@@ -58,8 +58,7 @@ def atomic_dir(final: str | os.PathLike, *, overwrite: bool = True) -> Iterator[
             final.rmdir()  # an empty folder holds nothing to lose
         if final.exists() or final.is_symlink():
             if not overwrite:
-                raise FileExistsError(_errno.EEXIST, "appeared while it was being written; nothing replaced",
-                                      str(final))
+                raise _appeared(final)
             trash = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, trash)
             try:
@@ -69,7 +68,12 @@ def atomic_dir(final: str | os.PathLike, *, overwrite: bool = True) -> Iterator[
                 raise
             shutil.rmtree(trash, ignore_errors=True)
         else:
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except OSError as e:  # another writer's folder landed between the check above and this rename
+                if overwrite or e.errno not in (_errno.ENOTEMPTY, _errno.EEXIST):
+                    raise
+                raise _appeared(final) from None
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)
@@ -78,6 +82,11 @@ def atomic_dir(final: str | os.PathLike, *, overwrite: bool = True) -> Iterator[
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(created)
         raise
+
+
+def _appeared(final: Path) -> FileExistsError:
+    """`final` exists now though it did not when the write began (overwrite=False): nothing is replaced."""
+    return FileExistsError(_errno.EEXIST, "appeared while it was being written; nothing replaced", str(final))
 
 
 def _missing_parents(final: Path) -> list[Path]:

@@ -4,16 +4,18 @@
 blocks and rebuild the batch to admit new ones.
 
 Admission in place (`admit`): where the target's session is the fast engine's static cache and the
-drafter (if any) is a family's static drafter that `admits_rows`, new prompts are prefilled into freed rows
-of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the other rows park past
-their ends, decoding/session.py) and the drafter's `prefill(features, n, rows=slots)`. The rows in flight
+drafter (if any) takes rows in flight (`admits_rows`: a family's static drafter that fills single rows, or
+an adapter whose eager ragged context drops and refills rows, adapters/base.py), new prompts are
+prefilled into freed rows of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the other rows park past their ends,
+decoding/session.py), then the static drafter's `prefill(features, n, rows=slots)` or the adapter's
+`observe_prompts` (the rows' old context dropped, adapters/base.py). The rows in flight
 keep their caches, their anchors and the verify budget's run; nothing of theirs is recomputed. When the
 freed rows are too few, a new row would not fit the caches, or a row in flight has no room left to park,
 the batch is rebuilt instead. A prompt longer than the scheduler's chunk is prefilled a chunk a block
 (`prefill_chunks`, docs/serving.md "Chunked prefill"): pending until its last chunk, then it decodes.
 
-Why a rebuild otherwise: the adapters' ragged contract (`adapter.reset(B)`, then `observe`/`propose` over
-all B rows) is filled by one prefill of the whole batch. So a rebuild re-prefills the batch: each running row's verified
+Why a rebuild otherwise: a batch is built by one prefill of the whole batch (`adapter.reset(B)`, then
+`observe`/`propose` over all B rows). So a rebuild re-prefills the batch: each running row's verified
 context (its prompt and every token it emitted but the last) and each new row's prompt,
 right-padded as `batched_chain` pads them. The running row's last token is already chosen: it is
 the row's anchor again, and the prefill's pick for that row is dropped. A row's state is thus
@@ -297,7 +299,7 @@ class _Rows:
 
     def _begin(self, slots: list[int], rows: list[BatchRow], logits: torch.Tensor, feats) -> None:
         """Rows whose prompts are all in the target's cache: the drafter's context, their first tokens."""
-        self._prefill_drafter(feats, slots)
+        self._prefill_drafter(feats, slots, rows)
         picked = self._pick_rows(logits, rows).tolist()
         idx = torch.tensor(slots, device=self.dev)
         self.anchor = self.anchor.index_copy(0, idx, torch.tensor(picked, dtype=torch.long, device=self.dev))
@@ -317,7 +319,7 @@ class _Rows:
     def _capture(self) -> tuple:
         return ()
 
-    def _prefill_drafter(self, feats, slots: list[int]) -> None:
+    def _prefill_drafter(self, feats, slots: list[int], rows: list[BatchRow]) -> None:
         """The target alone has no drafter."""
 
     def _retire_cancelled(self) -> bool:
@@ -380,17 +382,34 @@ class ChainBatch(_Rows):
             self.measure_costs(self.run)
 
     def can_admit(self, rows: list[BatchRow], chunk: Optional[int] = None) -> bool:
-        """As `_Rows.can_admit`, and the drafter must be a static one that fills single rows."""
-        return getattr(self.drafter, "admits_rows", False) and super().can_admit(rows, chunk)
+        """As `_Rows.can_admit`, and the drafter must take new rows in flight: a static one that fills
+        single rows, or an adapter whose eager context does (`admits_rows`: adapters/base.py
+        `observe_prompts`)."""
+        takes = self.drafter if self.drafter is not None else self.adapter
+        return getattr(takes, "admits_rows", False) and super().can_admit(rows, chunk)
 
     def _room(self) -> int:
-        return min(super()._room(), self.drafter.max_len)
+        return super()._room() if self.drafter is None else min(super()._room(), self.drafter.max_len)
 
     def _capture(self) -> tuple:
         return tuple(self.capture)
 
-    def _prefill_drafter(self, feats, slots: list[int]) -> None:
-        self.drafter.prefill(feats, feats.shape[1], rows=slots)
+    def _prefill_drafter(self, feats, slots: list[int], rows: list[BatchRow]) -> None:
+        if self.drafter is not None:
+            self.drafter.prefill(feats, feats.shape[1], rows=slots)
+            return
+        # the eager contract: the prompts right-padded into one [B, n] observe, -1 outside the admitted rows
+        b, n = len(self.rows), max(len(r.context) for r in rows)
+        pos = torch.full((b, n), -1, dtype=torch.long, device=self.dev)
+        ids = torch.zeros((b, n), dtype=torch.long, device=self.dev)
+        full = None if feats is None else feats.new_zeros((b, n, *feats.shape[2:]))
+        for i, (slot, row) in enumerate(zip(slots, rows)):
+            m = len(row.context)
+            pos[slot, :m] = torch.arange(m, device=self.dev)
+            ids[slot, :m] = torch.tensor(row.context, dtype=torch.long, device=self.dev)
+            if full is not None:
+                full[slot, :m] = feats[i, :m]
+        self.adapter.observe_prompts(full, pos, ids, slots)
 
     def measure_costs(self, run: BudgetRun) -> None:
         """The target's cost at this batch size of each candidate verify length the budget's table

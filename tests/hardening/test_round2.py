@@ -650,3 +650,28 @@ def test_signal_during_export_leaves_nothing(sig, rc, said, runs, tmp_path, monk
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_a_folder_that_lands_between_the_check_and_the_rename_is_named_not_replaced(tmp_path, monkeypatch):
+    """atomic_dir(overwrite=False): the other writer's folder may land after the existence check, right
+    before this rename (test_two_exports_to_one_destination's race, once seen as "Directory not empty"):
+    the write still fails with the one message, and the folder that landed is kept."""
+    import os
+
+    from domino_graft.artifacts import files
+
+    final = tmp_path / "b"
+    real = os.replace
+
+    def the_other_lands_first(src, dst):
+        if str(dst) == str(final) and not final.exists():
+            final.mkdir()
+            (final / "theirs.txt").write_text("kept")
+        return real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", the_other_lands_first)
+    with pytest.raises(FileExistsError, match="appeared while it was being written; nothing replaced"):
+        with files.atomic_dir(final, overwrite=False) as tmp:
+            (tmp / "mine.txt").write_text("mine")
+    assert (final / "theirs.txt").read_text() == "kept" and not (final / "mine.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]  # no temporary folder left behind

@@ -411,3 +411,64 @@ def test_chunks_are_admitted_only_where_every_park_fits(engine):
     batch = TargetBatch(engine, placeholder_rows(1, 4, near) + placeholder_rows(1, 4, near, alive=False))
     assert batch._room() == room and not batch.can_admit(new, chunk=8)
     assert batch.can_admit(new, chunk=None)  # whole, its one park is the session's to check (ValueError: rebuild)
+
+
+# ---------------------------------------------- admission in place for the eager drafters
+@pytest.fixture(scope="module", params=("dspark", "medusa", "pard", "peagle"))
+def eager_engine(request):
+    """A chain family whose batched drafter is its adapter's eager ragged contract (no static batched
+    drafter): admission in place goes through `observe_prompts` (adapters/base.py)."""
+    from domino_graft.decoding import Engine, stop_token_ids
+    from tests.decoding.test_static_kv import graft
+
+    target, adapter, head = graft(request.param, "qwen3", seed=3)
+    return Engine(target, adapter, head, stop_ids=stop_token_ids(target))
+
+
+def test_eager_drafters_admit_in_place_and_each_answer_equals_its_target_alone(eager_engine):
+    """DSpark, Medusa chains, PARD and P-EAGLE take new prompts into freed rows of the batch in flight: the
+    rows' old drafter context is dropped and the prompts observed in their place, the row still decoding
+    keeps its own; one prompt comes in chunks. No rebuild, and every greedy answer, the cancelled one's
+    included, equals its target-alone decode (a row's drafts read only its own context)."""
+    from domino_graft.serving.batch import ChainBatch
+    from domino_graft.serving.scheduler import Scheduler
+    from domino_graft.serving.warmup import placeholder_rows
+
+    engine = eager_engine
+    assert engine.adapter.admits_rows
+    assert ChainBatch(engine, placeholder_rows(2, 4, 64), use_head=True).drafter is None  # the eager path
+    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, prefill_chunk=8)
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8], 300)
+        later = [([(3 * i + 1) % 29 + 2 for i in range(20)], 9), ([7, 1, 3, 9, 2, 8], 11), ([12], 8)]
+        built, done = _admit_after_a_first_batch(sched, engine, long, later)
+        assert sched.rebuilds == built and sched.admitted_in_place >= len(later), (sched.rebuilds, built,
+                                                                                    sched.admitted_in_place)
+        _cancel_and_check_each_against_the_target_alone(engine, long, done)
+    finally:
+        assert sched.stop(30)
+
+
+@pytest.mark.parametrize("flag, drafter, device, want", [
+    (None, "eager", "cuda", False), (None, "static", "cuda", True), (None, "eager", "cpu", True),
+    (True, "eager", "cuda", True)])
+def test_an_eager_drafter_on_cuda_rebuilds_by_default(eager_engine, monkeypatch, flag, drafter, device, want):
+    """After a CUDA warm start with an eager drafter (its admission shapes cannot be visited: it has no
+    positions to seek), admission in place is off unless asked for (`--admit-in-place on`), so traffic
+    captures no graph; elsewhere the default stays on."""
+    import types
+
+    import torch
+
+    from domino_graft.serving import warmup
+    from domino_graft.serving.scheduler import Scheduler
+
+    report = {"drafter": drafter, "seconds": 0.0, "batch_sizes": [1], "prefill_lengths": 1, "kv_buckets": 1,
+              "steps": 0, "admission_prefills": 0, "graphs": 0, "cache": {}}
+    monkeypatch.setattr(warmup, "warm_start", lambda *a, **k: types.SimpleNamespace(report=report))
+    monkeypatch.setattr(type(eager_engine.target), "device", property(lambda self: torch.device(device)))
+    sched = Scheduler(eager_engine, max_batch=4, max_queue=4, admit_in_place=flag, warm_start=64)
+    assert sched.admit_in_place
+    sched._warm_start()
+    assert sched.admit_in_place is want
