@@ -183,8 +183,9 @@ class _Rows:
                 + [c.row for c in self.pending.values() if c.row.alive()])
 
     def seek(self, position: int) -> None:
-        """Every row's next step at `position` (the warm start's visit of a kv bucket with a static
-        drafter, serving/warmup.py; an eager drafter's context must end where its rows are).
+        """Every row's next step at `position` (the warm start's visits of kv buckets, serving/warmup.py;
+        an eager drafter's context then no longer ends where its rows are, so its drafts are noise: only
+        the shapes count there).
         Harmless to what any later batch outputs: each batch starts with its own prefill, and a
         row never reads the cache at or past its own position before writing it (decoding/session.py)."""
         self.pos_h = [position] * len(self.rows)

@@ -159,8 +159,7 @@ class Scheduler:
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
-        requests into freed rows of the batch in flight where it can (serving/batch.py); on by default (off
-        after a CUDA warm start with an eager drafter, whose admissions it cannot visit; on
+        requests into freed rows of the batch in flight where it can (serving/batch.py); on by default (on
         the H200 it served 6-12% more tokens/s than rebuilding at 64 requests/s and 8-32 in flight, and cut
         TTFT p99 at 64/s from 391 to 86 ms: docs/serving.md). Its prefills meet graph shapes of their own
         (parked rows, larger kv buckets), which the warm start visits where it is on (serving/warmup.py).
@@ -189,7 +188,6 @@ class Scheduler:
         self.warm_positions = warm_start if self.batched else None  # one at a time: nothing batched to warm
         self.warm_sweep = sweep
         self.admit_in_place = True if admit_in_place is None else admit_in_place
-        self._admit_default = admit_in_place is None  # the warm start may turn the default off (`_warm_start`)
         self.prefill_chunk = prefill_chunk
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
@@ -262,10 +260,6 @@ class Scheduler:
         finally:
             self.warming = False
         r = self.warm.report
-        if self._admit_default and r.get("drafter") == "eager" and self.engine.target.device.type == "cuda":
-            # an eager drafter's admissions are not visited by the warm start (it cannot seek an eager
-            # context), so traffic would capture their prefill graphs: by default it rebuilds instead
-            self.admit_in_place = False
         log.info("warm start: %.1f s; batch sizes %s, %d prefill lengths, %d kv buckets, %d steps, %d admission "
                  "prefills, %d target graphs captured; cache %s", r["seconds"], r["batch_sizes"], r["prefill_lengths"],
                  r["kv_buckets"], r["steps"], r["admission_prefills"], r["graphs"], r["cache"])

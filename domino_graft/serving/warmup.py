@@ -105,7 +105,7 @@ def visit_admissions(warm, contexts: list[int], verify: list[Optional[int]], *, 
     verify: the K' of the parking steps, largest first (None: the target alone's step). -> how many (0
     where the batch cannot admit in place)."""
     if not warm.can_admit(placeholder_rows(1, contexts[0], positions)):
-        return 0  # a static drafter that cannot fill single rows: admission rebuilds
+        return 0  # a drafter that cannot take rows in flight: admission rebuilds
     first = verify[0]
     t_step = 1 if first is None else first + 1
     visits = []
@@ -165,9 +165,10 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
     capture = () if adapter is None else tuple(adapter.capture_layers())
     lengths = sorted({kk + 1 for kk in budgets})
     steps = admitted = 0
-    # admission in place needs the static cache and, for a chain, a static drafter (ChainBatch.can_admit);
-    # elsewhere it rebuilds, and a rebuild's prefill is at position 0
-    admit = admit and static and (adapter is None or static_drafter)
+    # admission in place needs the static cache (elsewhere it rebuilds, and a rebuild's prefill is at
+    # position 0) and a drafter that takes rows in flight (ChainBatch.can_admit, asked in visit_admissions):
+    # a static one, or an eager context (its blocks after a seek read a stale context: nothing kept)
+    admit = admit and static
     verify = [None] if adapter is None else sorted(budgets, reverse=True)
     for b in batch_sizes:
         for n in contexts[1:]:  # each longer padded prompt length: its prefill

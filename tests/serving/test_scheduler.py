@@ -448,27 +448,3 @@ def test_eager_drafters_admit_in_place_and_each_answer_equals_its_target_alone(e
         _cancel_and_check_each_against_the_target_alone(engine, long, done)
     finally:
         assert sched.stop(30)
-
-
-@pytest.mark.parametrize("flag, drafter, device, want", [
-    (None, "eager", "cuda", False), (None, "static", "cuda", True), (None, "eager", "cpu", True),
-    (True, "eager", "cuda", True)])
-def test_an_eager_drafter_on_cuda_rebuilds_by_default(eager_engine, monkeypatch, flag, drafter, device, want):
-    """After a CUDA warm start with an eager drafter (its admission shapes cannot be visited: it has no
-    positions to seek), admission in place is off unless asked for (`--admit-in-place on`), so traffic
-    captures no graph; elsewhere the default stays on."""
-    import types
-
-    import torch
-
-    from domino_graft.serving import warmup
-    from domino_graft.serving.scheduler import Scheduler
-
-    report = {"drafter": drafter, "seconds": 0.0, "batch_sizes": [1], "prefill_lengths": 1, "kv_buckets": 1,
-              "steps": 0, "admission_prefills": 0, "graphs": 0, "cache": {}}
-    monkeypatch.setattr(warmup, "warm_start", lambda *a, **k: types.SimpleNamespace(report=report))
-    monkeypatch.setattr(type(eager_engine.target), "device", property(lambda self: torch.device(device)))
-    sched = Scheduler(eager_engine, max_batch=4, max_queue=4, admit_in_place=flag, warm_start=64)
-    assert sched.admit_in_place
-    sched._warm_start()
-    assert sched.admit_in_place is want

@@ -286,3 +286,42 @@ def test_a_bad_prefill_chunk_is_named():
     with pytest.raises(ValueError, match=r"--prefill-chunk: 0 is invalid; valid: an integer >= 1"):
         ServeOptions(run=None, prefill_chunk=0).check()
     ServeOptions(run=None, prefill_chunk=16).check()
+
+
+@pytest.mark.parametrize("family", ["pard", "peagle"])
+def test_an_eager_drafters_admissions_are_visited_too(family, monkeypatch):
+    """An eager drafter (no static batched path) admits in place through `observe_prompts`: the warm start
+    runs its admission prefills too (their rows parked deep in the cache), so every target graph key the
+    traffic's admissions meet was met in the warm-up; answers stay the target alone's."""
+    from domino_graft.decoding import Engine, stop_token_ids
+    from domino_graft.serving.scheduler import Scheduler
+    from tests.decoding.test_static_kv import graft
+
+    target, adapter, head = graft(family, "qwen3", seed=3)
+    engine = Engine(target, adapter, head, stop_ids=stop_token_ids(target))
+    seen = _record_keys(monkeypatch)
+    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, warm_start=400, sweep=True)
+    _serve(sched, [])
+    warm = set(seen)
+    assert sched.warm.report["drafter"] == "eager" and sched.warm.report["admission_prefills"] > 0
+    assert sched.admit_in_place
+    seen.clear()
+    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, admit_in_place=True)
+    sched.start()
+    try:
+        long = _job(engine, [5, 6, 7, 8] * 75, 90)  # from position 300 on: parks past the first bucket
+        first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
+        for job in [long, *first]:
+            sched.submit(job)
+        _until(lambda: all(j.finish_reason for j in first), 120)
+        later = _job(engine, [7, 1, 3, 9, 2, 8], 11)
+        sched.submit(later)
+        assert later.done.wait(60)
+        assert long.finish_reason is None and sched.admitted_in_place >= 1
+        long.cancel()
+        assert long.done.wait(30)
+    finally:
+        assert sched.stop(30)
+    assert seen and seen <= warm, sorted(seen - warm)
+    for job in [*first, later]:
+        assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
