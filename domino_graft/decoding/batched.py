@@ -311,12 +311,14 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
         else:
             block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
+            if timer is not None:
+                timer.proposed()
             if kk < k:  # only the first K' slots are rolled out
                 block = first_slots(block, kk)
             drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
                                        top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
             if timer is not None:
-                timer[1].record()
+                timer.rolled_out()
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = target.step(seq, pos, capture, pos_h)
             n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
@@ -324,7 +326,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
         n_acc_h, nxt_h, drafts_h = host[:n], host[n: 2 * n], host[2 * n:]
         if timer is not None:
-            run.add_propose(timer[0].elapsed_time(timer[1]))
+            run.add_propose(*timer.read(), slots=kk)
         chunks = []
         for r, row in enumerate(rows):
             a = n_acc_h[r]

@@ -1,8 +1,11 @@
 """The verify budget: how many of the K drafted tokens a batched chain step verifies (docs/design.md
 §5, "Verify budget").
 
-A step that verifies K' drafts (0 <= K' <= K) costs the drafter's propose and rollout plus one target
-forward of T = K' + 1 tokens per row; K' = 0 is a plain target decode step (no propose, T = 1). With
+A step that verifies K' drafts (0 <= K' <= K) costs the drafter's propose (one forward, whatever K'), the
+head's rollout of K' slots (slot after slot: its cost per slot is measured apart on CUDA, `ProposeTimer`)
+and one target forward of T = K' + 1 tokens per row; K' = 0 is a plain target decode step (no propose,
+T = 1). Until `48fc57d` the propose was timed with the full rollout, so a short K' was costed as if it
+rolled out all K (+ Domino at B = 8: K' = 3 judged at 1.85 ms a step; docs/results.md §0c). With
 alpha_i the running acceptance of slot i given slot i was reached, the tokens a row gains are
 
     E(K') = 1 + sum_{j=1..K'} prod_{i<=j} alpha_i
@@ -201,11 +204,13 @@ def _count(v, where: str, what: str) -> int:
 
 @dataclass
 class VerifyCosts:
-    """Milliseconds of the target's forward by (batch size B, tokens per row T), and of the drafter's
-    propose + rollout by B. A (B, T) not in the table is interpolated linearly (B, then T)."""
+    """Milliseconds of the target's forward by (batch size B, tokens per row T), of the drafter's
+    propose by B and of the head's rollout per slot by B (measured on CUDA; a given table may hold the
+    whole block's cost in propose_ms and no rollout_ms). A (B, T) not in the table is interpolated linearly (B, then T)."""
 
     step_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> T -> ms
-    propose_ms: dict[int, float] = field(default_factory=dict)  # B -> ms
+    propose_ms: dict[int, float] = field(default_factory=dict)  # B -> ms (the drafter's forward)
+    rollout_ms: dict[int, float] = field(default_factory=dict)  # B -> ms per slot rolled out (measured on CUDA)
     source: str = "table"  # "table" (given) | "measured" (on CUDA, by the engine) | "table+measured"
 
     @classmethod
@@ -218,11 +223,11 @@ class VerifyCosts:
                              "or by_batch rows")
         if "by_batch" in data:
             return cls._from_rows(data["by_batch"], f"{where}: by_batch")
-        unknown = sorted(set(data) - {"step_ms", "propose_ms", "source"})
+        unknown = sorted(set(data) - {"step_ms", "propose_ms", "rollout_ms", "source"})
         if unknown or "step_ms" not in data:
             what = f"unknown key {unknown[0]!r}" if unknown else "no step_ms"
             raise ValueError(f"{where}: {what}; valid keys: step_ms ({{B: {{T: ms}}}}), propose_ms ({{B: ms}}), "
-                             "source, or by_batch (rows)")
+                             "rollout_ms ({B: ms per slot}), source, or by_batch (rows)")
         step = data["step_ms"]
         if not isinstance(step, dict) or not step:
             raise ValueError(f"{where}: step_ms is {step!r}; valid: {{B: {{T: ms}}}}, e.g. {{\"8\": {{\"1\": 4.8, "
@@ -239,6 +244,11 @@ class VerifyCosts:
             raise ValueError(f"{where}: propose_ms is {prop!r}; valid: {{B: ms}}")
         costs.propose_ms = {_count(b, f"{where}: propose_ms", "batch size"):
                             _positive_ms(ms, f"{where}: propose_ms[{b!r}]") for b, ms in prop.items()}
+        roll = data.get("rollout_ms", {})
+        if not isinstance(roll, dict):
+            raise ValueError(f"{where}: rollout_ms is {roll!r}; valid: {{B: ms per slot}}")
+        costs.rollout_ms = {_count(b, f"{where}: rollout_ms", "batch size"):
+                            _positive_ms(ms, f"{where}: rollout_ms[{b!r}]") for b, ms in roll.items()}
         return costs
 
     @classmethod
@@ -282,10 +292,17 @@ class VerifyCosts:
     def propose(self, b: int) -> Optional[float]:
         return _interp(b, self.propose_ms) if self.propose_ms else None
 
+    def rollout(self, b: int) -> float:
+        """ms per slot the head rolls out at batch b (0 where none was measured: a given table's propose
+        then holds the whole block's)."""
+        return _interp(b, self.rollout_ms) if self.rollout_ms else 0.0
+
     def to_dict(self) -> dict:
         return {"step_ms": {str(b): {str(t): ms for t, ms in sorted(row.items())}
                             for b, row in sorted(self.step_ms.items())},
-                "propose_ms": {str(b): ms for b, ms in sorted(self.propose_ms.items())}, "source": self.source}
+                "propose_ms": {str(b): ms for b, ms in sorted(self.propose_ms.items())},
+                **({"rollout_ms": {str(b): ms for b, ms in sorted(self.rollout_ms.items())}} if self.rollout_ms else {}),
+                "source": self.source}
 
 
 # ----------------------------------------------------------------------- policy
@@ -330,7 +347,8 @@ class VerifyBudget:
         (B, T)); the propose costs are the copy's own: a Domino rollout costs more than the drafter's argmax."""
         costs = self.costs
         if costs is not None:
-            costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms), source=costs.source)
+            costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms),
+                                rollout_ms=dict(costs.rollout_ms), source=costs.source)
         return replace(self, memory={}, costs=costs)
 
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
@@ -385,6 +403,7 @@ class BudgetRun:
         self.plain_streak = 0
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
+        self.rollout_samples: list[float] = []  # ms per slot of their rollouts
         self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
         self._step_start: Optional[tuple[int, float, bool]] = None  # (K', when, lean) of the step under way (tick)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
@@ -420,7 +439,8 @@ class BudgetRun:
         costs = self.budget.costs
         if self._propose_median() is not None and costs is not None and self.batch not in costs.propose_ms:
             costs.propose_ms[self.batch] = self._propose_median()
-        self.propose_samples = []
+            costs.rollout_ms[self.batch] = self._rollout_median()
+        self.propose_samples, self.rollout_samples = [], []
         self.batch = batch
 
     def lengths_to_measure(self) -> list[int]:
@@ -441,22 +461,29 @@ class BudgetRun:
             b.costs.source += "+measured"
         b.costs.step_ms.setdefault(self.batch, {}).update(step_ms)
 
-    def add_propose(self, ms: float) -> None:
-        """A step's propose + rollout on the CUDA clock. Not a sample: a step of the decode's first
-        (its first shapes), or one over OUTLIER x the full verify's device cost at this batch size (a
-        graph capture or compile between the two events). At 63a585e one such sample, alone in its
-        decode, became B = 4's propose cost (1.9 s) and kept the drafter from speculating there."""
+    def add_propose(self, ms: float, rollout_ms: float = 0.0, slots: int = 0) -> None:
+        """A step's drafter forward (`ms`) and its rollout of `slots` slots (`rollout_ms`) on the CUDA
+        clock (common.ProposeTimer). Not a sample: a step of the decode's first (its first shapes), or
+        one over OUTLIER x the full verify's device cost at this batch size (a graph capture or compile
+        between the events). At 63a585e one such sample, alone in its decode, became B = 4's propose
+        cost (1.9 s) and kept the drafter from speculating there."""
         costs = self.budget.costs
         if self.decode_steps <= 1:
             return
-        if costs is not None and costs.step_ms and ms > OUTLIER * costs.step(self.batch, self.k + 1):
+        if costs is not None and costs.step_ms and ms + rollout_ms > OUTLIER * costs.step(self.batch, self.k + 1):
             return
         self.propose_samples.append(ms)
+        self.rollout_samples.append(rollout_ms / slots if slots else 0.0)
 
     def _propose_median(self) -> Optional[float]:
         """The decode's propose cost, once it has MIN_OWN samples (one sample may be the odd one)."""
         s = sorted(self.propose_samples)
         return s[len(s) // 2] if len(s) >= MIN_OWN else None
+
+    def _rollout_median(self) -> float:
+        """The decode's rollout cost per slot (with its propose cost's samples; 0 before)."""
+        s = sorted(self.rollout_samples)
+        return s[len(s) // 2] if len(s) >= MIN_OWN else 0.0
 
     def times_propose(self, device_type: str) -> bool:
         """Whether the engine should time this step's propose: auto on CUDA without a propose cost
@@ -471,6 +498,7 @@ class BudgetRun:
         size starts with them."""
         if self._propose_median() is not None and self.budget.costs is not None:
             self.budget.costs.propose_ms[self.batch] = self._propose_median()
+            self.budget.costs.rollout_ms[self.batch] = self._rollout_median()
         self.budget.memory[self.key] = self
         return self.report()
 
@@ -478,15 +506,17 @@ class BudgetRun:
         return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
 
     def device_cost_ms(self, kk: int) -> float:
-        """The step's device-side cost: the target's forward of K' + 1 tokens, plus the propose for K' > 0."""
+        """The step's device-side cost: the target's forward of K' + 1 tokens, plus for K' > 0 the
+        drafter's forward and the rollout of K' slots (per slot: the head's GRU and residual run slot
+        after slot, so a short K' rolls out for less)."""
         costs = self.budget.costs
         if kk == 0:
             return costs.step(self.batch, 1)
         if self._propose_median() is not None and self.batch not in costs.propose_ms:  # this decode's own (CUDA)
-            propose = self._propose_median()
+            propose, per_slot = self._propose_median(), self._rollout_median()
         else:
-            propose = costs.propose(self.batch) or 0.0
-        return propose + costs.step(self.batch, kk + 1)
+            propose, per_slot = costs.propose(self.batch) or 0.0, costs.rollout(self.batch)
+        return propose + per_slot * kk + costs.step(self.batch, kk + 1)
 
     def cost_ms(self, kk: int) -> float:
         """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has

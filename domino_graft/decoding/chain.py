@@ -92,12 +92,14 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
             run.tick(k)
         timer = propose_timer(run, dev)
         block = (drafter or adapter).propose(anchor, pos)
+        if timer is not None:
+            timer.proposed()
         drafts, q = engine.rollout(
             engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, generator=gen, use_head=use_head,
         )
         if timer is not None:
-            timer[1].record()
+            timer.rolled_out()
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = session.step(seq, None, capture, [pos])
         forwards += 1
@@ -107,7 +109,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
         if run is not None:
             if timer is not None:
-                run.add_propose(timer[0].elapsed_time(timer[1]))
+                run.add_propose(*timer.read(), slots=k)
             run.observe(k, [a])
         accepted.append(a)
         for j in range(min(a + 1, k)):

@@ -156,11 +156,28 @@ def cuda_median_ms(call: Callable[[], object], after: Callable[[], object], repe
     return ms[len(ms) // 2]
 
 
-def propose_timer(run, dev):
-    """CUDA events around a step's propose + rollout, while the auto budget `run` has no propose cost
-    for its batch size (read after the step's sync, so they cost no extra sync); else None."""
+class ProposeTimer:
+    """CUDA events around a step's propose and its rollout, read after the step's sync (no extra sync):
+    `proposed()` after the drafter's forward, `rolled_out()` after the head's rollout; `read()` -> (propose
+    ms, rollout ms). The two apart because a rollout's cost grows with the slots it rolls out (the Domino
+    GRU and residual run slot after slot) while the drafter's forward does not (decoding/budget.py)."""
+
+    def __init__(self):
+        self.start, self.mid, self.end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        self.start.record()
+
+    def proposed(self) -> None:
+        self.mid.record()
+
+    def rolled_out(self) -> None:
+        self.end.record()
+
+    def read(self) -> tuple[float, float]:
+        return self.start.elapsed_time(self.mid), self.mid.elapsed_time(self.end)
+
+
+def propose_timer(run, dev) -> Optional[ProposeTimer]:
+    """A ProposeTimer while the auto budget `run` has no propose cost for its batch size; else None."""
     if run is None or not run.times_propose(dev.type):
         return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    return start, end
+    return ProposeTimer()

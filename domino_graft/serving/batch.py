@@ -455,18 +455,20 @@ class ChainBatch(_Rows):
         else:
             timer = propose_timer(self.run, self.dev)
             block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
+            if timer is not None:
+                timer.proposed()
             if kk < k:  # only the first K' slots are rolled out
                 block = first_slots(block, kk)
             drafts, qs = self._rollout(block, anchor)
             if timer is not None:
-                timer[1].record()
+                timer.rolled_out()
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = self.target.step(seq, pos, self.capture, pos_h)
             n_acc, nxt = self._verify(logits, drafts, qs)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         if timer is not None:
-            self.run.add_propose(timer[0].elapsed_time(timer[1]))
+            self.run.add_propose(*timer.read(), slots=kk)
         live_acc = [n_acc_h[r] for r in range(b) if self.live[r]]
         if self.run is not None:
             self.run.observe(kk, live_acc)

@@ -768,3 +768,24 @@ def test_fresh_budgets_share_the_targets_costs_and_keep_their_own_proposes():
     assert b.costs.propose_ms[8] == 0.3 and base.costs.propose_ms[8] == 0.3
     a.start(15, 8, "cuda").finish()
     assert a.memory and not b.memory
+
+
+def test_a_short_verify_is_costed_for_the_slots_it_rolls_out():
+    """The drafter's forward costs the same at any K'; the head's rollout runs slot after slot, so the
+    budget costs it per slot (ProposeTimer's two parts): a short K' pays for its own slots only. The
+    table keeps both (rollout_ms per slot), and a bad rollout_ms is named."""
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.5}}})
+    budget = VerifyBudget("auto", costs=costs)
+    run = budget.start(15, 8, "cuda")
+    run.decode_steps = 2
+    for _ in range(3):
+        run.add_propose(0.3, rollout_ms=0.75, slots=15)  # 0.05 ms a slot
+    assert run.device_cost_ms(15) == pytest.approx(0.3 + 0.75 + 1.5)
+    assert run.device_cost_ms(3) == pytest.approx(0.3 + 0.15 + 1.1)
+    run.finish()
+    assert costs.propose_ms[8] == pytest.approx(0.3) and costs.rollout_ms[8] == pytest.approx(0.05)
+    again = VerifyCosts.from_dict(json.loads(json.dumps(costs.to_dict())))
+    assert again.rollout(8) == pytest.approx(0.05) and again.propose(8) == pytest.approx(0.3)
+    assert VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0}}}).rollout(8) == 0.0  # a table without: nothing added
+    with pytest.raises(ValueError, match=r"rollout_ms\['8'\]: -1 is not a time"):
+        VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0}}, "rollout_ms": {"8": -1}})
