@@ -414,6 +414,8 @@ class BudgetRun:
             self.steps, self.decodes = carry.steps, carry.decodes + 1
             if carry.first_batch == batch:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
+                if carry.batch == batch:  # propose samples too, until MIN_OWN of them go into the table
+                    self.propose_samples, self.rollout_samples = list(carry.propose_samples), list(carry.rollout_samples)
             self.probe_every, self.since_probe = carry.next_probe_every(), carry.since_probe + 1
         self.probe = self.since_probe >= self.probe_every  # this decode checks the estimate first
         if self.probe:
@@ -463,13 +465,11 @@ class BudgetRun:
 
     def add_propose(self, ms: float, rollout_ms: float = 0.0, slots: int = 0) -> None:
         """A step's drafter forward (`ms`) and its rollout of `slots` slots (`rollout_ms`) on the CUDA
-        clock (common.ProposeTimer). Not a sample: a step of the decode's first (its first shapes), or
-        one over OUTLIER x the full verify's device cost at this batch size (a graph capture or compile
-        between the events). At 63a585e one such sample, alone in its decode, became B = 4's propose
-        cost (1.9 s) and kept the drafter from speculating there."""
+        clock (common.ProposeTimer). Not a sample: one over OUTLIER x the full verify's device cost at this
+        batch size (a graph capture or compile between the events). At 63a585e one such sample, alone in
+        its decode, became B = 4's propose cost (1.9 s) and kept the drafter from speculating there; now
+        the samples of a batch size's decodes add up until MIN_OWN of them set its cost."""
         costs = self.budget.costs
-        if self.decode_steps <= 1:
-            return
         if costs is not None and costs.step_ms and ms + rollout_ms > OUTLIER * costs.step(self.batch, self.k + 1):
             return
         self.propose_samples.append(ms)

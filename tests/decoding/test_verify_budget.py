@@ -733,28 +733,26 @@ def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
 
 
 def test_a_propose_cost_needs_several_samples_and_skips_outliers():
-    """add_propose: the decode's first step and a sample over OUTLIER x the full verify's cost (a graph
-    capture between the events) are not samples; the table takes a batch size's propose cost only from
-    MIN_OWN samples (at 63a585e a lone 1.9 s sample became B = 4's cost and kept the drafter plain)."""
-    from domino_graft.decoding.budget import MIN_OWN, OUTLIER
+    """add_propose: a sample over OUTLIER x the full verify's cost (a graph capture between the events) is
+    not one; the table takes a batch size's propose cost only from MIN_OWN samples, which add up over its
+    decodes (at 63a585e a lone 1.9 s sample became B = 4's cost and kept the drafter plain; a decode that
+    commits after one or two speculative steps still contributes them)."""
+    from domino_graft.decoding.budget import OUTLIER
 
     costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 2.0}}})
     budget = VerifyBudget("auto", costs=costs)
     run = budget.start(15, 4, "cuda")
-    run.choose()
-    run.add_propose(0.4)  # the decode's first step
-    run.choose()
     run.add_propose(OUTLIER * 2.0 + 1)  # a capture in between
     run.add_propose(0.5)
     assert run.propose_samples == [0.5]
     assert run.finish() and 4 not in costs.propose_ms  # one sample: not the table's
-    run = budget.start(15, 4, "cuda")
-    run.decode_steps = 2
-    for ms in (0.5, 0.6, 0.7)[:MIN_OWN]:
-        run.add_propose(ms)
+    run = budget.start(15, 4, "cuda")  # the next decode at B = 4 goes on from it
+    assert run.propose_samples == [0.5] and run.times_propose("cuda")
+    run.add_propose(0.6)
+    run.add_propose(0.7)
     assert run.device_cost_ms(15) == pytest.approx(0.6 + 2.0)
     run.finish()
-    assert costs.propose_ms[4] == pytest.approx(0.6)
+    assert costs.propose_ms[4] == pytest.approx(0.6) and not budget.start(15, 4, "cuda").times_propose("cuda")
 
 
 def test_fresh_budgets_share_the_targets_costs_and_keep_their_own_proposes():
