@@ -41,6 +41,16 @@ def _submit_all(sched, jobs) -> None:
         assert job.done.wait(120), job.prompt_ids
 
 
+def _deep_row_and_three_short(engine, sched, long_tokens: int):
+    """A long request whose row decodes from position 300 on (so an admission parks past the first kv
+    bucket) beside three short ones, all submitted. -> (long, the short jobs)."""
+    long = _job(engine, [5, 6, 7, 8] * 75, long_tokens)
+    first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
+    for job in [long, *first]:
+        sched.submit(job)
+    return long, first
+
+
 def _serve(sched, jobs) -> None:
     sched.start()
     try:
@@ -182,10 +192,7 @@ def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkey
                       admit_in_place=True)
     sched.start()
     try:
-        long = _job(engine, [5, 6, 7, 8] * 75, 280)  # from position 300 on: parks past the first bucket
-        first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
-        for job in [long, *first]:
-            sched.submit(job)
+        long, first = _deep_row_and_three_short(engine, sched, 280)
         later = [_job(engine, [7, 1, 3, 9, 2, 8], 11), _job(engine, [12, 3] * 20, 8)]  # padded to 16 and 64
         for job, at in zip(later, (0, 230)):
             _until(lambda at=at: all(j.finish_reason for j in first) and len(long.tokens) > at, 120)
@@ -309,10 +316,7 @@ def test_an_eager_drafters_admissions_are_visited_too(family, monkeypatch):
     sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, admit_in_place=True)
     sched.start()
     try:
-        long = _job(engine, [5, 6, 7, 8] * 75, 90)  # from position 300 on: parks past the first bucket
-        first = [_job(engine, [9, 3, 4], 6), _job(engine, [11, 2], 9), _job(engine, [4, 4, 4, 4, 4], 5)]
-        for job in [long, *first]:
-            sched.submit(job)
+        long, first = _deep_row_and_three_short(engine, sched, 90)
         _until(lambda: all(j.finish_reason for j in first), 120)
         later = _job(engine, [7, 1, 3, 9, 2, 8], 11)
         sched.submit(later)
