@@ -54,8 +54,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     k = adapter.num_slots
     run = budget.start(k, 1, dev.type, key="solo") if budget is not None and budget.mode == "auto" else None
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
-        res = engine.target_only(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
-                                 on_tokens=on_tokens, seed_offset=seed_offset)
+        res = engine.target_only_checked(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+                                         on_tokens=on_tokens, seed_offset=seed_offset)
         run.count_plain(res.decode_steps)
         engine.last_budget = run.finish()
         return replace(res, accepted=[0] * res.decode_steps, slot_reached=[0] * k, slot_accepted=[0] * k)

@@ -95,7 +95,16 @@ class Engine:
     def target_only(self, prompt_ids, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                     stop_ids: Iterable[int] = (), on_tokens: OnTokens = None, seed_offset: int = 0) -> DecodeResult:
         """Autoregressive decoding with the target alone, on the engine's cache machinery."""
-        ids = check_prompt(self.target, prompt_ids, max_new_tokens)
+        return self.target_only_checked(check_prompt(self.target, prompt_ids, max_new_tokens),
+                                        max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+                                        on_tokens=on_tokens, seed_offset=seed_offset)
+
+    @torch.inference_mode()
+    def target_only_checked(self, ids: torch.Tensor, *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                            stop_ids: Iterable[int] = (), on_tokens: OnTokens = None,
+                            seed_offset: int = 0) -> DecodeResult:
+        """`target_only` of ids [1, n] that `check_prompt` already returned (the solo chain's decode that
+        starts committed checks its prompt once, not twice)."""
         dev = ids.device
         gen = sampling.generator(dev, seed_offset)
         out = Output(max_new_tokens, stop_set(self.stop_ids, stop_ids), on_tokens)
