@@ -30,13 +30,14 @@ import torch
 from torch import nn
 
 
-def forget_rows(positions: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """A ragged batch's positions [B, n] with `rows` made padding (-1: never attended, never read): what
-    an adapter's `observe_prompts` does to the context of rows whose requests ended."""
-    if positions.dim() != 2 or not rows:
-        return positions
-    out = positions.clone()
-    out[torch.as_tensor(rows, device=positions.device)] = -1
+def forget_rows(context: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """A ragged batch's per-row context [B, n] with `rows` dropped: positions become padding (-1: never
+    attended, never read), a validity mask False. What an adapter's `observe_prompts` does to the
+    context of rows whose requests ended."""
+    if context.dim() != 2 or not rows:
+        return context
+    out = context.clone()
+    out[torch.as_tensor(rows, device=context.device)] = False if context.dtype == torch.bool else -1
     return out
 
 

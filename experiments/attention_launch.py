@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from domino_graft.decoding.common import cuda_median_ms  # noqa: E402
 from kernels.engine import decode_attention as attn  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 36, 32, 8, 128  # Qwen3-8B
@@ -47,15 +47,7 @@ def measure(b: int, t: int, ctx: int, iters: int, caches) -> tuple[float, torch.
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = layers()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), out[0][0].clone()
+    return cuda_median_ms(graph.replay, lambda: None, repeats=iters), out[0][0].clone()
 
 
 def main(argv=None) -> int:

@@ -116,7 +116,7 @@ class PardAdapter(DrafterAdapter):
         """(adapters/base.py) The rows' cache entries leave the validity mask and their pending entries
         become padding; the prompts then come in as any ragged observe, each at its own positions from 0."""
         if self._valid is not None:
-            self._valid = forget_rows(self._valid.long(), rows) > 0
+            self._valid = forget_rows(self._valid, rows)
         self._pending = [(i, forget_rows(p, rows)) for i, p in self._pending]
         self.observe(features, positions, ids)
 

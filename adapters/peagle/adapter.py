@@ -116,7 +116,7 @@ class PEagleAdapter(DrafterAdapter):
         become padding; the prompts are then paired inside themselves (g_q with x_{q+1}), as a first
         observe pairs a prompt, while every other row keeps its waiting g."""
         if self._valid is not None:
-            self._valid = forget_rows(self._valid.long(), rows) > 0
+            self._valid = forget_rows(self._valid, rows)
         self._todo = [(t, f, forget_rows(p, rows)) for t, f, p in self._todo]
         self._observe_ragged(features, positions, ids, prompts=True)
 

@@ -439,9 +439,8 @@ class BudgetRun:
         """The batch shrank to `batch` rows (decoding/batched.py): steps cost that batch's, and the proposes
         timed so far are the old batch's."""
         costs = self.budget.costs
-        if self._propose_median() is not None and costs is not None and self.batch not in costs.propose_ms:
-            costs.propose_ms[self.batch] = self._propose_median()
-            costs.rollout_ms[self.batch] = self._rollout_median()
+        if costs is not None and self.batch not in costs.propose_ms:
+            self._store_propose()
         self.propose_samples, self.rollout_samples = [], []
         self.batch = batch
 
@@ -475,15 +474,20 @@ class BudgetRun:
         self.propose_samples.append(ms)
         self.rollout_samples.append(rollout_ms / slots if slots else 0.0)
 
-    def _propose_median(self) -> Optional[float]:
-        """The decode's propose cost, once it has MIN_OWN samples (one sample may be the odd one)."""
-        s = sorted(self.propose_samples)
-        return s[len(s) // 2] if len(s) >= MIN_OWN else None
+    def _propose_medians(self) -> Optional[tuple[float, float]]:
+        """(propose ms, rollout ms per slot) of the samples so far, once there are MIN_OWN of them (one
+        sample may be the odd one); else None."""
+        if len(self.propose_samples) < MIN_OWN:
+            return None
+        rollout = sorted(self.rollout_samples)
+        return (sorted(self.propose_samples)[len(self.propose_samples) // 2],
+                rollout[len(rollout) // 2] if rollout else 0.0)
 
-    def _rollout_median(self) -> float:
-        """The decode's rollout cost per slot (with its propose cost's samples; 0 before)."""
-        s = sorted(self.rollout_samples)
-        return s[len(s) // 2] if len(s) >= MIN_OWN else 0.0
+    def _store_propose(self) -> None:
+        """The samples' medians into the budget's table as this batch size's costs (once there are enough)."""
+        medians, costs = self._propose_medians(), self.budget.costs
+        if medians is not None and costs is not None:
+            costs.propose_ms[self.batch], costs.rollout_ms[self.batch] = medians
 
     def times_propose(self, device_type: str) -> bool:
         """Whether the engine should time this step's propose: auto on CUDA without a propose cost
@@ -496,9 +500,7 @@ class BudgetRun:
         """The decode's report; its propose measurements go into the budget's table (as its target
         costs did) and its estimate into the budget's memory, so the next decode at this batch
         size starts with them."""
-        if self._propose_median() is not None and self.budget.costs is not None:
-            self.budget.costs.propose_ms[self.batch] = self._propose_median()
-            self.budget.costs.rollout_ms[self.batch] = self._rollout_median()
+        self._store_propose()
         self.budget.memory[self.key] = self
         return self.report()
 
@@ -512,10 +514,8 @@ class BudgetRun:
         costs = self.budget.costs
         if kk == 0:
             return costs.step(self.batch, 1)
-        if self._propose_median() is not None and self.batch not in costs.propose_ms:  # this decode's own (CUDA)
-            propose, per_slot = self._propose_median(), self._rollout_median()
-        else:
-            propose, per_slot = costs.propose(self.batch) or 0.0, costs.rollout(self.batch)
+        own = None if self.batch in costs.propose_ms else self._propose_medians()  # this decode's (CUDA)
+        propose, per_slot = own or (costs.propose(self.batch) or 0.0, costs.rollout(self.batch))
         return propose + per_slot * kk + costs.step(self.batch, kk + 1)
 
     def cost_ms(self, kk: int) -> float:
