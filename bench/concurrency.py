@@ -22,8 +22,9 @@ prompts in order, B at a time, each batch by the three modes in turn (which goes
 to batch, so that no mode always follows the host's work between batches). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
 latency (a row's latency ends when it does), averaged. `batches`: each timed batch's mode order and
-each mode's wall seconds, and for a speculative mode under a verify budget whether its decode was a probe or
-started committed (the decodes that can differ from the target alone's where the budget commits). identical_to_target: every row of every batch, in
+each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up met every shape), and for a
+speculative mode under a verify budget whether its decode started committed (those that did not are the
+decodes that can differ from the target alone's where the budget commits) and the K' it chose. identical_to_target: every row of every batch, in
 every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
 first when 1 is not among the sizes).
 
@@ -167,6 +168,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
 
     from domino_graft.decoding.budget import VerifyBudget, candidate_budgets
     from domino_graft.decoding.divergence import first_divergence
+    from domino_graft.fast import graphs_captured
 
     runs = decoders(engine, max_new, solo, temperature, budget, shrink, budgets)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
@@ -206,13 +208,16 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
         # the modes take turns going first (whatever the GPU's state after the host's work between
         # batches, no mode always meets it); their rows are checked after, the target's first
         for mode in order:
+            captured = graphs_captured()
             t1 = time.perf_counter()
             results_of[mode] = runs[mode](chunk)
             this["wall_s"][mode] = round(time.perf_counter() - t1, 5)
             wall[mode] += this["wall_s"][mode]
+            # a graph captured in a timed decode: a shape the warm-up did not meet (its capture is in the wall)
+            this.setdefault("graphs_captured", {})[mode] = graphs_captured() - captured
             budget_of[mode] = getattr(engine, "last_budget", None) if mode != "target" else None
-            if budget_of[mode]:  # which decodes differ from the target alone's: probes, and those not committed
-                this[mode] = {key: budget_of[mode].get(key) for key in ("probe", "starts_committed", "k_hist")}
+            if budget_of[mode]:  # which decodes differ from the target alone's: those not started committed
+                this[mode] = {key: budget_of[mode].get(key) for key in ("starts_committed", "k_hist")}
         row.setdefault("batches", []).append(this)
         for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
             results = results_of[mode]

@@ -261,7 +261,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         raise ValueError("use_head=True but no Domino head is loaded")
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
-    run = None if budget is None else budget.start(k, b, dev.type)  # refused before any forward
+    run = None if budget is None else budget.start(k, b, dev.type, remaining=max_new_tokens)  # refused before any forward
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
         engine.last_budget = run.finish()

@@ -34,18 +34,28 @@ speculative at B = 16 / 64 in f083e02's run, 0.58 / 0.61 plain through the chain
 not sampled (it meets the decode's first shapes: graph captures, compiles), nor is a step over OUTLIER
 times its device-side cost; the committed plain loop samples its own steps.
 
-What a decode learns stays with the budget, by batch size (`VerifyBudget.memory`): the next decode
-at that size starts from its acceptance estimate and excess samples instead of verifying everything
-for WARMUP_STEPS, and only every PROBE_EVERY-th decode verifies all K for one step first (the
-estimate keeps being checked; each probe that ends committed again doubles the interval, up to
-PROBE_MAX, and one that does not resets it, so a batch size where speculation does not pay stops paying
-for the check). When auto has chosen K' = 0 for COMMIT_AFTER steps in a row the
-decode commits to plain decoding (`committed()`): the callers then run the target alone's lean loop
-for the rest of it (no features captured, nothing written to the drafter), so a batch in which
-speculation does not pay costs what the target alone costs. A decode whose batch size's last decode
-ended committed, and that is not a probe, starts committed (`starts_committed`): the callers run the
-target alone's decode itself, without the drafter's prefill or the prompt's features, which a
-decode that only commits after COMMIT_AFTER steps still pays.
+The acceptance estimate is one for the whole budget (`VerifyBudget.pool`), whatever the batch size:
+how often slot i's draft is accepted is the drafter's and the data's, not the batch's (the batch size
+enters through the costs and the slowest row, `batch_tokens`). Until e890265 each batch size kept its
+own estimate, and a batch size where plain steps won learnt it only from probe decodes that verified
+all K at their first step: the start of an answer is its most predictable part, so those estimates
+ran high (slot 1: 0.65 at B = 64 against 0.47-0.53 at B = 1-4, where every step is observed) and
+sent B = 16 and 32 back to the drafter, where its decodes ran 17-31% slower than the target alone's
+(bench/results/concurrency_h200/e890265_*). Now the batch sizes where speculation pays keep the
+estimate of those where it does not.
+
+What a decode learns about its costs stays with the budget, by batch size (`VerifyBudget.memory`):
+the next decode at that size starts from its excess samples; a step kind its size has no samples of
+borrows the nearest batch size's (`excess_ms`). When auto has chosen K' = 0 for COMMIT_AFTER steps
+in a row the decode commits to plain decoding (`committed()`): the callers then run the target
+alone's lean loop for the rest of it (no features captured, nothing written to the drafter), so a
+batch in which speculation does not pay costs what the target alone costs. A decode at a batch size
+seen before whose choice at its first step would be K' = 0 starts committed (`starts_committed`):
+the callers run the target alone's decode itself, without the drafter's prefill or the prompt's
+features, which a decode that only commits after COMMIT_AFTER steps still pays. Such a decode
+observes nothing, and the estimate loses IDLE_DECAY of its weight: after a long plain stretch it has
+drifted toward the optimistic prior far enough that a decode speculates again and checks it (where
+that first happens: the batch size where speculation costs least).
 
 Near break-even the estimate's error decides, and it leans one way: on the H200 (bench/results/
 concurrency_h200.json) the speculative steps auto chose at B = 16 greedy (4a3b5fe) and at B = 1, T = 1
@@ -82,17 +92,15 @@ WARMUP_STEPS = 2
 # PRIOR_ALPHA worth PRIOR_COUNT rows, so a slot that stops being verified (K' below it, or K' = 0)
 # drifts back to the optimistic prior and gets verified again: the budget keeps probing
 DECAY = 0.95
+# ... and by this much per decode that starts committed (it observes nothing): after ~70 such decodes
+# the estimate has halved its weight, so a long plain stretch ends in a decode that checks it again
 PRIOR_ALPHA = 0.8
 PRIOR_COUNT = 2.0
 VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
 # the wall-clock excess of a step kind: the median of its last WALL_WINDOW samples (a step that
 # compiled or captured a graph, or met a host hiccup, is an outlier the median skips)
 WALL_WINDOW = 32
-# decodes after the first at a batch size: every PROBE_EVERY-th verifies all K for PROBE_STEPS first
-PROBE_EVERY = 4
-PROBE_STEPS = 1
-# ... and a probe that confirms the commit doubles the interval, up to this many decodes
-PROBE_MAX = 64
+IDLE_DECAY = 0.99
 # auto's K' = 0 this many steps in a row: the decode commits to the target alone's loop
 COMMIT_AFTER = 3
 # a step whose wall time is over OUTLIER x its device-side cost is not sampled (a graph capture or a
@@ -306,6 +314,34 @@ class VerifyCosts:
 
 
 # ----------------------------------------------------------------------- policy
+class Acceptance:
+    """The running acceptance of a drafter's K slots that every decode of one budget shares, at any
+    batch size (module docstring): per slot, how many rows reached it and how many of those accepted,
+    decayed by DECAY per observed step and by IDLE_DECAY per decode that observes nothing."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.reached = [0.0] * k
+        self.accepted = [0.0] * k
+        self.steps = 0  # steps observed
+
+    def alphas(self) -> list[float]:
+        return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
+
+    def decay(self, factor: float) -> None:
+        self.reached = [n * factor for n in self.reached]
+        self.accepted = [a * factor for a in self.accepted]
+
+    def observe(self, kk: int, accepted: Iterable[int]) -> None:
+        """A step that verified kk drafts; `accepted`: each live row's accepted count."""
+        self.steps += 1
+        self.decay(DECAY)
+        for a in accepted:
+            for j in range(min(a + 1, kk)):
+                self.reached[j] += 1
+                self.accepted[j] += j < a
+
+
 @dataclass
 class VerifyBudget:
     """What a batched chain verifies per step: "full" (all K: the default), "fixed" (always `n`) or
@@ -316,8 +352,10 @@ class VerifyBudget:
     n: Optional[int] = None
     costs: Optional[VerifyCosts] = None
     lengths: tuple[int, ...] = CANDIDATE_LENGTHS
-    # what decodes learned, by batch size (or "solo"): their last BudgetRun (module docstring)
+    # what decodes learned of their costs, by batch size (or "solo"): their last BudgetRun (module docstring)
     memory: dict = field(default_factory=dict, repr=False, compare=False)
+    # the acceptance every decode shares, whatever its batch size (module docstring)
+    pool: Optional[Acceptance] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in (*MODES, "fixed"):
@@ -349,7 +387,7 @@ class VerifyBudget:
         if costs is not None:
             costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms),
                                 rollout_ms=dict(costs.rollout_ms), source=costs.source)
-        return replace(self, memory={}, costs=costs)
+        return replace(self, memory={}, costs=costs, pool=None)
 
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
         """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
@@ -373,33 +411,38 @@ class VerifyBudget:
         return [self.n] if self.mode == "fixed" else candidate_budgets(k, self.lengths)
 
     def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None,
-              key=None) -> "BudgetRun":
+              key=None, remaining: int = 0) -> "BudgetRun":
         """The state of one decode of `batch` rows with a drafter of `k` slots; on CUDA it reads the
         wall clock too (module docstring). carry: the run this one continues (the server's rebuilt
-        batch), else what the last decode under `key` (default: the batch size) learned."""
+        batch), else what the last decode under `key` (default: the batch size) learned. remaining:
+        the most tokens a row may emit (a static batch's first choice is judged by its slowest row)."""
         self.check(k, device_type)
         key = batch if key is None else key
         remembered = carry is None
         if remembered:
             carry = self.memory.get(key)
         return BudgetRun(self, k, batch, wall_clock=device_type == "cuda", carry=carry, key=key,
-                         remembered=remembered)
+                         remembered=remembered, remaining=remaining)
+
+    def acceptance(self, k: int) -> Acceptance:
+        """The shared acceptance estimate for a drafter of k slots (a new one if k changed)."""
+        if self.pool is None or self.pool.k != k:
+            self.pool = Acceptance(k)
+        return self.pool
 
 
 class BudgetRun:
     """One decode's choices: the running acceptance and a histogram of the K' chosen."""
 
     def __init__(self, budget: VerifyBudget, k: int, batch: int, wall_clock: bool = False,
-                 carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False):
+                 carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False, remaining: int = 0):
         self.budget, self.k, self.batch = budget, k, batch
         self.first_batch = batch  # the decode's batch size before any compaction (`resize`)
         self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
-        self.reached = [0.0] * k
-        self.accepted = [0.0] * k
-        self.steps = 0  # steps observed, carried runs included
+        self.pool = budget.acceptance(k)  # shared with every decode of this budget (module docstring)
         self.decode_steps = 0  # this decode's choices
-        self.decodes = 0  # decodes before this one that this run's estimate has seen
+        self.decodes = 0  # decodes before this one at this batch size (or key)
         self.plain_streak = 0
         self.chosen: dict[int, int] = {}
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
@@ -408,32 +451,21 @@ class BudgetRun:
         self._step_start: Optional[tuple[int, float, bool]] = None  # (K', when, lean) of the step under way (tick)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
         self.committed_whole = False  # committed to plain steps at the decode's first batch size
-        self.probe_every, self.since_probe = PROBE_EVERY, 0  # probe decodes (module docstring)
         if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
-            self.reached, self.accepted = list(carry.reached), list(carry.accepted)
-            self.steps, self.decodes = carry.steps, carry.decodes + 1
+            self.decodes = carry.decodes + 1
             if carry.first_batch == batch:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
                 if carry.batch == batch:  # propose samples too, until MIN_OWN of them go into the table
                     self.propose_samples, self.rollout_samples = list(carry.propose_samples), list(carry.rollout_samples)
-            self.probe_every, self.since_probe = carry.next_probe_every(), carry.since_probe + 1
-        self.probe = self.since_probe >= self.probe_every  # this decode checks the estimate first
-        if self.probe:
-            self.since_probe = 0
-        # the last decode at this batch size ended committed to plain steps and this one is no probe:
-        # it is the target alone's from its first step (module docstring), nothing drafted or prefilled
-        self.starts_committed = (remembered and budget.mode == "auto" and carry is not None and carry.k == k
-                                 and carry.first_batch == batch and carry.committed_whole and not self.probe)
+        # a batch size seen before whose first choice would be plain steps: the target alone's decode
+        # from its first step, nothing drafted or prefilled (module docstring)
+        seen = carry is not None and carry.k == k and carry.first_batch == batch
+        self.starts_committed = (remembered and seen and budget.mode == "auto"
+                                 and self._choice(batch, remaining) == 0)
         if self.starts_committed:
             self.plain_streak = COMMIT_AFTER
             self.committed_whole = True
-
-    def next_probe_every(self) -> int:
-        """The probe interval after this decode: doubled by a probe that committed again, reset by one
-        that did not (module docstring)."""
-        if not self.probe:
-            return self.probe_every
-        return min(self.probe_every * 2, PROBE_MAX) if self.committed_whole else PROBE_EVERY
+            self.pool.decay(IDLE_DECAY)
 
     def resize(self, batch: int) -> None:
         """The batch shrank to `batch` rows (decoding/batched.py): steps cost that batch's, and the proposes
@@ -505,7 +537,7 @@ class BudgetRun:
         return self.report()
 
     def alphas(self) -> list[float]:
-        return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
+        return self.pool.alphas()
 
     def device_cost_ms(self, kk: int) -> float:
         """The step's device-side cost: the target's forward of K' + 1 tokens, plus for K' > 0 the
@@ -531,8 +563,17 @@ class BudgetRun:
         return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
 
     def excess_ms(self, key: str) -> float:
-        samples = sorted(self.excess.get(key, [])[-WALL_WINDOW:])
+        samples = sorted((self.excess.get(key) or self._borrowed(key))[-WALL_WINDOW:])
         return max(samples[len(samples) // 2], 0.0) if samples else 0.0
+
+    def _borrowed(self, key: str) -> list[float]:
+        """A step kind this batch size has no samples of: the nearest batch size's that has (in log2 B;
+        a tie goes to the larger, whose host work is the larger), else none (module docstring)."""
+        near = [r for r in self.budget.memory.values()
+                if r is not self and isinstance(r.key, int) and r.excess.get(key)]
+        if not near:
+            return []
+        return min(near, key=lambda r: (abs(math.log2(r.first_batch / self.batch)), -r.first_batch)).excess[key]
 
     def tick(self, kk: int, lean: bool = False) -> None:
         """At the top of a step that will verify kk drafts (0: a plain step; `lean`: one of the target
@@ -570,20 +611,24 @@ class BudgetRun:
             kk = self.k
         elif b.mode == "fixed":
             kk = b.n
-        elif self.steps < WARMUP_STEPS:
-            kk = self.k
-        elif self.probe and self.decode_steps < PROBE_STEPS:  # check the estimate
-            kk = self.k
         else:
-            alphas = self.alphas()
-            kk = best_budget(alphas, self.candidates, self.cost_ms,
-                             lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
+            kk = self._choice(rows, remaining)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0
         if self.committed() and self.batch == self.first_batch:
             self.committed_whole = True
         return kk
+
+    def _choice(self, rows: int, remaining: int) -> int:
+        """auto's K': the shared estimate against this batch size's costs; all K for the estimate's
+        first WARMUP_STEPS steps (every slot gets seen before it decides anything)."""
+        costs = self.budget.costs
+        if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms:
+            return self.k
+        alphas = self.alphas()
+        return best_budget(alphas, self.candidates, self.cost_ms,
+                           lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
 
     def committed(self) -> bool:
         """Auto has chosen plain steps COMMIT_AFTER times in a row: the rest of the decode runs the
@@ -601,14 +646,8 @@ class BudgetRun:
         self.chosen[0] = self.chosen.get(0, 0) + n
 
     def observe(self, kk: int, accepted: Iterable[int]) -> None:
-        """A step that verified kk drafts; `accepted`: each live row's accepted count."""
-        self.steps += 1
-        self.reached = [n * DECAY for n in self.reached]
-        self.accepted = [a * DECAY for a in self.accepted]
-        for a in accepted:
-            for j in range(min(a + 1, kk)):
-                self.reached[j] += 1
-                self.accepted[j] += j < a
+        """A step that verified kk drafts; `accepted`: each live row's accepted count (into the shared estimate)."""
+        self.pool.observe(kk, accepted)
 
     def report(self) -> dict:
         """{"mode", "batch", "k_hist": {K': steps}, "alpha": the final estimate, and with the wall
@@ -621,7 +660,7 @@ class BudgetRun:
             out["cost_ms"] = {str(kk): round(self.cost_ms(kk), 4) for kk in self.candidates} \
                 if self.budget.costs is not None and self.budget.costs.step_ms else None
             out["decodes_seen"] = self.decodes
-            out["probe"], out["probe_every"], out["committed_whole"] = self.probe, self.probe_every, self.committed_whole
+            out["committed_whole"] = self.committed_whole
             out["starts_committed"] = self.starts_committed
         return out
 

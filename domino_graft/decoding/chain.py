@@ -52,7 +52,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     dev = ids.device
     adapter = engine.adapter
     k = adapter.num_slots
-    run = budget.start(k, 1, dev.type, key="solo") if budget is not None and budget.mode == "auto" else None
+    run = budget.start(k, 1, dev.type, key="solo", remaining=max_new_tokens) if budget is not None and budget.mode == "auto" else None
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         res = engine.target_only_checked(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
                                          on_tokens=on_tokens, seed_offset=seed_offset)

@@ -65,9 +65,19 @@ def host_ints(position, b: int) -> list[int]:
     return host
 
 
+_CAPTURED = [0]  # graphs capture_graph captured in this process (graphs_captured)
+
+
+def graphs_captured() -> int:
+    """How many CUDA graphs `capture_graph` has captured in this process (the target's and the static
+    drafters'): a timed pass that captures one met a shape its warm-up did not (bench/concurrency.py)."""
+    return _CAPTURED[0]
+
+
 def capture_graph(fn, warmup: int):
     """(graph, outputs) of `fn()` captured as a CUDA graph, after `warmup` eager runs on a side
     stream (cuBLAS workspaces, torch.compile); `fn` must read only static buffers."""
+    _CAPTURED[0] += 1
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

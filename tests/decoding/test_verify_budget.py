@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from domino_graft.decoding import Engine, Sampling, stop_token_ids
-from domino_graft.decoding.budget import (PROBE_EVERY, BudgetRun, VerifyBudget, VerifyCosts, best_budget,
-                                          candidate_budgets, expected_tokens)
+from domino_graft.decoding.budget import (BudgetRun, VerifyBudget, VerifyCosts, best_budget, candidate_budgets,
+                                          expected_tokens)
 from tests.conftest import REPO
 from tests.decoding.test_batched import RowOracle
 from tests.decoding.test_batched_sampling import PROMPTS, row_pvalues, wrong_q
@@ -340,11 +340,11 @@ def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
             [5, 6], max_new_tokens=4, budget=VerifyBudget.parse("auto", dear))
 
 
-def test_a_decode_after_a_committed_one_runs_the_target_alone_from_its_first_step(monkeypatch):
-    """starts_committed (decoding/budget.py): once a decode at a batch size has committed to plain
-    steps, the next ones at that size run the target alone's decode outright (no drafter built or
-    prefilled, no rollout: every step K' = 0), until the PROBE_EVERY-th decode verifies all K again;
-    outputs equal the target alone's throughout, batched (B = 3) and solo (B = 1)."""
+def test_a_decode_where_plain_steps_win_runs_the_target_alone_from_its_first_step(monkeypatch):
+    """starts_committed (decoding/budget.py): once a batch size has been seen and the shared estimate
+    says plain steps win there, its decodes run the target alone's decode outright (no drafter built or
+    prefilled, no rollout: every step K' = 0); outputs equal the target alone's throughout, batched
+    (B = 3) and solo (B = 1)."""
     from domino_graft.decoding import batched
 
     target, adapter, head = graft("dflash", "qwen3", seed=2)
@@ -359,20 +359,21 @@ def test_a_decode_after_a_committed_one_runs_the_target_alone_from_its_first_ste
                                               "3": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
                                   "propose_ms": {"1": 5.0, "3": 5.0}})
     budget = VerifyBudget.parse("auto", dear)
-    for decode in range(PROBE_EVERY + 1):
+    for decode in range(4):
         built.clear()
         got = engine.speculative_batch(prompts, max_new_tokens=12, budget=budget)
         assert [r.tokens for r in got] == refs, decode
         hist = engine.last_budget["k_hist"]
-        if decode % PROBE_EVERY == 0:  # the first decode and each probe draft: they verify all K first
+        if decode == 0:  # the estimate's first steps verify all K, then plain steps win: it commits
             assert hist.get(str(k), 0) >= 1 and hist.get("0", 0) > 0 and built, (decode, hist)
         else:
             assert set(hist) == {"0"} and not built, (decode, hist)
             assert all(r.accepted == [0] * r.decode_steps for r in got)
+        # solo: its first decode commits at its first choice (the estimate is the batched decodes'),
+        # the later ones start committed
         solo = engine.speculative(prompts[0], max_new_tokens=12, budget=budget)
         assert solo.tokens == refs[0], decode
-        hist = engine.last_budget["k_hist"]
-        assert (set(hist) == {"0"}) == (decode % PROBE_EVERY != 0), (decode, hist)
+        assert set(engine.last_budget["k_hist"]) == {"0"}, (decode, engine.last_budget)
         assert len(solo.accepted) == solo.decode_steps
 
 
@@ -421,7 +422,6 @@ def test_auto_budget_that_commits_mid_decode_matches_target_distribution(monkeyp
     from domino_graft.decoding import budget as budget_mod
 
     monkeypatch.setattr(budget_mod, "WARMUP_STEPS", warmup)
-    monkeypatch.setattr(budget_mod, "PROBE_STEPS", warmup)  # a first decode probes too, else
     monkeypatch.setattr(budget_mod, "COMMIT_AFTER", 1)
     target, adapter, head, joints, sampling, batch = sampled_setup(seed=1)
     dear = {"step_ms": {str(len(batch)): {"1": 1.0, "2": 50.0, "4": 60.0, "5": 70.0}},
@@ -609,44 +609,48 @@ def test_a_plain_step_is_costed_by_the_lean_loop_once_it_has_samples():
     assert "lean" in run.report()["excess_ms"]
 
 
-def test_probes_thin_out_while_they_keep_committing():
-    """A probe decode that commits again doubles the interval to the next one (PROBE_EVERY, 2x, 4x,
-    ... up to PROBE_MAX); a probe that does not commit resets it."""
-    from domino_graft.decoding.budget import PROBE_MAX
+def test_the_acceptance_estimate_is_shared_by_every_batch_size():
+    """What a decode at one batch size observes decides at every other (module docstring: a batch size
+    where plain steps win would otherwise learn its acceptance only from the first steps of its
+    decodes); fresh() budgets (the drafter alone, + Domino) keep their own estimates."""
+    budget = VerifyBudget("auto", costs=H200)
+    run = budget.start(15, 1, "cpu")
+    for _ in range(12):
+        run.observe(15, [2])  # two drafts accepted a step, the third refused
+    run.finish()
+    other = budget.start(15, 32, "cpu")
+    assert other.alphas() == run.alphas()
+    assert other.alphas()[0] > 0.9 and other.alphas()[2] < 0.2
+    other.observe(15, [0] * 32)
+    assert run.alphas()[0] < 0.7  # 32 rows refusing the first draft: every batch size sees them
+    assert budget.fresh().start(15, 1, "cpu").alphas() == [0.8] * 15  # its own, the prior
 
-    dear = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 20.0, "8": 30.0, "16": 40.0}},
-                                  "propose_ms": {"4": 5.0}})
-    budget = VerifyBudget("auto", costs=dear)
-    probes = []
-    for decode in range(64):
+
+def test_a_long_plain_stretch_ends_in_a_decode_that_checks_the_estimate():
+    """A decode that starts committed observes nothing and the estimate loses IDLE_DECAY of its weight:
+    after many such decodes it has drifted toward the optimistic prior, one decode speculates again,
+    sees the drafter still miss and commits; the decodes after it start committed again. The checks
+    are rare (dozens of decodes apart)."""
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "4": 1.6, "8": 2.2, "16": 3.5}},
+                                   "propose_ms": {"4": 0.2}})
+    budget = VerifyBudget("auto", costs=costs)
+    checks = []
+    for decode in range(400):
         run = budget.start(15, 4, "cpu")
-        if run.probe:
-            probes.append(decode)
         if not run.starts_committed:
+            checks.append(decode)
             while not run.committed():
                 run.observe(run.choose(), [0] * 4)
         run.finish()
-    assert probes == [4, 12, 28, 60], probes  # intervals 4, 8, 16, 32
-    assert budget.memory[4].probe_every == min(64, PROBE_MAX)  # the probe at 60 doubled it again
-    cheap = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 1.0}}, "propose_ms": {"4": 0.01}})
-    budget.costs = cheap  # speculation pays now: the next probe does not commit, the interval resets
-    for decode in range(PROBE_MAX + 1):
-        run = budget.start(15, 4, "cpu")
-        if run.probe:
-            for _ in range(8):
-                run.observe(run.choose(), [15] * 4)
-            assert not run.committed_whole
-            run.finish()
-            break
-        assert run.starts_committed  # between probes: the target alone, whatever the costs say now
-        run.finish()
-    assert run.probe and budget.start(15, 4, "cpu").probe_every == PROBE_EVERY
+    assert checks[0] == 0 and len(checks) >= 3, checks  # the first decode, then checks now and then
+    gaps = [b - a for a, b in zip(checks, checks[1:])]
+    assert min(gaps) >= 50, checks
 
 
 def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committed_decode():
     """resize: after a compaction the run costs steps at the new batch size and keeps the old size's
-    proposes apart; a decode that commits only once shrunk does not make the next decode at its
-    first size start committed."""
+    proposes apart; a decode that commits only once shrunk has not committed at its first size, and the
+    next decode there speculates (the estimate says drafts pay at B = 8)."""
     costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "16": 1.5}, "1": {"1": 0.5, "16": 5.0}},
                                    "propose_ms": {"1": 4.0}})
     budget = VerifyBudget("auto", costs=costs)
@@ -717,8 +721,8 @@ def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
                                    "propose_ms": {"32": 0.55}})
     alphas = [0.57, 0.62, 0.59, 0.58, 0.65, 0.67, 0.64, 0.66, 0.69, 0.71, 0.82, 0.72, 0.83, 0.75, 0.81]
     run = VerifyBudget("auto", costs=costs).start(15, 32, "cuda")
-    run.decode_steps = run.steps = 2
-    run.reached, run.accepted = [1000.0] * 15, [1000.0 * a for a in alphas]
+    run.decode_steps = run.pool.steps = 2
+    run.pool.reached, run.pool.accepted = [1000.0] * 15, [1000.0 * a for a in alphas]
     for kk, excess in ((15, 0.32), (0, 0.53)):
         for _ in range(3):
             run.add_wall(kk, run.device_cost_ms(kk) + excess)
