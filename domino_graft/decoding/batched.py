@@ -18,8 +18,9 @@ target and drafter step it at its last position, its outputs dropped). Once at m
 rows go on, the batch shrinks (`_shrink`): the target's session and the static drafter move the
 rows that go on to the first rows of their caches (`compact`), padded with ended rows to a power
 of two, and the next steps run at that batch size, so a batch's stragglers cost what a small batch
-costs, not what the full one does. The target alone's loop (and a chain's committed plain tail)
-always shrinks; a speculating chain only with `shrink=True` (measured slower on the H200 at
+costs, not what the full one does. The target alone's loop always shrinks; a speculating chain (and
+its committed plain tail: its rows end at other positions than the target alone's, so its compactions
+met shapes no warm-up had captured) only with `shrink=True` (measured slower on the H200 at
 80205fb: docs/design.md), and only where the drafter can move rows (the static drafter's
 `compact`; the eager ragged contract cannot).
 `DecodeResult.kv_path` says which cache ran.
@@ -179,14 +180,16 @@ def _target_only(engine, ids: list[torch.Tensor], max_new_tokens: int, sampling:
     return [r.result(p, target.kv_path) for r, p in zip(rows, ids)]
 
 
-def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, run=None, plain_counts=True) -> None:
+def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, run=None, plain_counts=True,
+                  shrink: bool = True) -> None:
     """The target alone's loop until every row ends: `tok` [B] (each row's last token, not yet in
     the cache) at `pos`, `rows[b]` the decode in batch row b; one forward of one token per row a step,
     no features, one sync; the batch shrinks as its rows end (`_shrink`). Also the tail of a batched
     chain whose verify budget committed to plain steps (`run` counts them, and with `plain_counts`
-    each live row's accepted list gets a 0 per step, as a K' = 0 step records)."""
+    each live row's accepted list gets a 0 per step, as a K' = 0 step records; `shrink` False: the
+    batch keeps its size)."""
     dev = tok.device
-    shrinks = _can_shrink(target)
+    shrinks = shrink and _can_shrink(target)
     while any(live):
         if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean")
             run.tick(0, lean=True)
@@ -248,7 +251,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     is left in `engine.last_budget` (budget.BudgetRun.report). shrink: compact the batch as its rows
     end while it speculates (module docstring); off by default: on the H200 it cost more than it saved
     (each smaller batch meets the drafter's compiled pieces and graphs at new shapes: docs/design.md).
-    The committed plain tail shrinks either way."""
+    The committed plain tail shrinks only if the speculating batch does."""
     sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
@@ -297,7 +300,10 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     measure_costs()
     while any(live):
         if run is not None and run.committed():  # plain from here on: the target alone's loop
-            _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run)
+            # it shrinks only if the speculating batch does: its rows end at other positions than the
+            # target alone's, and a compaction there met shapes no warm-up had captured (e890265 + 1 on
+            # the H200: timed decodes of 0.3-1.5 s, 2-5 graphs captured in each)
+            _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=shrinks)
             break
         # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
         kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))

@@ -112,6 +112,12 @@ MIN_OWN = 3
 SWITCH_MARGIN = 1.1
 
 
+def _median(samples: list[float]) -> float:
+    """The median of the last WALL_WINDOW excess samples, never below 0 (0 with none)."""
+    window = sorted(samples[-WALL_WINDOW:])
+    return max(window[len(window) // 2], 0.0) if window else 0.0
+
+
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
     """Tokens a row gains from a step verifying k drafts: 1 + sum_j prod_{i<=j} alpha_i."""
     total, reach = 1.0, 1.0
@@ -554,23 +560,32 @@ class BudgetRun:
         """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has
         MIN_OWN samples (a longer verify rolls out and books more), else its kind's."""
         own = self.excess.get(str(kk), [])
-        if kk == 0 and len(self.excess.get("lean", [])) >= MIN_OWN:  # where K' = 0 leads (module docstring)
-            return self.device_cost_ms(0) + self.excess_ms("lean")
-        if kk == 0 and self.excess.get("plain") and self.excess.get("spec"):
-            # the lean loop not seen yet: its host work (one sync, the pushes) is a speculative step's,
-            # less than a plain step through the chain's (which also writes the drafter)
-            return self.device_cost_ms(0) + min(self.excess_ms("plain"), self.excess_ms("spec"))
-        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else ("spec" if kk else "plain"))
+        if kk == 0:
+            lean = self._samples("lean", MIN_OWN)
+            if lean:  # where K' = 0 leads (module docstring): its own samples, or the nearest size's
+                return self.device_cost_ms(0) + _median(lean)
+            if self.excess.get("plain") and self.excess.get("spec"):
+                # the lean loop not seen yet: its host work (one sync, the pushes) is a speculative step's,
+                # less than a plain step through the chain's (which also writes the drafter)
+                return self.device_cost_ms(0) + min(self.excess_ms("plain"), self.excess_ms("spec"))
+            # a plain step through the chain is never borrowed: at e890265 + 1 the nearest size's (B = 64:
+            # 1.08 ms, against a lean step's 0.40) made K' = 0 look dear at B = 32, which then speculated
+            # at 0.78x the target alone's speed
+            return self.device_cost_ms(0) + _median(self.excess.get("plain", []))
+        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else "spec")
 
     def excess_ms(self, key: str) -> float:
-        samples = sorted((self.excess.get(key) or self._borrowed(key))[-WALL_WINDOW:])
-        return max(samples[len(samples) // 2], 0.0) if samples else 0.0
+        return _median(self._samples(key))
 
-    def _borrowed(self, key: str) -> list[float]:
-        """A step kind this batch size has no samples of: the nearest batch size's that has (in log2 B;
-        a tie goes to the larger, whose host work is the larger), else none (module docstring)."""
+    def _samples(self, key: str, least: int = 1) -> list[float]:
+        """A step kind's excess samples: this batch size's once it has `least` of them, else the nearest
+        batch size's that has (in log2 B; a tie goes to the larger, whose host work is the larger), else
+        none (module docstring)."""
+        mine = self.excess.get(key, [])
+        if len(mine) >= least:
+            return mine
         near = [r for r in self.budget.memory.values()
-                if r is not self and isinstance(r.key, int) and r.excess.get(key)]
+                if r is not self and isinstance(r.key, int) and len(r.excess.get(key, [])) >= least]
         if not near:
             return []
         return min(near, key=lambda r: (abs(math.log2(r.first_batch / self.batch)), -r.first_batch)).excess[key]

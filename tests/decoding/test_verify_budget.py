@@ -791,3 +791,50 @@ def test_a_short_verify_is_costed_for_the_slots_it_rolls_out():
     assert VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0}}}).rollout(8) == 0.0  # a table without: nothing added
     with pytest.raises(ValueError, match=r"rollout_ms\['8'\]: -1 is not a time"):
         VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0}}, "rollout_ms": {"8": -1}})
+
+
+def test_a_plain_step_borrows_the_nearest_sizes_lean_loop_never_its_chain_steps():
+    """A batch size with no lean samples of its own costs K' = 0 by the nearest size's lean loop (where
+    K' = 0 leads); a plain step through the chain (dearer: it writes the drafter) is never borrowed, and a
+    speculative one is (so an unseen size does not look cheap to speculate at)."""
+    from domino_graft.decoding.budget import MIN_OWN
+
+    costs = VerifyCosts.from_dict({"step_ms": {b: {"1": 1.0, "4": 1.5, "8": 2.0, "16": 3.0} for b in ("16", "32", "64")},
+                                   "propose_ms": {"16": 0.3, "32": 0.3, "64": 0.3}})
+    budget = VerifyBudget("auto", costs=costs)
+    seen = budget.start(15, 64, "cuda")
+    seen.decode_steps = 2
+    for _ in range(MIN_OWN):
+        seen.add_wall(0, seen.device_cost_ms(0) + 1.1)  # through the chain
+        seen.add_wall(3, seen.device_cost_ms(3) + 0.9)
+    seen.finish()  # what a decode at B = 64 learnt stays with the budget
+    new = budget.start(15, 32, "cuda")
+    assert new.cost_ms(0) == pytest.approx(1.0)  # no lean samples anywhere: the chain's 1.1 is not borrowed
+    assert new.cost_ms(3) == pytest.approx(new.device_cost_ms(3) + 0.9)  # a speculative step's is
+    for _ in range(MIN_OWN):
+        seen.add_wall(0, seen.device_cost_ms(0) + 0.4, lean=True)
+    assert new.cost_ms(0) == pytest.approx(1.4)  # the lean loop's, from B = 64
+
+
+def test_a_committed_tail_keeps_its_batch_size(monkeypatch):
+    """The plain tail of a batched chain that commits mid-decode does not compact (its rows end at other
+    positions than the target alone's, so compactions met uncaptured graph shapes on the H200); the
+    target alone's loop does. Outputs equal the target alone's."""
+    from domino_graft.decoding import batched
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2)
+    k, stops = adapter.num_slots, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    calls = []
+    real = batched._shrink
+    monkeypatch.setattr(batched, "_shrink", lambda live: calls.append(list(live)) or real(live))
+    refs = [r.tokens for r in engine.target_only_batch(prompts, max_new_tokens=12)]
+    assert calls  # the target alone's loop considers compacting every step
+    calls.clear()
+    dear = VerifyCosts.from_dict({"step_ms": {"3": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
+                                  "propose_ms": {"3": 5.0}})
+    got = engine.speculative_batch(prompts, max_new_tokens=12, budget=VerifyBudget.parse("auto", dear))
+    assert [r.tokens for r in got] == refs
+    assert engine.last_budget["k_hist"].get("0", 0) > 0 and str(k) in engine.last_budget["k_hist"]
+    assert not calls
