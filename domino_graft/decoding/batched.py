@@ -301,7 +301,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     while any(live):
         if run is not None and run.committed():  # plain from here on: the target alone's loop
             # it shrinks only if the speculating batch does: its rows end at other positions than the
-            # target alone's, and a compaction there met shapes no warm-up had captured (e890265 + 1 on
+            # target alone's, and a compaction there met shapes no warm-up had captured (59f8809 on
             # the H200: timed decodes of 0.3-1.5 s, 2-5 graphs captured in each)
             _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=shrinks)
             break

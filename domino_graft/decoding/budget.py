@@ -46,7 +46,7 @@ estimate of those where it does not.
 
 What a decode learns about its costs stays with the budget, by batch size (`VerifyBudget.memory`):
 the next decode at that size starts from its excess samples; a step kind its size has no samples of
-borrows the nearest batch size's (`excess_ms`). When auto has chosen K' = 0 for COMMIT_AFTER steps
+borrows the nearest batch size's (`_samples`). When auto has chosen K' = 0 for COMMIT_AFTER steps
 in a row the decode commits to plain decoding (`committed()`): the callers then run the target
 alone's lean loop for the rest of it (no features captured, nothing written to the drafter), so a
 batch in which speculation does not pay costs what the target alone costs. A decode at a batch size
@@ -97,13 +97,13 @@ WARMUP_STEPS = 2
 DECAY = 0.95
 # ... and by this much per decode that starts committed (it observes nothing): after ~70 such decodes
 # the estimate has halved its weight, so a long plain stretch ends in a decode that checks it again
+IDLE_DECAY = 0.99
 PRIOR_ALPHA = 0.8
 PRIOR_COUNT = 2.0
 VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
 # the wall-clock excess of a step kind: the median of its last WALL_WINDOW samples (a step that
 # compiled or captured a graph, or met a host hiccup, is an outlier the median skips)
 WALL_WINDOW = 32
-IDLE_DECAY = 0.99
 # auto's K' = 0 this many steps in a row: the decode commits to the target alone's loop
 COMMIT_AFTER = 3
 # a step whose wall time is over OUTLIER x its device-side cost is not sampled (a graph capture or a
@@ -438,7 +438,7 @@ class BudgetRun:
                 # the lean loop not seen yet: its host work (one sync, the pushes) is a speculative step's,
                 # less than a plain step through the chain's (which also writes the drafter)
                 return self.device_cost_ms(0) + min(self.excess_ms("plain"), self.excess_ms("spec"))
-            # a plain step through the chain is never borrowed: at e890265 + 1 the nearest size's (B = 64:
+            # a plain step through the chain is never borrowed: at 59f8809 the nearest size's (B = 64:
             # 1.08 ms, against a lean step's 0.40) made K' = 0 look dear at B = 32, which then speculated
             # at 0.78x the target alone's speed
             return self.device_cost_ms(0) + _median(self.excess.get("plain", []))
