@@ -9,7 +9,9 @@ row) of the target alone (solo at B = 1, batched otherwise), the solo chain (B =
 chain verifying every draft, and the batched chain under a fixed budget of 0 (plain steps); then a
 cProfile of one batched-chain decode (host functions by own time: the device->host sync shows as
 `tolist`). Random weights accept almost nothing, so each speculative step is a full-K verify that
-emits one token: the figures are per step, not per token.
+emits one token: the figures are per step, not per token. --temperature T > 0 runs every mode
+sampled (seed 0; rows keyed "B@T"), and --kernel-profile adds a torch.profiler table of one
+batched-chain decode (device time by kernel, host time by op).
 """
 
 from __future__ import annotations
@@ -61,6 +63,25 @@ def per_step(fn, results_of) -> float:
     return 1e3 * wall / max(r.target_forwards for r in results_of(res))
 
 
+def kernel_profile(fn, top: int = 25) -> dict:
+    """One call of fn under torch.profiler: the top CUDA kernels by total device time and the top
+    host ops by self CPU time (ms, with call counts), and the decode's wall clock."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    dev = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)[:top]
+    host = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    return {"wall_ms": round(1e3 * wall, 3),
+            "device_ms_by_kernel": [[e.key[:90], e.count, round(e.self_device_time_total / 1e3, 3)] for e in dev],
+            "host_self_ms_by_op": [[e.key[:90], e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in host]}
+
+
 def main(argv=None) -> int:
     from domino_graft.decoding.budget import VerifyBudget
 
@@ -68,14 +89,19 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--prompt-len", type=int, default=160)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--kernel-profile", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    from domino_graft.sampling import Sampling
+
+    sampling = Sampling(temperature=args.temperature, seed=0 if args.temperature else None)
     engine = build()
     gen = torch.Generator().manual_seed(0)
     rows = {}
     for b in [int(x) for x in args.batches.split(",")]:
         prompts = [torch.randint(100, 49000, (args.prompt_len,), generator=gen).tolist() for _ in range(b)]
-        kw = dict(max_new_tokens=args.max_new_tokens)
+        kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
         plain = VerifyBudget.parse("0")
         runs = {
             "target": (lambda: [engine.target_only(prompts[0], **kw)]) if b == 1
@@ -98,7 +124,10 @@ def main(argv=None) -> int:
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         row["cprofile_batched_chain_full"] = s.getvalue().splitlines()[:60]
         print("\n".join(row["cprofile_batched_chain_full"][:45]), flush=True)
-        rows[str(b)] = row
+        if args.kernel_profile:
+            row["kernel_profile_batched_chain_full"] = kernel_profile(lambda: engine.speculative_batch(prompts, **kw))
+            print(json.dumps(row["kernel_profile_batched_chain_full"], indent=1), flush=True)
+        rows[f"{b}@T{args.temperature:g}" if args.temperature else str(b)] = row
         Path(args.out).write_text(json.dumps({"command": " ".join(["bench/batched_overhead.py", *(argv or sys.argv[1:])]),
                                               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                                               "rows": rows}, indent=1))

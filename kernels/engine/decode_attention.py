@@ -35,13 +35,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_enter, use_pdl
+
 
 @triton.jit
 def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
                             s_x_b, s_x_t, s_q_b, s_q_t, s_c_b, s_c_h, s_c_s,
                             T, eps, scaling,
                             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
-                            FIRST_SLOT: tl.constexpr, PLUS_ONE: tl.constexpr, BLOCK_H: tl.constexpr):
+                            FIRST_SLOT: tl.constexpr, PLUS_ONE: tl.constexpr, BLOCK_H: tl.constexpr,
+                            PDL: tl.constexpr):
+    pdl_enter(PDL)  # kernels/pdl.py
     bt = tl.program_id(0)
     b = bt // T
     i = bt % T
@@ -122,7 +126,7 @@ def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
         qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         t, float(eps), float(scaling),
         H=num_heads, HKV=num_kv_heads, D=head_dim, HAS_NORM=has_norm, FIRST_SLOT=first, PLUS_ONE=bool(plus_one),
-        BLOCK_H=NORM_ROPE_HEADS,
+        BLOCK_H=NORM_ROPE_HEADS, PDL=use_pdl(qkv), **launch_options(use_pdl(qkv)),
     )
     return None if kv_only else q
 
@@ -133,7 +137,8 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
                       T, WINDOW,
                       HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-                      KEYS_PER_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                      KEYS_PER_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # kernels/pdl.py
     pm = tl.program_id(0)  # fastest: a KV head's row tiles run side by side, all but one read K/V from L2
     pid = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,7 +209,8 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
 
 @triton.jit
 def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                  SPLITS_P2: tl.constexpr):
+                  SPLITS_P2: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # kernels/pdl.py
     row = tl.program_id(0)  # (b * T + i) * H + head
     bt = row // H
     head = row % H
@@ -279,6 +285,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
     # together and only the first reads them from HBM (at a 16-token verify of Qwen3-8B, B = 32: 4
     # tiles a head; with the heads first each tile read them again, 2.5 of the step's 17.9 ms)
     grid = (triton.cdiv(rows, block_m), b * num_kv_heads, splits)
+    pdl = use_pdl(q)
     if splits == 1:
         part, ml = o, o
     else:
@@ -291,8 +298,10 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: t
         CAUSAL=bool(causal),
         SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, not TF32
         KEYS_PER_SPLIT=KEYS_PER_SPLIT, HAS_WINDOW=bool(window), num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES,
+        PDL=pdl, **launch_options(pdl),
     )
     if splits > 1:
         _merge_kernel[(b * t * num_heads,)](part, ml, o, o.stride(0), o.stride(1), t, H=num_heads, D=head_dim,
-                                            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits))
+                                            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), PDL=pdl,
+                                            **launch_options(pdl))
     return o

@@ -19,9 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_enter, use_pdl
+
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, s_x, s_y, H, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, s_x, s_y, H, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # kernels/pdl.py
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     ok = c < H
@@ -46,6 +49,7 @@ def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty((x2.shape[0], h), dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = triton.next_power_of_2(h)
-        _rms_norm_kernel[(x2.shape[0],)](x2, w, y, x2.stride(0), y.stride(0), h, float(eps), BLOCK=block,
-                                         num_warps=4 if block <= 4096 else 8)
+        pdl = use_pdl(x2)
+        _rms_norm_kernel[(x2.shape[0],)](x2, w, y, x2.stride(0), y.stride(0), h, float(eps), BLOCK=block, PDL=pdl,
+                                         num_warps=4 if block <= 4096 else 8, **launch_options(pdl))
     return y.reshape(x.shape)

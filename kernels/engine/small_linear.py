@@ -86,6 +86,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..pdl import launch_options, pdl_enter, use_pdl
+
 BLOCK_M = 16  # rows per program: one MMA tile, the same for a 1-token step and a 16-token verify
 REDUCE_BLOCK = 256  # columns per program of the split-K reduction
 DEFAULT_SMS = 132  # an H200's SM count, used when no CUDA device is visible
@@ -144,8 +146,9 @@ def _small_linear_kernel(X, W, B, R, Y, WS, M, N, K, s_xm, s_wn, s_rm, s_ym, K_P
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                          SWIGLU: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                         SPLIT_INLINE: tl.constexpr):
+                         SPLIT_INLINE: tl.constexpr, PDL: tl.constexpr):
     # N: output columns (I for SWIGLU: gate rows n, up rows N + n of W)
+    pdl_enter(PDL)  # kernels/pdl.py: nothing is read before the predecessor has finished
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m  # fastest: the M tiles of one weight tile run together (L2 reuse)
@@ -197,7 +200,8 @@ def _small_linear_kernel(X, W, B, R, Y, WS, M, N, K, s_xm, s_wn, s_rm, s_ym, K_P
 @triton.jit(do_not_specialize=["M"])
 def _reduce_kernel(WS, B, R, Y, M, N, s_rm, s_ym,
                    BLOCK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                   SWIGLU: tl.constexpr):
+                   SWIGLU: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     nb = tl.cdiv(N, BLOCK)
     m = pid // nb
@@ -567,7 +571,9 @@ def _launch(x2: torch.Tensor, w: torch.Tensor, bias, r2, cfg: Config, n_out: int
     kps = cfg.k_per_split(k) if k_per_split is None else int(k_per_split)
     ws = y if split == 1 or inline else torch.empty((split, m, 2 * n_out if swiglu else n_out), dtype=torch.float32,
                                                     device=x2.device)
-    flags = {"HAS_BIAS": bias is not None, "HAS_RES": r2 is not None, "SWIGLU": swiglu}
+    pdl = use_pdl(x2)
+    flags = {"HAS_BIAS": bias is not None, "HAS_RES": r2 is not None, "SWIGLU": swiglu, "PDL": pdl,
+             **launch_options(pdl)}
     grid = (triton.cdiv(n_out, cfg.BLOCK_N) * (1 if inline else split) * triton.cdiv(m, cfg.BLOCK_M),)
     _small_linear_kernel[grid](
         x2, w, b, r, y, ws, m, n_out, k, x2.stride(0), w.stride(0), s_rm, y.stride(0), kps,

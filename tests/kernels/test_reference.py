@@ -51,3 +51,44 @@ def test_radix_candidates_recall_fp32():
     assert recall >= 0.998, recall  # misses only within one 2^-15-wide bin at the boundary
     with pytest.raises(ValueError):
         K.reference.radix_candidates(base, 5001)
+
+
+def test_inverse_cdf_matches_a_flat_search_and_skips_zero_entries():
+    from domino_graft.kernels.head.reference import CDF_CHUNK, inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(32, 3 * CDF_CHUNK + 17, generator=gen), -1)
+    u = torch.rand(32, generator=gen)
+    cdf = probs.double().cumsum(-1)
+    flat = torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    got = inverse_cdf(probs, u)
+    # the same index up to a rounding step at a boundary
+    assert (got - flat).abs().max() <= 1
+    assert (got == flat).float().mean() > 0.9
+    # whole zero chunks, zero entries at the top, u at both ends: never an entry of probability 0
+    sparse = probs.clone()
+    sparse[:, CDF_CHUNK: 2 * CDF_CHUNK] = 0
+    sparse[:, -40:] = 0
+    sparse[:, ::3] = 0
+    ends = torch.tensor([0.0, 1 - 2 ** -24] * 16)
+    for uu in (u, ends):
+        pick = inverse_cdf(sparse, uu)
+        assert (sparse.gather(1, pick[:, None]) > 0).all()
+
+
+def test_inverse_cdf_draws_the_distribution():
+    from domino_graft.kernels.head.reference import CDF_CHUNK, inverse_cdf
+
+    gen = torch.Generator().manual_seed(1)
+    p = torch.zeros(2 * CDF_CHUNK + 5)
+    p[[3, CDF_CHUNK - 1, CDF_CHUNK + 7, 2 * CDF_CHUNK + 4]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    n = 200_000
+    idx = inverse_cdf(p.expand(n, -1).contiguous(), torch.rand(n, generator=gen))
+    counts = torch.bincount(idx, minlength=p.numel()).float()
+    assert counts[p == 0].sum() == 0
+    expected = n * p[p > 0]
+    chi2 = ((counts[p > 0] - expected) ** 2 / expected).sum()
+    assert chi2 < 16.3  # chi-square, 3 degrees of freedom, p = 0.001
+    # a wrong distribution fails the same statistic
+    wrong = n * torch.tensor([0.25, 0.25, 0.25, 0.25])
+    assert ((counts[p > 0] - wrong) ** 2 / wrong).sum() > 16.3
