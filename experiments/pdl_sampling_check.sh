@@ -21,7 +21,10 @@ python3 bench/batched_overhead.py --batches 1,16,64 --temperature 1 --kernel-pro
 python3 bench/batched_overhead.py --batches 16,64 --kernel-profile --max-new-tokens 96 \
   --out "$O/batched_overhead_t0.json" > "$O/batched_overhead_t0.log" 2>&1
 grep -h "ms/step" "$O"/batched_overhead_t*.log
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_small_linear.py \
+# from the mirrored package (the checkout's own domino_graft/ would shadow it on sys.path; at 45d49fd
+# this ran from the checkout and stopped at collection)
+cp -r tests recipes pyproject.toml /tmp/dg/
+(cd /tmp/dg && python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_small_linear.py \
   tests/kernels/test_decode_attention.py tests/kernels/test_row_norm.py tests/kernels/test_reference.py \
-  > "$O/gpu_tests.log" 2>&1
+  > "$O/gpu_tests.log" 2>&1)
 tail -3 "$O/gpu_tests.log"

@@ -167,42 +167,23 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: Optional[int
     return warp(logits, float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
 
 
-CDF_CHUNK = 256  # entries per chunk of inverse_cdf's two-level search
-
-
-def _first_above(running: torch.Tensor, values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[N, W] -> [N, 1]: the first index whose running sum exceeds target among the entries with a
-    positive value; the last positive entry where none does (u·total rounded up to the top). A
-    parallel scan need not be flat across a zero entry in its last bits, so zero entries are
-    excluded outright rather than trusted to leave the running sum unchanged."""
-    positive = values > 0
-    hit = (running > target) & positive
-    first = hit.to(torch.uint8).argmax(dim=-1, keepdim=True)  # argmax: the first of equal maxima
-    last = (positive * torch.arange(1, values.shape[-1] + 1, device=values.device)).argmax(dim=-1, keepdim=True)
-    return torch.where(hit.any(dim=-1, keepdim=True), first, last)
-
-
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Sample one index per row of probs [N, M] from uniforms u [N] in [0, 1): the first index
-    whose running sum exceeds u·total.
+    """Sample one index per row of probs [N, M] from uniforms u [N] in [0, 1).
 
-    Two levels, so that no scan runs along a whole row (on CUDA torch scans one long row at a time:
-    a [16, 49152] cumsum took 60 us on an H100, and a sampled rollout step made 15 of them,
-    bench/results/batched_overhead_h100.json): the first CDF_CHUNK-entry chunk whose running total
-    exceeds u·total, then inside it the first entry whose running sum exceeds what is left. Both
-    searches consider entries of positive probability only (`_first_above`), so the result always
-    has q > 0.
+    Returns the first index whose CDF exceeds u·total. The CDF only rises at entries of
+    positive probability, so the result always has q > 0 (the clamp keeps u·total strictly
+    under the total, which fp rounding could otherwise reach).
+
+    (On CUDA torch scans a long row one row at a time: a [16, 49152] cumsum takes ~60 us on an H100,
+    15 of them a sampled rollout step at B = 16. A two-level search in torch ops, tried at 45d49fd,
+    removed that but added ~16 small kernels a slot and was slower at every B
+    (bench/results/batched_overhead_h100/); a fused sampling kernel is the way to take it.)
     """
-    n, m = probs.shape
-    chunks = torch.nn.functional.pad(probs, (0, (-m) % CDF_CHUNK)).reshape(n, -1, CDF_CHUNK)
-    totals = chunks.sum(dim=-1)  # [N, C]
-    running = totals.cumsum(dim=-1)
-    target = u.to(running.dtype)[:, None] * running[:, -1:]
-    c = _first_above(running, totals, target)  # [N, 1]
-    chunk = chunks.gather(1, c[:, :, None].expand(n, 1, CDF_CHUNK)).squeeze(1)  # [N, CHUNK]
-    left = target - (running.gather(1, c) - totals.gather(1, c))  # u·total less the chunks before c
-    i = _first_above(chunk.cumsum(dim=-1), chunk, left)
-    return (c * CDF_CHUNK + i).squeeze(-1)
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[..., -1:]
+    target = torch.minimum(u.to(cdf.dtype)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True)
+    return idx.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
 def draw_uniforms(batch: int, slots: int, generator: Optional[torch.Generator], device) -> torch.Tensor:
