@@ -65,13 +65,13 @@ def test_gpu_same_bits_with_and_without_pdl_eager_and_graphed(monkeypatch, rows)
          "inv_freq": 1.0 / (10000 ** (torch.arange(0, 64, 2, device=dev).float() / 64))}
     x = rand(1, rows, hid, scale=1.0)
     pos = torch.tensor([700], device=dev)
+    k0, v0 = torch.zeros(2, 1, 2, 1024, 64, device=dev, dtype=dt)
+    k0[:, :, :700] = rand(1, 2, 700, 64, scale=1.0)
+    v0[:, :, :700] = rand(1, 2, 700, 64, scale=1.0)
     outs = {}
     for on in (False, True):
         monkeypatch.setattr(pdl, "ENABLED", on)
-        kc = torch.zeros(1, 2, 1024, 64, device=dev, dtype=dt)
-        vc = torch.zeros_like(kc)
-        kc[:, :, :700] = rand(1, 2, 700, 64, scale=1.0)
-        vc[:, :, :700] = rand(1, 2, 700, 64, scale=1.0)
+        kc, vc = k0.clone(), v0.clone()  # the same cache for both (45d49fd drew a new one per mode: that failed)
         eager = _layer_chain(x, w, kc, vc, pos)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
