@@ -14,8 +14,9 @@ same with PDL on or off.
 `pdl_enter(PDL)` is the handshake at the top of a kernel, `use_pdl(t)` says whether a launch on
 t's device takes it (CUDA, compute capability 9+, not under TRITON_INTERPRET=1, and not switched off
 by DOMINO_GRAFT_PDL=0 or by setting ``ENABLED = False`` here), `launch_options(pdl)` the launch's
-keyword. The Domino head's greedy rollout kernels and the engine's kernels
-(kernels/engine/small_linear.py, row_norm.py, decode_attention.py) use it.
+keyword. The engine's kernels (kernels/engine/small_linear.py, row_norm.py, decode_attention.py) use
+it; the Domino head's greedy rollout kernels (kernels/head/triton_rollout.py) keep a copy of the
+handshake, since HF bundles ship that file verbatim.
 """
 
 from __future__ import annotations

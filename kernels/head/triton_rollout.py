@@ -46,9 +46,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..pdl import launch_options as _launch_pdl
-from ..pdl import pdl_enter as _pdl_enter
-
 _BIG = tl.constexpr(2**31 - 1)  # "no id" for the min-id tie-break; larger than any vocabulary
 
 
@@ -71,6 +68,21 @@ def _gru_cell(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, h_old):
     z = _sigmoid(gi_z + gh_z)
     n = _tanh(gi_n + r * gh_n)
     return (1.0 - z) * n + z * h_old
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """The PDL handshake (module docstring): wait for the predecessor, then release the successor.
+    (kernels/pdl.py's `pdl_enter` for the engine's kernels; this file keeps its own because HF
+    bundles ship it verbatim, importing nothing of the project: adapters/dflash/bundle.py.)"""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def _launch_pdl(pdl: bool) -> dict:
+    # the launch option only when asked: the default launch stays exactly what it was
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit
