@@ -73,6 +73,31 @@ def row_norm(s, smoke):
     return f"M=16 H={s['h']}", lambda: rms_norm_rows(x, w, 1e-6), lambda: rms_norm(x, w, 1e-6)
 
 
+def pdl(s, smoke):
+    """A chain of eight batch-1 projections, each the next one's input, launched with programmatic
+    dependent launch (kernel) and without (reference): what kernels/engine/pdl.py hides per launch."""
+    from domino_graft.kernels.engine import pdl as P
+    from domino_graft.kernels.engine.small_linear import small_linear
+
+    h = 40 if smoke else s["h"]
+    x = torch.randn(1, h, device=_dev(), dtype=_dtype(smoke))
+    ws = [torch.randn(h, h, device=_dev(), dtype=_dtype(smoke)) / h ** 0.5 for _ in range(8)]
+
+    def chain(on: bool):
+        def run():
+            was, P.ENABLED = P.ENABLED, on
+            try:
+                y = x
+                for w in ws:
+                    y = small_linear(y, w)
+                return y
+            finally:
+                P.ENABLED = was
+        return run
+
+    return f"8 x (M=1 N={h} K={h})", chain(True), chain(False)
+
+
 def _rollout(s, smoke, name, **kw):
     from domino_graft.head import DominoHead, HeadSpec
     from domino_graft.kernels.head import make_rollout, reference_rollout
@@ -125,7 +150,7 @@ def head_ce(s, smoke):
 
 
 # kernel name (its module's name under kernels/engine or kernels/head) -> entry
-ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, domino_rollout, triton_rollout,
+ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, pdl, domino_rollout, triton_rollout,
                                    triton_persistent, head_ce)}
 
 

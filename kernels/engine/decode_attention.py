@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..pdl import launch_options, pdl_enter, use_pdl
+from .pdl import launch_options, pdl_enter, use_pdl
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _norm_rope_cache_kernel(QKV, QO, KC, VC, POS, INV_FREQ, QW, KW,
                             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HAS_NORM: tl.constexpr,
                             FIRST_SLOT: tl.constexpr, PLUS_ONE: tl.constexpr, BLOCK_H: tl.constexpr,
                             PDL: tl.constexpr):
-    pdl_enter(PDL)  # kernels/pdl.py
+    pdl_enter(PDL)  # kernels/engine/pdl.py
     bt = tl.program_id(0)
     b = bt // T
     i = bt % T
@@ -138,7 +138,7 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
                       HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
                       KEYS_PER_SPLIT: tl.constexpr, HAS_WINDOW: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # kernels/pdl.py
+    pdl_enter(PDL)  # kernels/engine/pdl.py
     pm = tl.program_id(0)  # fastest: a KV head's row tiles run side by side, all but one read K/V from L2
     pid = tl.program_id(1)
     split = tl.program_id(2)
@@ -210,7 +210,7 @@ def _attention_kernel(Q, KC, VC, O, ML, POS, scale,
 @triton.jit
 def _merge_kernel(PART, ML, O, s_o_b, s_o_t, T, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
                   SPLITS_P2: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # kernels/pdl.py
+    pdl_enter(PDL)  # kernels/engine/pdl.py
     row = tl.program_id(0)  # (b * T + i) * H + head
     bt = row // H
     head = row % H

@@ -19,12 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..pdl import launch_options, pdl_enter, use_pdl
+from .pdl import launch_options, pdl_enter, use_pdl
 
 
 @triton.jit
 def _rms_norm_kernel(X, W, Y, s_x, s_y, H, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # kernels/pdl.py
+    pdl_enter(PDL)  # kernels/engine/pdl.py
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     ok = c < H

@@ -86,7 +86,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..pdl import launch_options, pdl_enter, use_pdl
+from .pdl import launch_options, pdl_enter, use_pdl
 
 BLOCK_M = 16  # rows per program: one MMA tile, the same for a 1-token step and a 16-token verify
 REDUCE_BLOCK = 256  # columns per program of the split-K reduction
@@ -148,7 +148,7 @@ def _small_linear_kernel(X, W, B, R, Y, WS, M, N, K, s_xm, s_wn, s_rm, s_ym, K_P
                          SWIGLU: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                          SPLIT_INLINE: tl.constexpr, PDL: tl.constexpr):
     # N: output columns (I for SWIGLU: gate rows n, up rows N + n of W)
-    pdl_enter(PDL)  # kernels/pdl.py: nothing is read before the predecessor has finished
+    pdl_enter(PDL)  # kernels/engine/pdl.py: nothing is read before the predecessor has finished
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m  # fastest: the M tiles of one weight tile run together (L2 reuse)

@@ -73,8 +73,8 @@ def _gru_cell(gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, h_old):
 @triton.jit
 def _pdl_enter(PDL: tl.constexpr):
     """The PDL handshake (module docstring): wait for the predecessor, then release the successor.
-    (kernels/pdl.py's `pdl_enter` for the engine's kernels; this file keeps its own because HF
-    bundles ship it verbatim, importing nothing of the project: adapters/dflash/bundle.py.)"""
+    (kernels/engine/pdl.py's `pdl_enter` for the engine's kernels; this file keeps its own because HF
+    bundles ship it verbatim, importing nothing of the project: a family's bundle writer copies it.)"""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

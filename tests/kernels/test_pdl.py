@@ -1,4 +1,4 @@
-"""kernels/pdl.py: programmatic dependent launch for the engine's kernel chains.
+"""kernels/engine/pdl.py: programmatic dependent launch for the engine's kernel chains.
 
 CPU (default): the handshake is off wherever it cannot run (CPU tensors, the interpreter) and the
 launch keyword is only given when asked. GPU (`-m gpu`): the fast engine's layer chain (norm,
@@ -19,7 +19,7 @@ if not _CUDA:
 
 triton = pytest.importorskip("triton")
 
-from domino_graft.kernels import pdl  # noqa: E402
+from domino_graft.kernels.engine import pdl  # noqa: E402
 
 
 def test_off_on_cpu_and_launch_keyword_only_when_asked():
