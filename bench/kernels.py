@@ -98,6 +98,17 @@ def pdl(s, smoke):
     return f"8 x (M=1 N={h} K={h})", chain(True), chain(False)
 
 
+def sample_rows(s, smoke):
+    """A sampled rollout slot's draw at B = 16 over the vocabulary, against the torch inverse CDF."""
+    from domino_graft.kernels.head.reference import inverse_cdf
+    from domino_graft.kernels.head.sample_rows import sample_rows as kernel
+
+    v = s["v"]
+    probs = torch.softmax(torch.randn(16, v, device=_dev()), -1)
+    u = torch.rand(16, device=_dev())
+    return f"B=16 V={v}", lambda: kernel(probs, u), lambda: inverse_cdf(probs, u)
+
+
 def _rollout(s, smoke, name, **kw):
     from domino_graft.head import DominoHead, HeadSpec
     from domino_graft.kernels.head import make_rollout, reference_rollout
@@ -150,7 +161,7 @@ def head_ce(s, smoke):
 
 
 # kernel name (its module's name under kernels/engine or kernels/head) -> entry
-ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, pdl, domino_rollout, triton_rollout,
+ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, pdl, domino_rollout, triton_rollout, sample_rows,
                                    triton_persistent, head_ce)}
 
 

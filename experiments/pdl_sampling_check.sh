@@ -5,7 +5,10 @@
 #   bash experiments/pdl_sampling_check.sh
 # $OUT: engine_b1_pdl_{off,on}.json (bench/engine_batch.py at B = 1, T = 1 and 16, Qwen3-8B and
 # SmolLM2 shapes, PDL off then on), batched_overhead_t{0,1}.json (bench/batched_overhead.py: ms per
-# step by B, with a torch.profiler table), gpu_tests.log (the kernels' -m gpu tests).
+# step by B, with a torch.profiler table), batched_overhead_t1_sample_rows.json (the same at T = 1 with
+# DOMINO_GRAFT_SAMPLE_ROWS=1: each sampled slot drawn by kernels/head/sample_rows.py), kernels_sample_rows.json
+# (bench/kernels.py sample_rows pdl), gpu_tests.log (the kernels' -m gpu tests).
+# (45d49fd's call ran before sample_rows existed: the last two passes and its tests are for the next one.)
 set -uo pipefail
 source experiments/gpu_env.sh
 O=${OUT:-/tmp/out}
@@ -20,11 +23,14 @@ python3 bench/batched_overhead.py --batches 1,16,64 --temperature 1 --kernel-pro
   --out "$O/batched_overhead_t1.json" > "$O/batched_overhead_t1.log" 2>&1
 python3 bench/batched_overhead.py --batches 16,64 --kernel-profile --max-new-tokens 96 \
   --out "$O/batched_overhead_t0.json" > "$O/batched_overhead_t0.log" 2>&1
-grep -h "ms/step" "$O"/batched_overhead_t*.log
+DOMINO_GRAFT_SAMPLE_ROWS=1 python3 bench/batched_overhead.py --batches 1,16,64 --temperature 1 --kernel-profile \
+  --max-new-tokens 96 --out "$O/batched_overhead_t1_sample_rows.json" > "$O/batched_overhead_t1_sample_rows.log" 2>&1
+python3 bench/kernels.py sample_rows pdl --out "$O/kernels_sample_rows.json" 2>&1 | tail -3
+grep -H "ms/step" "$O"/batched_overhead_t*.log
 # from the mirrored package (the checkout's own domino_graft/ would shadow it on sys.path; at 45d49fd
 # this ran from the checkout and stopped at collection)
 cp -r tests recipes pyproject.toml /tmp/dg/
 (cd /tmp/dg && python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_small_linear.py \
-  tests/kernels/test_decode_attention.py tests/kernels/test_row_norm.py tests/kernels/test_reference.py \
+  tests/kernels/test_decode_attention.py tests/kernels/test_row_norm.py tests/kernels/test_reference.py tests/kernels/test_sample_rows.py \
   > "$O/gpu_tests.log" 2>&1)
 tail -3 "$O/gpu_tests.log"

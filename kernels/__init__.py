@@ -2,12 +2,13 @@
 
 * `head/`: the Domino head's kernels. Decoding: `make_rollout("torch" | "triton" | "triton_pool",
   head, embedding_weight)` -> a drop-in rollout (`domino_rollout.py`; the Triton programs in
-  `triton_rollout.py` and `triton_persistent.py`, imported only when used; the eager reference
+  `triton_rollout.py` and `triton_persistent.py`, a sampled slot's draw in `sample_rows.py`, imported only when used; the eager reference
   every rollout is tested against in `reference.py`). Training: `head_ce`, cross-entropy over
   `base + W2·z` without materialising all logits (`head_ce.py`).
 * `engine/`: the fast target engine's kernels (`domino_graft.fast`): `small_linear.py` (few-row
   linears with fused epilogues), `decode_attention.py` (norm + RoPE + cache write, decode
-  attention), `row_norm.py` (RMSNorm per row). They import Triton: import them by module.
+  attention), `row_norm.py` (RMSNorm per row), `pdl.py` (programmatic dependent launch for their
+  chains). They import Triton: import them by module.
 
 Each kernel has a test of its own name (tests/kernels/test_<kernel>.py) and a bench entry of
 its own name (bench/README.md, "Kernels"). Importing this package needs torch only (no Triton,

@@ -1,7 +1,7 @@
 """The Domino head's kernels: its rollout at decode time, its cross-entropy at training time.
 
 Importing this package needs torch only: the Triton programs (`triton_rollout.py`,
-`triton_persistent.py`) are imported when a Triton rollout is built.
+`triton_persistent.py`, `sample_rows.py`: a sampled slot's draw) are imported when they are used.
 """
 
 from .domino_rollout import (

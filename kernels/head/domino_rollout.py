@@ -48,6 +48,9 @@ from .reference import (POOL_SELECTS, bucket_candidates, draw_uniforms, filtered
 PERSISTENT_BARRIERS = ("rmw", "volatile", "ld_acquire")
 
 _warned: set[str] = set()
+# a sampled slot's draw through kernels/head/sample_rows.py (one launch pair) instead of the torch
+# inverse CDF (a scan along each row): off until the GPU measures it (module docstring of sample_rows.py)
+SAMPLE_ROWS = os.environ.get("DOMINO_GRAFT_SAMPLE_ROWS") == "1"
 
 
 def _warn_once(msg: str) -> None:
@@ -623,7 +626,7 @@ class FusedRollout:
     @staticmethod
     def _sample(probs, ids, uniforms, q, tok, j):
         """Draw slot j from probs (over the pool when ids is given) and record q_j densely."""
-        pos = inverse_cdf(probs, uniforms[:, j - 1])
+        pos = _draw(probs, uniforms[:, j - 1])
         if ids is None:
             q[:, j - 1] = probs
             tok[j - 1] = pos
@@ -631,6 +634,17 @@ class FusedRollout:
             q[:, j - 1].zero_()
             q[:, j - 1].scatter_(-1, ids, probs)
             tok[j - 1] = ids.gather(-1, pos[:, None]).squeeze(-1)
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw a row of probs [N, M] from uniforms u [N]: `inverse_cdf`'s rule, through the Triton
+    `sample_rows` where SAMPLE_ROWS is on and it can run."""
+    if SAMPLE_ROWS and (probs.is_cuda or _interpreting()):
+        from . import sample_rows as kernel
+
+        if kernel.supported(probs):
+            return kernel.sample_rows(probs, u)
+    return inverse_cdf(probs, u)
 
 
 def _recorded_event() -> "torch.cuda.Event":

@@ -201,3 +201,29 @@ class TestGPU(GPUKit):
         agree = (out == want).float().mean().item()
         print(f"bf16 overlapped vs batched selection: agreement {agree:.3f}")
         assert agree >= 0.9
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["triton", "triton_pool"])
+def test_sampled_slots_through_sample_rows(monkeypatch, name):
+    """SAMPLE_ROWS on: each sampled slot is drawn by kernels/head/sample_rows.py, with the torch draw's
+    rule: for this seed no draw sits on a rounding boundary, so the drafts and their q are the torch
+    draw's exactly (a later slot's q follows the drafts before it), and every draft has q > 0."""
+    from domino_graft.kernels.head import sample_rows as kernel
+
+    calls = []
+    real = kernel.sample_rows
+    monkeypatch.setattr(kernel, "sample_rows", lambda p, u, **kw: calls.append(p.shape) or real(p, u, **kw))
+    k, h, g, r, v = 5, 24, 20, 12, 1013
+    head = make_head(h, g, r, v, pure=1, w2_scale=8.0)
+    emb, block, anchor = make_inputs(3, k, h, v)
+    embed = K.reference.dense_embed(emb)
+    roll = K.make_rollout(name, head, emb, **({"pool_size": 40} if name == "triton_pool" else {}))
+    kw = dict(temperature=0.7, top_k=0, top_p=1.0)
+    torch_draw, q_torch = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
+    monkeypatch.setattr(K.domino_rollout, "SAMPLE_ROWS", True)
+    drawn, q = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
+    assert len(calls) == k  # every slot drew through the kernel
+    assert torch.equal(drawn, torch_draw), first_mismatches(drawn, torch_draw)
+    assert torch.equal(q, q_torch)
+    assert (q.gather(-1, drawn[..., None]) > 0).all()
