@@ -58,7 +58,7 @@ def test_draws_the_distribution_and_a_wrong_one_fails():
     block = 32  # three chunks a row, small enough for the interpreter (4 programs a row)
     p = torch.zeros(2 * block + 40)
     p[[3, block - 1, block + 7, 2 * block + 39]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    n = 600
+    n = 300
     idx = sample_rows(p.to(DEV).expand(n, -1).contiguous(), torch.rand(n, generator=gen).to(DEV), block=block).cpu()
     counts = torch.bincount(idx, minlength=p.numel()).float()
     assert counts[p == 0].sum() == 0
