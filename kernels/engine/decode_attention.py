@@ -121,12 +121,13 @@ def norm_rope_cache(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
     first = num_heads if kv_only else 0
     # a fixed block of heads a program, never sized from B·T: a token's bits do not depend on the batch
     grid = (b * t, triton.cdiv(num_heads + 2 * num_kv_heads - first, NORM_ROPE_HEADS))
+    pdl = use_pdl(qkv)
     _norm_rope_cache_kernel[grid](
         qkv, q, kc, vc, pos, inv_freq, qw, kw,
         qkv.stride(0), qkv.stride(1), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
         t, float(eps), float(scaling),
         H=num_heads, HKV=num_kv_heads, D=head_dim, HAS_NORM=has_norm, FIRST_SLOT=first, PLUS_ONE=bool(plus_one),
-        BLOCK_H=NORM_ROPE_HEADS, PDL=use_pdl(qkv), **launch_options(use_pdl(qkv)),
+        BLOCK_H=NORM_ROPE_HEADS, PDL=pdl, **launch_options(pdl),
     )
     return None if kv_only else q
 

@@ -1,4 +1,4 @@
-"""One inverse-CDF draw per row in one Triton launch: the sampled rollout's draw of a slot.
+"""One inverse-CDF draw per row in two Triton launches: the sampled rollout's draw of a slot.
 
 ``sample_rows(probs [N, M], u [N])`` returns, per row, the first index whose running sum of probs
 exceeds ``u · total`` among the entries of positive probability (the last such entry where rounding
@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 2048  # entries a loop step: 8 KB of fp32, one load wave of 8 warps
+BLOCK = 2048  # entries a chunk: 8 KB of fp32, one load wave of a program's 8 warps
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -80,15 +80,15 @@ def supported(probs: torch.Tensor) -> bool:
 def sample_rows(probs: torch.Tensor, u: torch.Tensor, *, block: int = BLOCK) -> torch.Tensor:
     """probs [N, M] fp32 (rows need not be normalised), u [N] in [0, 1) -> [N] int64 indices.
     block: entries a chunk (a power of two; the interpreter's tests use small ones)."""
-    if not supported(probs):
+    if not supported(probs) or probs.shape[1] == 0:
         raise ValueError(f"sample_rows: probs {tuple(probs.shape)} {probs.dtype} on {probs.device} (stride "
-                         f"{tuple(probs.stride())}) is not valid; valid: fp32 [N, M] with unit stride, on CUDA")
+                         f"{tuple(probs.stride())}) is not valid; valid: fp32 [N, M >= 1] with unit stride, on CUDA")
     n, m = probs.shape
     if u.shape != (n,):
         raise ValueError(f"sample_rows: u shape {tuple(u.shape)} is not valid; valid: ({n},)")
     out = torch.empty(n, dtype=torch.int64, device=probs.device)
-    if n == 0 or m == 0:
-        return out.zero_()
+    if n == 0:
+        return out
     c = triton.cdiv(m, block)
     sums = torch.empty((n, c), dtype=torch.float32, device=probs.device)
     lasts = torch.empty((n, c), dtype=torch.int32, device=probs.device)

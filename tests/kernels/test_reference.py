@@ -56,10 +56,10 @@ def test_radix_candidates_recall_fp32():
 def test_inverse_cdf_matches_a_flat_search_and_skips_zero_entries():
     from domino_graft.kernels.head.reference import inverse_cdf
 
-    chunk = 256
+    width = 256
 
     gen = torch.Generator().manual_seed(0)
-    probs = torch.softmax(3 * torch.randn(32, 3 * chunk + 17, generator=gen), -1)
+    probs = torch.softmax(3 * torch.randn(32, 3 * width + 17, generator=gen), -1)
     u = torch.rand(32, generator=gen)
     cdf = probs.double().cumsum(-1)
     flat = torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True).squeeze(-1)
@@ -69,7 +69,7 @@ def test_inverse_cdf_matches_a_flat_search_and_skips_zero_entries():
     assert (got == flat).float().mean() > 0.9
     # whole zero chunks, zero entries at the top, u at both ends: never an entry of probability 0
     sparse = probs.clone()
-    sparse[:, chunk: 2 * chunk] = 0
+    sparse[:, width: 2 * width] = 0
     sparse[:, -40:] = 0
     sparse[:, ::3] = 0
     ends = torch.tensor([0.0, 1 - 2 ** -24] * 16)
@@ -81,11 +81,11 @@ def test_inverse_cdf_matches_a_flat_search_and_skips_zero_entries():
 def test_inverse_cdf_draws_the_distribution():
     from domino_graft.kernels.head.reference import inverse_cdf
 
-    chunk = 256
+    width = 256
 
     gen = torch.Generator().manual_seed(1)
-    p = torch.zeros(2 * chunk + 5)
-    p[[3, chunk - 1, chunk + 7, 2 * chunk + 4]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    p = torch.zeros(2 * width + 5)
+    p[[3, width - 1, width + 7, 2 * width + 4]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
     n = 200_000
     idx = inverse_cdf(p.expand(n, -1).contiguous(), torch.rand(n, generator=gen))
     counts = torch.bincount(idx, minlength=p.numel()).float()

@@ -79,6 +79,8 @@ def test_bad_inputs_are_refused_in_one_line():
         sample_rows(probs.double(), u)
     with pytest.raises(ValueError, match="valid: fp32"):
         sample_rows(probs.t(), u)
+    with pytest.raises(ValueError, match=r"M >= 1"):
+        sample_rows(probs[:, :0], u)
     with pytest.raises(ValueError, match=r"u shape \(2,\)"):
         sample_rows(probs, u[:2])
 
