@@ -33,12 +33,15 @@ prompts are one batch a mode, ~0.2 s, within the noise of one measurement. --min
 at least M timed batches a mode (more rounds only where N / B < M).
 --deadline-s S: the report is rewritten after every batch, and no batch starts after S seconds
 (the row then says complete: false): a time-limited call leaves what it measured.
+The garbage collector runs between timed decodes, never inside one, for every mode alike: after the
+warm-up the heap is frozen (`gc.freeze`) and collected before each decode.
 CPU smoke (numbers meaningless): tests/test_concurrency_bench.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -183,6 +186,11 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     warm_up(runs, items, b)  # under the budget: its costs measured, its first estimates made
     if device == "cuda":
         torch.cuda.synchronize()
+    # what the warm-up left (models, caches, graphs) out of the collector's way. A full collection over it
+    # inside a timed decode is one stall a mode can meet: at 13bdded on the H100 (B = 4, T = 1) one batch of
+    # identical work ran 1.64x the target's wall (+~70 ms of 0.12 s); whatever that was, no mode pays for GC
+    gc.collect()
+    gc.freeze()
     row = {"batch_size": b, "temperature": temperature, "path": None,
            "warmup_s": round(time.perf_counter() - t0, 2), "complete": False, "num_prompts": 0, "num_batches": 0}
     tokens = {m: 0 for m in MODES}
@@ -209,9 +217,14 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
         # batches, no mode always meets it); their rows are checked after, the target's first
         for mode in order:
             captured = graphs_captured()
+            gc.collect()  # between decodes, untimed; none inside one (every mode alike)
+            gc.disable()
             t1 = time.perf_counter()
-            results_of[mode] = runs[mode](chunk)
-            this["wall_s"][mode] = round(time.perf_counter() - t1, 5)
+            try:
+                results_of[mode] = runs[mode](chunk)
+            finally:
+                this["wall_s"][mode] = round(time.perf_counter() - t1, 5)
+                gc.enable()
             wall[mode] += this["wall_s"][mode]
             # a graph captured in a timed decode: a shape the warm-up did not meet (its capture is in the wall)
             this.setdefault("graphs_captured", {})[mode] = graphs_captured() - captured

@@ -109,6 +109,22 @@ def sample_rows(s, smoke):
     return f"B=16 V={v}", lambda: kernel(probs, u), lambda: inverse_cdf(probs, u)
 
 
+def sample_logits(s, smoke):
+    """A sampled rollout slot at B = 16, T = 1 (softmax written as q, one draw), logits held [V, B] as the
+    full-vocabulary rollout holds them, against the torch slot (warp, inverse CDF, the two copies)."""
+    from domino_graft.kernels.head.domino_rollout import FusedRollout
+    from domino_graft.kernels.head.reference import filtered_probs
+    from domino_graft.kernels.head.sample_logits import sample_logits as kernel
+
+    v, b, k = s["v"], 16, 15
+    logits = torch.randn(v, b, device=_dev()).t()
+    u = torch.rand(b, k, device=_dev())
+    q = torch.empty(b, k, v, device=_dev())
+    tok = torch.empty(k, b, dtype=torch.int64, device=_dev())
+    return (f"B=16 V={v} T=1", lambda: kernel(logits, 1.0, u[:, 0], q[:, 0], tok[0]),
+            lambda: FusedRollout._sample(filtered_probs(logits, 1.0, 0, 1.0), None, u, q, tok, 1))
+
+
 def _rollout(s, smoke, name, **kw):
     from domino_graft.head import DominoHead, HeadSpec
     from domino_graft.kernels.head import make_rollout, reference_rollout
@@ -162,7 +178,7 @@ def head_ce(s, smoke):
 
 # kernel name (its module's name under kernels/engine or kernels/head) -> entry
 ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, pdl, domino_rollout, triton_rollout, sample_rows,
-                                   triton_persistent, head_ce)}
+                                   sample_logits, triton_persistent, head_ce)}
 
 
 def main(argv=None) -> int:

@@ -318,6 +318,7 @@ class BudgetRun:
         self.candidates = candidate_budgets(k, budget.lengths)
         self.pool = budget.acceptance(k)  # shared with every decode of this budget (module docstring)
         self.decode_steps = 0  # this decode's choices
+        self.lean_steps = 0  # steps of the target alone's loop this decode ran (`tick`)
         self.decodes = 0  # decodes before this one at this batch size (or key)
         self.plain_streak = 0
         self.chosen: dict[int, int] = {}
@@ -471,13 +472,17 @@ class BudgetRun:
             kk_before, when, lean_before = self._step_start
             self.add_wall(kk_before, (now - when) * 1e3, lean=lean_before)
         self._step_start = (kk, now, lean)
+        self.lean_steps += lean
 
     def add_wall(self, kk: int, ms: float, lean: bool = False) -> None:
         """A whole step that verified kk drafts (`lean`: the target alone's loop) took `ms` on the wall
         clock (loop top to loop top)."""
         if not self.wall_clock or self.budget.costs is None or not self.budget.costs.step_ms:
             return
-        if self.decode_steps <= 1:  # the decode's first step: its first shapes (module docstring)
+        # the decode's first step: its first shapes (module docstring). A decode that starts committed
+        # chooses nothing: its lean steps count (until 13bdded they did not, so such decodes never
+        # sampled the lean loop, and B = 8 then costed K' = 0 as a plain step through the chain)
+        if self.decode_steps + self.lean_steps <= 1:
             return
         device = self.device_cost_ms(kk)
         if ms > OUTLIER * device:  # a step that captured a graph or compiled: not what the kind costs
@@ -509,11 +514,20 @@ class BudgetRun:
         """auto's K': the shared estimate against this batch size's costs; all K for the estimate's
         first WARMUP_STEPS steps (every slot gets seen before it decides anything)."""
         costs = self.budget.costs
-        if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms:
+        if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms or self._explores():
             return self.k
         alphas = self.alphas()
         return best_budget(alphas, self.candidates, self.cost_ms,
                            lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
+
+    def _explores(self) -> bool:
+        """On CUDA, a batch size whose propose and rollout were never timed verifies all K until MIN_OWN
+        steps have timed them: interpolated from other batch sizes they can be far off (at 13bdded, T = 1 on
+        the H100: B = 1 and 2's rollout per slot, extended linearly, costed a B = 64 step at 86 ms, and every
+        batch size from 4 up started committed without ever timing its own)."""
+        costs = self.budget.costs
+        return (self.wall_clock and self.batch not in costs.propose_ms
+                and len(self.propose_samples) < MIN_OWN)
 
     def committed(self) -> bool:
         """Auto has chosen plain steps COMMIT_AFTER times in a row: the rest of the decode runs the

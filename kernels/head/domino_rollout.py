@@ -51,6 +51,9 @@ _warned: set[str] = set()
 # a sampled slot's draw through kernels/head/sample_rows.py (one launch pair) instead of the torch
 # inverse CDF (a scan along each row): off until the GPU measures it (module docstring of sample_rows.py)
 SAMPLE_ROWS = os.environ.get("DOMINO_GRAFT_SAMPLE_ROWS") == "1"
+# a full-vocabulary slot whose warp is a temperature alone: softmax, q and draw in two launches
+# (kernels/head/sample_logits.py) instead of a dozen or more small torch kernels; DOMINO_GRAFT_SAMPLE_LOGITS=1 turns it on
+SAMPLE_LOGITS = os.environ.get("DOMINO_GRAFT_SAMPLE_LOGITS") == "1"
 
 
 def _warn_once(msg: str) -> None:
@@ -507,7 +510,7 @@ class FusedRollout:
                     if nxt["gh"] is not None:
                         tr.whh_gemv(h=states[j], whh=prep.whh, gh=gh, block_gh=cfg.gh_block,
                                     gh_block_k=cfg.gh_block_k)
-                    self._sample(filtered_probs(base_j, temperature, top_k, top_p), None, uniforms, q, tok, j)
+                    self._sample_slot(base_j, temperature, top_k, top_p, uniforms, q, tok, j)
                 else:
                     tr.w2_argmax(base=base_j, pval=pv_full, pidx=pi_full, block_v=w2v, num_warps=w2w,
                                  num_stages=w2s, pdl=pdl, **nxt)
@@ -531,7 +534,7 @@ class FusedRollout:
                              reverse=reverse, stream=cfg.w2_stream, pdl=pdl, **nxt)
                 last = (pv_full, pi_full)
                 if sampling:
-                    self._sample(filtered_probs(logits.t(), temperature, top_k, top_p), None, uniforms, q, tok, j)
+                    self._sample_slot(logits.t(), temperature, top_k, top_p, uniforms, q, tok, j)
         for stream in side:  # join every forked stream (a graph capture must end on one stream)
             torch.cuda.current_stream(device).wait_stream(stream)
         if sampling:
@@ -622,6 +625,19 @@ class FusedRollout:
                                    whh_resident=self.config.pool_persistent_whh_resident)
         self.persistent_error = sync[1:2]
         return draft
+
+    @classmethod
+    def _sample_slot(cls, logits, temperature, top_k, top_p, uniforms, q, tok, j):
+        """Draw slot j from the warped logits [B, V] over the full vocabulary and record q_j: in two
+        launches (`sample_logits`) where the warp is a temperature alone and SAMPLE_LOGITS is on, else
+        the torch warp and draw."""
+        if SAMPLE_LOGITS:
+            from . import sample_logits as kernel
+
+            if kernel.fits(temperature, top_k, top_p, logits):
+                kernel.sample_logits(logits, temperature, uniforms[:, j - 1], q[:, j - 1], tok[j - 1])
+                return
+        cls._sample(filtered_probs(logits, temperature, top_k, top_p), None, uniforms, q, tok, j)
 
     @staticmethod
     def _sample(probs, ids, uniforms, q, tok, j):

@@ -838,3 +838,46 @@ def test_a_committed_tail_keeps_its_batch_size(monkeypatch):
     assert [r.tokens for r in got] == refs
     assert engine.last_budget["k_hist"].get("0", 0) > 0 and str(k) in engine.last_budget["k_hist"]
     assert not calls
+
+
+def test_a_decode_that_starts_committed_samples_its_lean_loop(monkeypatch):
+    """tick(0, lean=True) of a decode that chooses nothing (it started committed): its steps after the
+    first are lean samples, so later batch sizes can borrow them (until 13bdded it never sampled)."""
+    from domino_graft.decoding import budget as budget_mod
+
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 20.0}}, "propose_ms": {"4": 5.0}})
+    budget = VerifyBudget("auto", costs=costs)
+    first = budget.start(15, 4, "cuda")
+    for _ in range(8):
+        first.observe(15, [0] * 4)
+    first.finish()
+    now = iter([10.0, 10.005, 10.0062, 10.0074])  # a 5 ms first step (its shapes), then two of 1.2 ms
+    monkeypatch.setattr(budget_mod.time, "perf_counter", lambda: next(now))
+    run = budget.start(15, 4, "cuda")
+    assert run.starts_committed
+    for _ in range(4):
+        run.tick(0, lean=True)
+    assert run.excess["lean"] == [pytest.approx(0.2), pytest.approx(0.2)]
+
+
+def test_an_untimed_batch_size_verifies_everything_until_its_proposes_are_timed():
+    """On CUDA a batch size whose propose and rollout were never timed does not take them from other sizes
+    (extended linearly they can be far off): it verifies all K until MIN_OWN steps have timed them, then
+    chooses by its own costs. Off CUDA (a given table) it chooses at once."""
+    from domino_graft.decoding.budget import MIN_OWN
+
+    costs = VerifyCosts.from_dict({"step_ms": {b: {"1": 1.0, "16": 1.5} for b in ("1", "2", "64")},
+                                   "propose_ms": {"1": 0.2, "2": 2.0}})  # extended to B = 64: ~115 ms
+    budget = VerifyBudget("auto", costs=costs)
+    warm = budget.start(15, 1, "cuda")
+    for _ in range(4):
+        warm.observe(15, [15])
+    assert budget.start(15, 64, "cpu").choose() == 0  # the table's extension: plain
+    run = budget.start(15, 64, "cuda")
+    assert not run.starts_committed
+    for _ in range(MIN_OWN):
+        assert run.choose() == 15
+        run.add_propose(0.3, rollout_ms=0.3, slots=15)
+    assert run.choose() == 15  # by its own costs: 0.3 + 0.3 + 1.5 ms for ~16 tokens
+    run.finish()
+    assert costs.propose_ms[64] == pytest.approx(0.3)

@@ -227,3 +227,32 @@ def test_sampled_slots_through_sample_rows(monkeypatch, name):
     assert torch.equal(drawn, torch_draw), first_mismatches(drawn, torch_draw)
     assert torch.equal(q, q_torch)
     assert (q.gather(-1, drawn[..., None]) > 0).all()
+
+
+@needs_interpreter
+def test_sampled_slots_through_sample_logits(monkeypatch):
+    """SAMPLE_LOGITS on: each full-vocabulary slot of a temperature-only warp is one `sample_logits` (q and
+    draw in two launches): for this seed no draw sits on a rounding boundary, so the drafts are the torch
+    path's and their q equal to it up to rounding (a later slot's q follows the drafts before it), every
+    draft has q > 0; with top-k on the slots keep the torch warp."""
+    from domino_graft.kernels.head import sample_logits as kernel
+
+    calls = []
+    real = kernel.sample_logits
+    monkeypatch.setattr(kernel, "sample_logits", lambda x, *a, **kw: calls.append(x.shape) or real(x, *a, **kw))
+    k, h, g, r, v = 5, 24, 20, 12, 1013
+    head = make_head(h, g, r, v, pure=1, w2_scale=8.0)
+    emb, block, anchor = make_inputs(3, k, h, v)
+    embed = K.reference.dense_embed(emb)
+    roll = K.make_rollout("triton", head, emb)
+    kw = dict(temperature=0.7, top_k=0, top_p=1.0)
+    torch_draw, q_torch = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
+    monkeypatch.setattr(K.domino_rollout, "SAMPLE_LOGITS", True)
+    drawn, q = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
+    assert len(calls) == k  # every slot, the pure one too
+    assert torch.equal(drawn, torch_draw), first_mismatches(drawn, torch_draw)
+    torch.testing.assert_close(q, q_torch, rtol=1e-5, atol=1e-7)
+    assert (q.gather(-1, drawn[..., None]) > 0).all()
+    calls.clear()
+    roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **{**kw, "top_k": 50})
+    assert not calls
