@@ -400,7 +400,10 @@ def main(argv=None) -> int:
         "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench/concurrency.py",
                              *(sys.argv[1:] if argv is None else argv)]),
         "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note,
-        "verify_budget": args.verify_budget, "shrink": args.shrink, "rows": {},
+        "verify_budget": args.verify_budget, "shrink": args.shrink,
+        # the kernels' switches the run was under (DOMINO_GRAFT_SAMPLE_LOGITS, _PDL, ...)
+        "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DOMINO_GRAFT_") and k != "DOMINO_GRAFT_CACHE"},
+        "rows": {},
     }
     def write():
         atomic_write_json(args.out, {**report, "elapsed_s": round(clock.elapsed(), 1)})

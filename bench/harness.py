@@ -54,6 +54,8 @@ def environment(command: Optional[str] = None) -> dict:
            "commit": git_sha(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": command if command is not None else shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}
+    # the kernels' switches (DOMINO_GRAFT_PDL, _SAMPLE_LOGITS, _SAMPLE_ROWS, _LINEARS, ...) the run was under
+    env["switches"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("DOMINO_GRAFT_") and k != "DOMINO_GRAFT_CACHE"}
     try:
         import triton
 
