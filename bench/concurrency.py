@@ -18,8 +18,9 @@ what the batched code itself costs. Each row says which path ran (`path`).
 Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
 verified and at each shorter K' the budget may choose, so that no timed batch captures a graph); then the
-prompts in order, B at a time, each batch by the three modes in turn (which goes first rotates from batch
-to batch, so that no mode always follows the host's work between batches). tokens/s = generated tokens / wall
+prompts in order, B at a time, each batch by the three modes in turn, in each of the six orders by turns
+(`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
+rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
 latency (a row's latency ends when it does), averaged. `batches`: each timed batch's mode order and
 each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up met every shape), and for a
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import statistics
 import sys
@@ -52,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import end_to_end as e2e  # noqa: E402  (bench/ is not a package)
 
 MODES = ("target", "base", "domino")
+# the order of the modes within a batch, batch after batch: all six, so that each mode goes first and follows
+# each other mode equally often (each ordered pair sits side by side in two of them)
+ORDERS = [list(p) for p in itertools.permutations(MODES)]
 
 
 class Clock:
@@ -211,10 +216,10 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
         chunk = items[start: start + b]
         batch_target = None
         results_of, budget_of = {}, {}
-        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+        order = ORDERS[i % len(ORDERS)]
         this = {"start": start, "order": list(order), "wall_s": {}}  # the batch's own record (`batches`)
-        # the modes take turns going first (whatever the GPU's state after the host's work between
-        # batches, no mode always meets it); their rows are checked after, the target's first
+        # the modes take turns going first and following each other (whatever state a decode leaves the
+        # GPU and the host in, every mode meets it as often); their rows are checked after, the target's first
         for mode in order:
             captured = graphs_captured()
             gc.collect()  # between decodes, untimed; none inside one (every mode alike)

@@ -66,8 +66,10 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     assert rep["rows"]["1"]["path"]["decoder"].startswith("solo")
     assert rep["rows"]["2"]["path"]["decoder"].startswith("batched")
     assert rep["rows"]["2"]["kv_path"]["domino"] == ["static"] and rep["rows"]["2"]["num_batches"] == 3
-    batches = rep["rows"]["2"]["batches"]  # each batch's walls, the modes taking turns going first
-    assert [b["order"][0] for b in batches] == ["target", "base", "domino"] and [b["start"] for b in batches] == [0, 2, 4]
+    batches = rep["rows"]["2"]["batches"]  # each batch's walls, the modes in the six orders by turns
+    assert [b["order"] for b in batches] == script.ORDERS[:3] and [b["start"] for b in batches] == [0, 2, 4]
+    pairs = [(o[i], o[i + 1]) for o in script.ORDERS for i in range(2)]  # each mode follows each other twice
+    assert len(script.ORDERS) == 6 and all(pairs.count(p) == 2 for p in set(pairs)) and len(set(pairs)) == 6
     assert all(set(b["wall_s"]) == {"target", "base", "domino"} and min(b["wall_s"].values()) > 0 for b in batches)
     assert rep["rows"]["2"]["path"]["drafter"] == "static over the ragged batch, eager"
 
