@@ -2,7 +2,7 @@
 # Session 31's GPU check (issue #39): a sampled rollout slot in two launches (kernels/head/sample_logits.py,
 # DOMINO_GRAFT_SAMPLE_LOGITS=1) against the torch slot and against session 30's draw alone
 # (kernels/head/sample_rows.py, DOMINO_GRAFT_SAMPLE_ROWS=1), then the kernels' -m gpu tests (test_pdl's
-# first clean GPU run: its 45d49fd run drew two KV caches). One device call, random weights, no model
+# first clean GPU run: its 45d49fd run drew two KV caches; test_verify_budget's committed tail that compacts without a capture). One device call, random weights, no model
 # staging; carry .whl:
 #   DG_GIT_SHA=$(git rev-parse --short HEAD) bash experiments/sampled_slot_check.sh
 # $OUT: kernels_sampling.json (bench/kernels.py sample_logits sample_rows), batched_overhead_t1_{torch,
@@ -29,6 +29,7 @@ done
 cp -r tests recipes pyproject.toml /tmp/dg/
 (cd /tmp/dg && python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_sample_logits.py \
   tests/kernels/test_sample_rows.py tests/kernels/test_domino_rollout.py tests/kernels/test_small_linear.py \
+  tests/decoding/test_verify_budget.py \
   > "$L/gpu_tests.log" 2>&1)
 tail -3 "$L/gpu_tests.log"
 tar czf "$O/logs.tgz" -C "$L" .

@@ -18,11 +18,13 @@ target and drafter step it at its last position, its outputs dropped). Once at m
 rows go on, the batch shrinks (`_shrink`): the target's session and the static drafter move the
 rows that go on to the first rows of their caches (`compact`), padded with ended rows to a power
 of two, and the next steps run at that batch size, so a batch's stragglers cost what a small batch
-costs, not what the full one does. The target alone's loop always shrinks; a speculating chain (and
-its committed plain tail: its rows end at other positions than the target alone's, so its compactions
-met shapes no warm-up had captured) only with `shrink=True` (measured slower on the H200 at
-80205fb: docs/design.md), and only where the drafter can move rows (the static drafter's
-`compact`; the eager ragged contract cannot).
+costs, not what the full one does. The target alone's loop always shrinks, and so does the plain tail
+of a chain whose verify budget committed (its graphs at every size and attention bucket it can meet
+are captured before the prefill: `StaticSession.prime_plain_tail`; its rows end at other positions than
+the target alone's, and until 2be95b7 it kept its size because its compactions met shapes no warm-up
+had captured); a speculating chain only with `shrink=True` (measured slower on the H200 at 80205fb:
+docs/design.md), and only where the drafter can move rows (the static drafter's `compact`; the eager
+ragged contract cannot).
 `DecodeResult.kv_path` says which cache ran.
 
 The drafter sees the same ragged layout. Beside the static target, a family that offers
@@ -251,7 +253,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     is left in `engine.last_budget` (budget.BudgetRun.report). shrink: compact the batch as its rows
     end while it speculates (module docstring); off by default: on the H200 it cost more than it saved
     (each smaller batch meets the drafter's compiled pieces and graphs at new shapes: docs/design.md).
-    The committed plain tail shrinks only if the speculating batch does."""
+    The plain tail of an auto budget that commits shrinks either way (module docstring)."""
     sampling = sampling or Sampling()
     adapter = engine.adapter
     if adapter.topology != "chain":
@@ -281,6 +283,12 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     drafter = static_batch_drafter(adapter, target, length, b)
     engine.batch_drafter_path = "eager" if drafter is None else "static"  # what the last batch ran (bench reports)
     shrinks = shrink and _can_shrink(target, drafter, needs_drafter=True)
+    # a plain tail compacts as the target alone's loop does; its graphs are captured here, before the
+    # prefill rewrites what their capture wrote, since its rows end at other positions than the target
+    # alone's (at 59f8809 on the H200 its mid-decode captures made timed decodes 0.3-1.5 s slower)
+    tail_shrinks = run is not None and run.budget.mode == "auto" and _can_shrink(target)
+    if tail_shrinks and hasattr(target, "prime_plain_tail"):
+        target.prime_plain_tail(b, min(p.numel() for p in ids) + 1, length)
     adapter.reset(b)
     logits, feats, prompt_ids, prompt_pos = target.prefill(ids, capture)
     if drafter is not None:  # right-padded: row b's padding slots lie at or after its anchor
@@ -299,11 +307,8 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
     measure_costs()
     while any(live):
-        if run is not None and run.committed():  # plain from here on: the target alone's loop
-            # it shrinks only if the speculating batch does: its rows end at other positions than the
-            # target alone's, and a compaction there met shapes no warm-up had captured (59f8809 on
-            # the H200: timed decodes of 0.3-1.5 s, 2-5 graphs captured in each)
-            _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=shrinks)
+        if run is not None and run.committed():  # plain from here on: the target alone's loop, compacting
+            _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=tail_shrinks)
             break
         # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
         kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))

@@ -202,6 +202,17 @@ class StaticSession:
         logits, hidden = self._runner(capture)(seq, at[0] if len(at) == 1 else at)
         return logits, self._features(hidden, capture)
 
+    def prime_plain_tail(self, batch: int, first_end: int, length: int) -> int:
+        """Before a prefill of `batch` rows: capture the plain step's graphs (one token a row, no features)
+        at every batch size a compaction of it can reach (`batched._shrink`: powers of two below `batch`)
+        and every attention bucket from `first_end` (the shortest prompt's first step) to `length`, so a
+        plain tail that compacts never captures one mid-decode. -> the graphs it captured."""
+        runner = self._runner(())
+        buckets = sorted({runner.bucket(end) for end in range(first_end, length + 1, runner.kv_block)}
+                         | {runner.bucket(length)})
+        sizes = [1 << i for i in range(max(batch - 1, 0).bit_length()) if 1 << i < batch]
+        return sum(runner.prime(b, 1, kv) for b in sizes for kv in buckets)
+
     def keep(self, kept, longest: int) -> None:
         """Nothing to do in the cache: the next step of row b starts after its kept entries."""
 

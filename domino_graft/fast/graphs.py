@@ -152,6 +152,22 @@ class GraphRunner:
             cache.host_lengths = None
         return g.logits, g.hidden
 
+    @torch.no_grad()
+    def prime(self, b: int, t: int, kv_len: int, logits_to_keep: int = 0) -> bool:
+        """Capture the graph of (b, t, kv_len, logits_to_keep) now, if it is not yet, so that no step
+        captures it later (a capture inside a timed decode costs its warm-up runs). Its runs write K/V at
+        positions 0..t-1 of rows 0..b-1 and their lengths: prime only where those entries are rewritten
+        before anything reads them (before a prefill of at least b rows). -> whether it captured."""
+        key = (b, t, int(kv_len), int(logits_to_keep))
+        if not self.use_graphs or key in self.graphs:
+            return False
+        dev = self.lm.device
+        g = _Captured(None, torch.zeros((b, t), dtype=torch.long, device=dev), torch.zeros((b,), dtype=torch.long, device=dev),
+                      None, None)
+        self._capture(g, int(kv_len), int(logits_to_keep))
+        self.graphs[key] = g
+        return True
+
     def _capture(self, g: _Captured, kv_len: int, keep: int) -> None:
         lm = self.lm
         # Warm-up runs (cuBLAS workspaces, torch.compile) compute exactly the step about to be

@@ -587,6 +587,36 @@ def test_gpu_budgets_replay_graphs_and_measure_costs():
     assert all(1 <= len(r.tokens) <= 40 for r in got)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_committed_tail_compacts_without_capturing_a_graph():
+    """On CUDA: before an auto budget's prefill the plain step's graphs at every compacted size (powers of
+    two below B) and attention bucket are captured (`prime_plain_tail`), once; a decode that commits and
+    compacts then captures none, and its rows equal the target alone's."""
+    from domino_graft.fast import graphs_captured
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2, extra=("target.random.head_dim=16",))
+    for module in (target.model, adapter, head):
+        module.to("cuda")
+    k, stops = adapter.num_slots, stop_token_ids(target)
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9], [40, 41], [8, 8, 8]]
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    refs = [r.tokens for r in engine.target_only_batch(prompts, max_new_tokens=300)]
+    dear = VerifyCosts.from_dict({"step_ms": {"5": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
+                                  "propose_ms": {"5": 5.0}})
+    budget = VerifyBudget.parse("auto", dear)
+    first = engine.speculative_batch(prompts, max_new_tokens=300, budget=budget)
+    assert [r.tokens for r in first] == refs
+    plain = engine._ragged_static.runners[()]
+    keys = {key[:3] for key in plain.graphs}
+    assert {(b, 1, kv) for b in (1, 2, 4) for kv in (256, 512)} <= keys, keys
+    budget.memory.clear()  # the next decode speculates, then commits again (not started committed)
+    before = graphs_captured()
+    again = engine.speculative_batch(prompts, max_new_tokens=300, budget=budget)
+    assert [r.tokens for r in again] == refs and graphs_captured() == before
+    assert engine.last_budget["k_hist"].get("0", 0) > 0
+
+
 # ------------------------------------------------- the lean loop, probes, a shrinking batch
 def test_a_plain_step_is_costed_by_the_lean_loop_once_it_has_samples():
     """K' = 0 leads to the target alone's lean loop (batched.py `_target_steps`), which costs less than
@@ -816,28 +846,34 @@ def test_a_plain_step_borrows_the_nearest_sizes_lean_loop_never_its_chain_steps(
     assert new.cost_ms(0) == pytest.approx(1.4)  # the lean loop's, from B = 64
 
 
-def test_a_committed_tail_keeps_its_batch_size(monkeypatch):
-    """The plain tail of a batched chain that commits mid-decode does not compact (its rows end at other
-    positions than the target alone's, so compactions met uncaptured graph shapes on the H200); the
-    target alone's loop does. Outputs equal the target alone's."""
+def test_a_committed_tail_compacts_as_the_target_alone_does(monkeypatch):
+    """The plain tail of a batched chain that commits mid-decode compacts as its rows end, as the target
+    alone's loop does (its graphs primed before the prefill: `StaticSession.prime_plain_tail`, a no-op
+    off CUDA). Forced to move its rows (a compaction that reverses them), its outputs still equal the
+    target alone's."""
     from domino_graft.decoding import batched
 
     target, adapter, head = graft("dflash", "qwen3", seed=2)
     k, stops = adapter.num_slots, stop_token_ids(target)
     prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
     engine = Engine(target, adapter, head, stop_ids=stops)
-    calls = []
-    real = batched._shrink
-    monkeypatch.setattr(batched, "_shrink", lambda live: calls.append(list(live)) or real(live))
     refs = [r.tokens for r in engine.target_only_batch(prompts, max_new_tokens=12)]
-    assert calls  # the target alone's loop considers compacting every step
-    calls.clear()
+    moves = []
+
+    def reverse_once(live):  # the first time the tail asks: every row kept, in reverse order
+        if moves:
+            return None
+        moves.append(list(live))
+        return list(range(len(live)))[::-1]
+
+    monkeypatch.setattr(batched, "_shrink", reverse_once)
     dear = VerifyCosts.from_dict({"step_ms": {"3": {"1": 1.0, "4": 20.0, "8": 30.0, str(k + 1): 40.0}},
                                   "propose_ms": {"3": 5.0}})
     got = engine.speculative_batch(prompts, max_new_tokens=12, budget=VerifyBudget.parse("auto", dear))
     assert [r.tokens for r in got] == refs
     assert engine.last_budget["k_hist"].get("0", 0) > 0 and str(k) in engine.last_budget["k_hist"]
-    assert not calls
+    assert moves  # the committed tail compacted (the speculating steps never ask: shrink=False)
+
 
 
 def test_a_decode_that_starts_committed_samples_its_lean_loop(monkeypatch):
