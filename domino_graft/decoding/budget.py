@@ -64,6 +64,11 @@ target alone (the slowest-row spread and an unreached slot's optimistic prior bo
 auto verifies drafts only where their rate beats plain steps' by SWITCH_MARGIN (10%): speculation
 gives up gains under that margin, and a batch where it does not clearly pay decodes as the target.
 
+On CUDA a batch size whose propose and rollout were never timed verifies all K until MIN_OWN steps have
+timed them (`_explores`): taken from other sizes (`VerifyCosts` extends its end segments linearly) they can be
+far off, and a size that starts committed on such a guess never times its own. A decode that starts committed
+samples its lean loop (`tick(0, lean=True)`), so the sizes after it can borrow the lean cost.
+
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
 next one (`committed_whole`): a tail of a few rows that went plain says nothing about the full batch.
