@@ -268,8 +268,9 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
     run = None if budget is None else budget.start(k, b, dev.type, remaining=max_new_tokens)  # refused before any forward
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
+        t0 = time.perf_counter()
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
-        engine.last_budget = run.finish()
+        engine.last_budget = run.finish(sum(len(r.tokens) for r in results), time.perf_counter() - t0)
         return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
@@ -376,7 +377,9 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             if run is not None:
                 run.resize(len(keep))
                 measure_costs()
-    engine.last_budget = None if run is None else run.finish()
+    # the whole decode's tokens/s joins the budget's outcomes (budget.py, "Whole decodes")
+    engine.last_budget = None if run is None else run.finish(sum(len(r.out.tokens) for r in every),
+                                                             time.perf_counter() - t0)
     return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
 
 

@@ -69,6 +69,17 @@ timed them (`_explores`): taken from other sizes (`VerifyCosts` extends its end 
 far off, and a size that starts committed on such a guess never times its own. A decode that starts committed
 samples its lean loop (`tick(0, lean=True)`), so the sizes after it can borrow the lean cost.
 
+Whole decodes: the step model (device costs, wall-clock excess, the slowest row) can still misjudge a
+static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate over plain steps' and ran
+0.90x the target alone, and probe decodes at B = 16 ran 1.23-1.35x its wall (bench/results/
+concurrency_h100.json). So on CUDA each static batch's decode reports its tokens/s (`finish(tokens,
+seconds)`) into the budget's outcomes at its batch size, speculative (it chose drafts at some step) or plain
+(it ran the target alone from its first step). After OUTCOME_MIN speculative decodes a size runs one plain
+to compare; from then on it starts committed (`by_outcome`) while the median of its last plain decodes'
+tokens/s is at least that of its speculative ones, except every PROBE_EVERY-th decode, which the step model
+decides (so speculation that starts to pay is seen again). This only ever turns speculation off: the measure is
+the quantity the budget exists to maximise, tokens per second of the whole batch.
+
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
 next one (`committed_whole`): a tail of a few rows that went plain says nothing about the full batch.
@@ -118,6 +129,12 @@ OUTLIER = 4.0
 MIN_OWN = 3
 # auto verifies drafts only where that promises SWITCH_MARGIN x plain steps' rate (module docstring)
 SWITCH_MARGIN = 1.1
+# whole decodes (static batches on CUDA): the tokens/s of a size's last OUTCOME_WINDOW speculative and plain
+# decodes; after OUTCOME_MIN speculative ones a plain one is run to compare, and while plain decodes are the
+# faster a size starts committed, letting the step model choose again every PROBE_EVERY decodes
+OUTCOME_WINDOW = 8
+OUTCOME_MIN = 2
+PROBE_EVERY = 16
 
 
 def _median(samples: list[float]) -> float:
@@ -237,6 +254,8 @@ class VerifyBudget:
     memory: dict = field(default_factory=dict, repr=False, compare=False)
     # the acceptance every decode shares, whatever its batch size (module docstring)
     pool: Optional[Acceptance] = field(default=None, repr=False, compare=False)
+    # whole decodes' tokens/s by batch size: {"spec": [...], "plain": [...], "since_probe": n} (`outcome_says_plain`)
+    outcomes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in (*MODES, "fixed"):
@@ -268,7 +287,32 @@ class VerifyBudget:
         if costs is not None:
             costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms),
                                 rollout_ms=dict(costs.rollout_ms), source=costs.source)
-        return replace(self, memory={}, costs=costs, pool=None)
+        return replace(self, memory={}, costs=costs, pool=None, outcomes={})
+
+    def outcome_says_plain(self, batch: int) -> bool:
+        """Whether a static batch of `batch` rows should run plain from its first step by what whole decodes
+        at that size measured (module docstring, "Whole decodes"): a plain decode is due to compare (OUTCOME_MIN
+        speculative ones and none plain yet), or plain decodes ran at least as fast as speculative ones (their
+        medians), except every PROBE_EVERY-th decode, which the step model decides."""
+        seen = self.outcomes.get(batch)
+        if seen is None or len(seen["spec"]) < OUTCOME_MIN:
+            return False
+        if not seen["plain"]:
+            return True
+        if seen["since_probe"] + 1 >= PROBE_EVERY:
+            return False
+        med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+        return med(seen["plain"]) >= med(seen["spec"])
+
+    def add_outcome(self, batch: int, plain: bool, tokens: int, seconds: float) -> None:
+        """A whole decode of `batch` rows (`plain`: it ran the target alone from its first step): its tokens/s."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        seen = self.outcomes.setdefault(batch, {"spec": [], "plain": [], "since_probe": 0})
+        kind = seen["plain" if plain else "spec"]
+        kind.append(tokens / seconds)
+        del kind[:-OUTCOME_WINDOW]
+        seen["since_probe"] = seen["since_probe"] + 1 if plain else 0
 
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
         """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
@@ -344,6 +388,10 @@ class BudgetRun:
         seen = carry is not None and carry.k == k and carry.first_batch == batch
         self.starts_committed = (remembered and seen and budget.mode == "auto"
                                  and self._choice(batch, remaining) == 0)
+        # what whole decodes measured overrides the step model toward plain steps (module docstring)
+        self.by_outcome = (remembered and budget.mode == "auto" and wall_clock and isinstance(self.key, int)
+                           and not self.starts_committed and budget.outcome_says_plain(batch))
+        self.starts_committed = self.starts_committed or self.by_outcome
         if self.starts_committed:
             self.plain_streak = COMMIT_AFTER
             self.committed_whole = True
@@ -410,10 +458,13 @@ class BudgetRun:
         return (self.budget.mode == "auto" and device_type == "cuda" and len(self.propose_samples) < 8
                 and (costs is None or self.batch not in costs.propose_ms))
 
-    def finish(self) -> dict:
+    def finish(self, tokens: int = 0, seconds: float = 0.0) -> dict:
         """The decode's report; its propose measurements go into the budget's table (as its target
         costs did) and its estimate into the budget's memory, so the next decode at this batch
-        size starts with them."""
+        size starts with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its
+        tokens/s joins the budget's outcomes at its first batch size)."""
+        if self.wall_clock and isinstance(self.key, int) and self.budget.mode == "auto" and tokens:
+            self.budget.add_outcome(self.first_batch, self.starts_committed, tokens, seconds)
         self._store_propose()
         self.budget.memory[self.key] = self
         return self.report()
@@ -566,6 +617,7 @@ class BudgetRun:
             out["decodes_seen"] = self.decodes
             out["committed_whole"] = self.committed_whole
             out["starts_committed"] = self.starts_committed
+            out["by_outcome"] = self.by_outcome
         return out
 
 

@@ -917,3 +917,39 @@ def test_an_untimed_batch_size_verifies_everything_until_its_proposes_are_timed(
     assert run.choose() == 15  # by its own costs: 0.3 + 0.3 + 1.5 ms for ~16 tokens
     run.finish()
     assert costs.propose_ms[64] == pytest.approx(0.3)
+
+
+def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
+    """Whole decodes (budget.py): on CUDA a static batch's decode reports its tokens/s. Where the step model
+    speculates, after OUTCOME_MIN speculative decodes one runs plain to compare; while plain decodes are the
+    faster (medians) the size starts committed, except every PROBE_EVERY-th decode (the model's choice);
+    where speculative decodes are the faster the model keeps deciding. Off CUDA nothing is recorded."""
+    from domino_graft.decoding.budget import OUTCOME_MIN, PROBE_EVERY
+
+    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}},
+                                   "propose_ms": {"8": 0.2}, "rollout_ms": {"8": 0.01}})
+
+    def decode(budget, rate, device="cuda"):
+        run = budget.start(15, 8, device)
+        if not run.starts_committed:
+            for _ in range(4):
+                run.observe(run.choose(), [12] * 8)  # the drafter accepts most: the model speculates
+        run.finish(tokens=1000, seconds=1000 / rate[run.starts_committed])
+        return run
+
+    slow_spec = {False: 900.0, True: 1000.0}  # tokens/s of speculative / plain decodes
+    budget = VerifyBudget("auto", costs=costs)
+    runs = [decode(budget, slow_spec) for _ in range(OUTCOME_MIN + 1)]
+    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True]  # the plain one, to compare
+    assert runs[-1].by_outcome and runs[-1].report()["by_outcome"]
+    runs = [decode(budget, slow_spec) for _ in range(2 * PROBE_EVERY)]
+    spec = [i for i, r in enumerate(runs) if not r.starts_committed]
+    assert len(spec) == 2 and all(runs[i].by_outcome for i in range(len(runs)) if i not in spec), spec
+
+    fast_spec = {False: 1300.0, True: 1000.0}
+    budget = VerifyBudget("auto", costs=costs)
+    runs = [decode(budget, fast_spec) for _ in range(10)]
+    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True] + [False] * 7
+
+    cpu = VerifyBudget("auto", costs=costs)
+    assert not any(decode(cpu, slow_spec, "cpu").starts_committed for _ in range(5)) and not cpu.outcomes
