@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 31's GPU check (issue #39): a sampled rollout slot in two launches (kernels/head/sample_logits.py,
-# DOMINO_GRAFT_SAMPLE_LOGITS=1) against the torch slot and against session 30's draw alone
+# Session 31's GPU check (issue #39), not run yet (the session's device time ran out): a sampled rollout slot in
+# two launches (kernels/head/sample_logits.py, the rollout's default) against the torch slot and against session 30's draw alone
 # (kernels/head/sample_rows.py, DOMINO_GRAFT_SAMPLE_ROWS=1), then the kernels' -m gpu tests (test_pdl's
 # first clean GPU run: its 45d49fd run drew two KV caches; test_verify_budget's committed tail that compacts without a capture). One device call, random weights, no model
 # staging; carry .whl:
@@ -17,9 +17,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 python3 bench/kernels.py sample_logits sample_rows --out "$O/kernels_sampling.json" 2>&1 | tail -3
 for mode in torch sample_logits sample_rows; do
   case $mode in
-    torch) env=() ;;
+    torch) env=(DOMINO_GRAFT_SAMPLE_LOGITS=0) ;;
     sample_logits) env=(DOMINO_GRAFT_SAMPLE_LOGITS=1) ;;
-    sample_rows) env=(DOMINO_GRAFT_SAMPLE_ROWS=1) ;;
+    sample_rows) env=(DOMINO_GRAFT_SAMPLE_LOGITS=0 DOMINO_GRAFT_SAMPLE_ROWS=1) ;;
   esac
   prof=(); [ "$mode" = sample_logits ] && prof=(--kernel-profile)
   env "${env[@]}" python3 bench/batched_overhead.py --batches 1,16,64 --temperature 1 "${prof[@]}" \

@@ -52,8 +52,9 @@ _warned: set[str] = set()
 # inverse CDF (a scan along each row): off until the GPU measures it (module docstring of sample_rows.py)
 SAMPLE_ROWS = os.environ.get("DOMINO_GRAFT_SAMPLE_ROWS") == "1"
 # a full-vocabulary slot whose warp is a temperature alone: softmax, q and draw in two launches
-# (kernels/head/sample_logits.py) instead of a dozen or more small torch kernels; DOMINO_GRAFT_SAMPLE_LOGITS=1 turns it on
-SAMPLE_LOGITS = os.environ.get("DOMINO_GRAFT_SAMPLE_LOGITS") == "1"
+# (kernels/head/sample_logits.py) instead of a dozen or more small torch kernels; DOMINO_GRAFT_SAMPLE_LOGITS=0
+# turns it off (on since 8c01084's H100 run: a sampled slot then cost ~9 us over a greedy one at B = 1, ~45 before)
+SAMPLE_LOGITS = os.environ.get("DOMINO_GRAFT_SAMPLE_LOGITS", "1") != "0"
 
 
 def _warn_once(msg: str) -> None:
@@ -629,8 +630,8 @@ class FusedRollout:
     @classmethod
     def _sample_slot(cls, logits, temperature, top_k, top_p, uniforms, q, tok, j):
         """Draw slot j from the warped logits [B, V] over the full vocabulary and record q_j: in two
-        launches (`sample_logits`) where the warp is a temperature alone and SAMPLE_LOGITS is on, else
-        the torch warp and draw."""
+        launches (`sample_logits`) where the warp is a temperature alone and SAMPLE_LOGITS is on (the
+        default), else the torch warp and draw."""
         if SAMPLE_LOGITS:
             from . import sample_logits as kernel
 

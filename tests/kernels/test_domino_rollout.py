@@ -211,6 +211,7 @@ def test_sampled_slots_through_sample_rows(monkeypatch, name):
     draw's exactly (a later slot's q follows the drafts before it), and every draft has q > 0."""
     from domino_graft.kernels.head import sample_rows as kernel
 
+    monkeypatch.setattr(K.domino_rollout, "SAMPLE_LOGITS", False)  # every slot through _sample's draw
     calls = []
     real = kernel.sample_rows
     monkeypatch.setattr(kernel, "sample_rows", lambda p, u, **kw: calls.append(p.shape) or real(p, u, **kw))
@@ -231,7 +232,7 @@ def test_sampled_slots_through_sample_rows(monkeypatch, name):
 
 @needs_interpreter
 def test_sampled_slots_through_sample_logits(monkeypatch):
-    """SAMPLE_LOGITS on: each full-vocabulary slot of a temperature-only warp is one `sample_logits` (q and
+    """SAMPLE_LOGITS on (the default): each full-vocabulary slot of a temperature-only warp is one `sample_logits` (q and
     draw in two launches): for this seed no draw sits on a rounding boundary, so the drafts are the torch
     path's and their q equal to it up to rounding (a later slot's q follows the drafts before it), every
     draft has q > 0; with top-k on the slots keep the torch warp."""
@@ -246,7 +247,9 @@ def test_sampled_slots_through_sample_logits(monkeypatch):
     embed = K.reference.dense_embed(emb)
     roll = K.make_rollout("triton", head, emb)
     kw = dict(temperature=0.7, top_k=0, top_p=1.0)
+    monkeypatch.setattr(K.domino_rollout, "SAMPLE_LOGITS", False)
     torch_draw, q_torch = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
+    assert not calls
     monkeypatch.setattr(K.domino_rollout, "SAMPLE_LOGITS", True)
     drawn, q = roll(head, block, anchor, embed, generator=torch.Generator().manual_seed(3), **kw)
     assert len(calls) == k  # every slot, the pure one too
