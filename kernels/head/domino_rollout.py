@@ -53,7 +53,7 @@ _warned: set[str] = set()
 SAMPLE_ROWS = os.environ.get("DOMINO_GRAFT_SAMPLE_ROWS") == "1"
 # a full-vocabulary slot whose warp is a temperature alone: softmax, q and draw in two launches
 # (kernels/head/sample_logits.py) instead of a dozen or more small torch kernels; DOMINO_GRAFT_SAMPLE_LOGITS=0
-# turns it off (on since 8c01084's H100 run: a sampled slot then cost ~9 us over a greedy one at B = 1, ~45 before)
+# turns it off (on since 8c01084's H100 run: a sampled slot then cost ~9 us over a greedy one at B = 1, ~41 before)
 SAMPLE_LOGITS = os.environ.get("DOMINO_GRAFT_SAMPLE_LOGITS", "1") != "0"
 
 

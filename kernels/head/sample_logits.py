@@ -23,7 +23,7 @@ any strides (the full-vocabulary rollout keeps them [V, B]); q is any fp32 [N, V
 
 `fits(temperature, top_k, top_p, logits)` says whether it applies (else the torch warp and draw).
 The rollout uses it on CUDA unless ``DOMINO_GRAFT_SAMPLE_LOGITS=0`` (docs/kernels.md: timed inside the real
-decode on an H100, ~9 us a slot over a greedy one against ~45 for the torch slot).
+decode on an H100, ~9 us a slot over a greedy one against ~41 for the torch slot).
 tests/kernels/test_sample_logits.py checks it against `sampling.warp` and `reference.inverse_cdf`
 in the interpreter; bench/kernels.py sample_logits times it against the torch slot.
 """
