@@ -10,15 +10,24 @@ from pathlib import Path
 from typing import Optional
 
 
+def _segment(x: float, keys) -> tuple:
+    """The measured points `_interp` reads for x: (x,) where measured, the only one, or the segment around x
+    (an end segment outside them)."""
+    if x in keys:
+        return (x,)
+    xs = sorted(keys)
+    if len(xs) == 1:
+        return (xs[0],)
+    return (xs[0], xs[1]) if x < xs[0] else (xs[-2], xs[-1]) if x > xs[-1] else next(
+        (a, b) for a, b in zip(xs, xs[1:]) if a < x < b)
+
+
 def _interp(x: float, points: dict[int, float]) -> float:
     """Piecewise linear through the measured points, extended along the end segments (never below 0)."""
-    xs = sorted(points)
-    if x in points:
-        return points[x]
-    if len(xs) == 1:
-        return points[xs[0]]
-    lo, hi = (xs[0], xs[1]) if x < xs[0] else (xs[-2], xs[-1]) if x > xs[-1] else next(
-        (a, b) for a, b in zip(xs, xs[1:]) if a < x < b)
+    seg = _segment(x, points)
+    if len(seg) == 1:
+        return points[seg[0]]
+    lo, hi = seg
     y = points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
     return max(y, 0.0)
 
@@ -123,7 +132,8 @@ class VerifyCosts:
         """ms of the target's forward of t tokens per row at batch b."""
         if not self.step_ms:
             raise ValueError("verify costs: the table is empty; valid: step_ms by batch size and verify length")
-        by_b = {nb: _interp(t, row) for nb, row in self.step_ms.items()}
+        # (only the batch sizes the interpolation in B reads: the budget asks this every step)
+        by_b = {nb: _interp(t, self.step_ms[nb]) for nb in _segment(b, self.step_ms)}
         return _interp(b, by_b)
 
     def propose(self, b: int) -> Optional[float]:
