@@ -17,7 +17,8 @@ what the batched code itself costs. Each row says which path ran (`path`).
 
 Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
-verified and at each shorter K' the budget may choose, so that no timed batch captures a graph); then the
+verified, at each shorter K' the budget may choose, and cycling through every K' after every other, so that
+no timed batch captures a graph); then the
 prompts in order, B at a time, each batch by the three modes in turn, in each of the six orders by turns
 (`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
@@ -188,6 +189,9 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
                 if kk < engine.adapter.num_slots:
                     fixed = VerifyBudget("fixed", n=kk, costs=budget.costs)
                     warm_up(decoders(engine, max_new, solo, temperature, fixed, shrink), items, b)
+            # every K' after every other: the shapes of a step depend on the one before (budget.py, "cycle")
+            cycle = VerifyBudget("cycle", costs=budget.costs)
+            warm_up(decoders(engine, max_new, solo, temperature, cycle, shrink), items, b)
     warm_up(runs, items, b)  # under the budget: its costs measured, its first estimates made
     if device == "cuda":
         torch.cuda.synchronize()

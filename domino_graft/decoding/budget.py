@@ -242,9 +242,10 @@ class Acceptance:
 
 @dataclass
 class VerifyBudget:
-    """What a batched chain verifies per step: "full" (all K: the default), "fixed" (always `n`) or
-    "auto" (the cost model of the module docstring, over `costs`). Kept across decodes: costs the
-    engine measures (CUDA) are added to `costs`, so they are measured once per (B, T)."""
+    """What a batched chain verifies per step: "full" (all K: the default), "fixed" (always `n`),
+    "auto" (the cost model of the module docstring, over `costs`) or "cycle" (a warm-up's: every
+    candidate K' after every other, `BudgetRun.cycle`). Kept across decodes: costs the engine measures (CUDA)
+    are added to `costs`, so they are measured once per (B, T)."""
 
     mode: str = "full"
     n: Optional[int] = None
@@ -258,8 +259,8 @@ class VerifyBudget:
     outcomes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.mode not in (*MODES, "fixed"):
-            raise ValueError(f"verify budget mode: {self.mode!r} is not a mode; valid: full, fixed, auto")
+        if self.mode not in (*MODES, "fixed", "cycle"):
+            raise ValueError(f"verify budget mode: {self.mode!r} is not a mode; valid: full, fixed, auto, cycle")
         if self.mode == "fixed" and (isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 0):
             raise ValueError(f"verify budget: fixed needs n, the drafts verified per step; got {self.n!r}; "
                              "valid: an integer >= 0")
@@ -333,7 +334,7 @@ class VerifyBudget:
         """Every K' a step may verify with a drafter of K slots: K (full), N (fixed) or auto's candidates."""
         if self.mode == "full":
             return [k]
-        return [self.n] if self.mode == "fixed" else candidate_budgets(k, self.lengths)
+        return [self.n] if self.mode == "fixed" else candidate_budgets(k, self.lengths)  # auto, cycle
 
     def start(self, k: int, batch: int, device_type: str, carry: Optional["BudgetRun"] = None,
               key=None, remaining: int = 0) -> "BudgetRun":
@@ -365,6 +366,11 @@ class BudgetRun:
         self.first_batch = batch  # the decode's batch size before any compaction (`resize`)
         self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
+        # "cycle" (a warm-up before timing or serving): each candidate then each candidate, so every ordered
+        # pair of K' meets in two steps in a row. A step's shapes depend on the K' before it too: a static
+        # drafter writes the block a K' = 0 step left pending with its next propose, a shape no fixed K' meets
+        # (at 8c01084 one auto decode captured a graph inside a timed batch and took 2.8 s, not 0.1: likely one)
+        self.cycle = [kk for a in self.candidates for b in self.candidates for kk in (a, b)]
         self.pool = budget.acceptance(k)  # shared with every decode of this budget (module docstring)
         self.decode_steps = 0  # this decode's choices
         self.lean_steps = 0  # steps of the target alone's loop this decode ran (`tick`)
@@ -557,6 +563,8 @@ class BudgetRun:
             kk = self.k
         elif b.mode == "fixed":
             kk = b.n
+        elif b.mode == "cycle":
+            kk = self.cycle[self.decode_steps % len(self.cycle)]
         else:
             kk = self._choice(rows, remaining)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1

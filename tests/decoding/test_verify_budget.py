@@ -953,3 +953,24 @@ def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
 
     cpu = VerifyBudget("auto", costs=costs)
     assert not any(decode(cpu, slow_spec, "cpu").starts_committed for _ in range(5)) and not cpu.outcomes
+
+
+def test_a_cycle_budget_meets_every_k_after_every_other_and_stays_lossless():
+    """"cycle" (a warm-up's budget: bench/concurrency.py runs it before timing): K' steps through every
+    candidate after every other, so a decode long enough meets each ordered pair of K' in consecutive
+    steps (the shapes a step meets depend on the K' before it); its output is the target alone's."""
+    target, adapter, head = graft("dflash", "qwen3", seed=2)
+    k, stops = adapter.num_slots, stop_token_ids(target)
+    budget = VerifyBudget("cycle")
+    run = budget.start(k, 3, "cpu")
+    steps = [run.choose() for _ in range(2 * len(run.candidates) ** 2)]
+    pairs = set(zip(steps, steps[1:]))
+    assert pairs == {(a, b) for a in run.candidates for b in run.candidates}, pairs
+    prompts = [[5, 9, 13, 4, 22], [7], [3, 14, 15, 9, 26, 5, 35, 8, 9]]
+    engine = Engine(target, adapter, head, stop_ids=stops)
+    refs = [r.tokens for r in engine.target_only_batch(prompts, max_new_tokens=24)]
+    got = engine.speculative_batch(prompts, max_new_tokens=24, budget=budget)
+    assert [r.tokens for r in got] == refs
+    assert set(engine.last_budget["k_hist"]) == {str(c) for c in run.candidates}
+    with pytest.raises(ValueError, match="valid: full, fixed, auto, cycle"):
+        VerifyBudget("sometimes")
