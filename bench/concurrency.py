@@ -23,7 +23,8 @@ prompts in order, B at a time, each batch by the three modes in turn, in each of
 (`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
-latency (a row's latency ends when it does), averaged. `batches`: each timed batch's mode order and
+latency (a row's latency ends when it does), averaged; speedup_<mode>_median_batch = the median over batches of the
+mode's tokens/s over the target's in the same batch (robust to one stalled decode). `batches`: each timed batch's mode order and
 each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up met every shape), and for a
 speculative mode under a verify budget whether its decode started committed (those that did not are the
 decodes that can differ from the target alone's where the budget commits) and the K' it chose. identical_to_target: every row of every batch, in
@@ -240,6 +241,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             budget_of[mode] = getattr(engine, "last_budget", None) if mode != "target" else None
             if budget_of[mode]:  # which decodes differ from the target alone's: those not started committed
                 this[mode] = {key: budget_of[mode].get(key) for key in ("starts_committed", "k_hist")}
+        this["tokens"] = {mode: sum(len(r.tokens) for r in results_of[mode]) for mode in order}
         row.setdefault("batches", []).append(this)
         for mode in MODES:  # "target" first: its rows are what this batch's speculative rows must equal
             results = results_of[mode]
@@ -295,6 +297,11 @@ def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sa
         row[f"tau_{m}"] = steps[m][1] / steps[m][0] if steps[m][0] else None
         t = row["target_tokens_per_s"]
         row[f"speedup_{m}"] = row[f"{m}_tokens_per_s"] / t if t and row[f"{m}_tokens_per_s"] else None
+        # the median over batches of the mode's tokens/s over the target's in the same batch: a stall of one
+        # decode (tens of ms in a 0.1 s batch, `batches`) moves the totals above, not this
+        per_batch = sorted((b["tokens"][m] / b["wall_s"][m]) / (b["tokens"]["target"] / b["wall_s"]["target"])
+                           for b in row.get("batches", []) if "tokens" in b and min(b["wall_s"].values()) > 0)
+        row[f"speedup_{m}_median_batch"] = per_batch[len(per_batch) // 2] if per_batch else None
     row["kv_path"] = {m: sorted(kv[m]) for m in MODES}
     if sampled:  # sampled rows: equal to the target in distribution (the chi-square tests), not token for token
         row["identical_to_target"] = row["identical_to_batch_target"] = None
@@ -317,6 +324,7 @@ def by_batch(rows: dict) -> list[dict]:
         out.append({"B": row["batch_size"], "temperature": row.get("temperature", 0.0),
                     "target_tokens_per_s": row["target_tokens_per_s"], "drafter_tokens_per_s": row["base_tokens_per_s"],
                     "domino_tokens_per_s": row["domino_tokens_per_s"], "tau_domino": row.get("tau_domino"),
+                    "domino_median_batch_speedup": row.get("speedup_domino_median_batch"),
                     "identical_to_target": row["identical_to_target"], "complete": row["complete"]})
     return sorted(out, key=lambda r: (r["temperature"], r["B"]))
 

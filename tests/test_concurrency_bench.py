@@ -13,7 +13,8 @@ from tests.conftest import REPO
 
 ROW_KEYS = ("target_tokens_per_s", "base_tokens_per_s", "domino_tokens_per_s", "target_per_request_tokens_per_s",
             "base_per_request_tokens_per_s", "domino_per_request_tokens_per_s", "tau_base", "tau_domino",
-            "identical_to_target", "identical_to_batch_target", "path", "kv_path", "complete")
+            "identical_to_target", "identical_to_batch_target", "path", "kv_path", "complete",
+            "speedup_domino_median_batch")
 
 
 def load_module(name: str, folder: str = "bench"):
@@ -71,6 +72,9 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     pairs = [(o[i], o[i + 1]) for o in script.ORDERS for i in range(2)]  # each mode follows each other twice
     assert len(script.ORDERS) == 6 and all(pairs.count(p) == 2 for p in set(pairs)) and len(set(pairs)) == 6
     assert all(set(b["wall_s"]) == {"target", "base", "domino"} and min(b["wall_s"].values()) > 0 for b in batches)
+    ratios = sorted((b["tokens"]["domino"] / b["wall_s"]["domino"]) / (b["tokens"]["target"] / b["wall_s"]["target"])
+                    for b in batches)
+    assert rep["rows"]["2"]["speedup_domino_median_batch"] == pytest.approx(ratios[1])  # the median of three
     assert rep["rows"]["2"]["path"]["drafter"] == "static over the ragged batch, eager"
 
     plot = load_module("plot_concurrency", "experiments")
