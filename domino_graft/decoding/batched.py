@@ -267,10 +267,13 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     ids = _check_batch(engine, prompts, max_new_tokens)
     b, dev, k = len(ids), ids[0].device, adapter.num_slots
     run = None if budget is None else budget.start(k, b, dev.type, remaining=max_new_tokens)  # refused before any forward
+    from ..fast import graphs_captured
+
+    captured = graphs_captured()  # a decode that captures a graph is no sample of a size's speed (`_outcome`)
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         t0 = time.perf_counter()
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
-        engine.last_budget = run.finish(sum(len(r.tokens) for r in results), time.perf_counter() - t0)
+        engine.last_budget = run.finish(*_outcome([r.tokens for r in results], t0, captured))
         return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
@@ -377,10 +380,19 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             if run is not None:
                 run.resize(len(keep))
                 measure_costs()
-    # the whole decode's tokens/s joins the budget's outcomes (budget.py, "Whole decodes")
-    engine.last_budget = None if run is None else run.finish(sum(len(r.out.tokens) for r in every),
-                                                             time.perf_counter() - t0)
+    engine.last_budget = None if run is None else run.finish(*_outcome([r.out.tokens for r in every], t0, captured))
     return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
+
+
+def _outcome(tokens: list, t0: float, captured: int) -> tuple[int, float]:
+    """(tokens, seconds) of a whole decode for the budget's outcomes (budget.py, "Whole decodes"); (0, 0.0), no
+    sample, where the decode captured a CUDA graph: its wall holds the capture (and the compiles beside it),
+    as a first decode at a new size or prompt length does."""
+    from ..fast import graphs_captured
+
+    if graphs_captured() != captured:
+        return 0, 0.0
+    return sum(len(t) for t in tokens), time.perf_counter() - t0
 
 
 def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,

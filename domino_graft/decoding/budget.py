@@ -74,7 +74,8 @@ static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate o
 0.90x the target alone, and probe decodes at B = 16 ran 1.23-1.35x its wall (bench/results/
 concurrency_h100.json). So on CUDA each static batch's decode reports its tokens/s (`finish(tokens,
 seconds)`) into the budget's outcomes at its batch size, speculative (it chose drafts at some step) or plain
-(it ran the target alone from its first step). After OUTCOME_MIN speculative decodes a size runs one plain
+(it ran the target alone from its first step); a decode that captured a CUDA graph is no sample (its wall
+holds the capture: batched.py `_outcome`). After OUTCOME_MIN speculative decodes a size runs one plain
 to compare; from then on it starts committed (`by_outcome`) while the median of its last plain decodes'
 tokens/s is at least that of its speculative ones, except every PROBE_EVERY-th decode, which the step model
 decides (so speculation that starts to pay is seen again). This only ever turns speculation off: the measure is
