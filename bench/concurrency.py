@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import end_to_end as e2e  # noqa: E402  (bench/ is not a package)
+import harness  # noqa: E402
 
 MODES = ("target", "base", "domino")
 # the order of the modes within a batch, batch after batch: all six, so that each mode goes first and follows
@@ -418,8 +419,7 @@ def main(argv=None) -> int:
                              *(sys.argv[1:] if argv is None else argv)]),
         "hardware": hardware(), "versions": versions(), "kv_note": engine.kv_note,
         "verify_budget": args.verify_budget, "shrink": args.shrink,
-        # the kernels' switches the run was under (DOMINO_GRAFT_SAMPLE_LOGITS, _PDL, ...)
-        "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("DOMINO_GRAFT_") and k != "DOMINO_GRAFT_CACHE"},
+        "switches": harness.switches(),  # the kernels' switches the run was under
         "rows": {},
     }
     def write():

@@ -45,6 +45,11 @@ def git_sha(short: bool = True) -> Optional[str]:
     return out or None
 
 
+def switches() -> dict:
+    """The kernels' switches (DOMINO_GRAFT_PDL, _SAMPLE_LOGITS, _SAMPLE_ROWS, _LINEARS, ...) a run is under."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("DOMINO_GRAFT_") and k != "DOMINO_GRAFT_CACHE"}
+
+
 def environment(command: Optional[str] = None) -> dict:
     """Where a number was measured: gpu, versions, commit, date (UTC) and the command line."""
     import torch
@@ -54,8 +59,7 @@ def environment(command: Optional[str] = None) -> dict:
            "commit": git_sha(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": command if command is not None else shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}
-    # the kernels' switches (DOMINO_GRAFT_PDL, _SAMPLE_LOGITS, _SAMPLE_ROWS, _LINEARS, ...) the run was under
-    env["switches"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("DOMINO_GRAFT_") and k != "DOMINO_GRAFT_CACHE"}
+    env["switches"] = switches()
     try:
         import triton
 

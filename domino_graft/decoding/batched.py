@@ -273,7 +273,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         t0 = time.perf_counter()
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
-        engine.last_budget = run.finish(*_outcome([r.tokens for r in results], t0, captured))
+        engine.last_budget = run.finish(*_outcome([r.tokens for r in results], t0, graphs_captured() != captured))
         return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
@@ -380,17 +380,16 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             if run is not None:
                 run.resize(len(keep))
                 measure_costs()
-    engine.last_budget = None if run is None else run.finish(*_outcome([r.out.tokens for r in every], t0, captured))
+    engine.last_budget = None if run is None else run.finish(
+        *_outcome([r.out.tokens for r in every], t0, graphs_captured() != captured))
     return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
 
 
-def _outcome(tokens: list, t0: float, captured: int) -> tuple[int, float]:
+def _outcome(tokens: list, t0: float, captured: bool) -> tuple[int, float]:
     """(tokens, seconds) of a whole decode for the budget's outcomes (budget.py, "Whole decodes"); (0, 0.0), no
-    sample, where the decode captured a CUDA graph: its wall holds the capture (and the compiles beside it),
+    sample, where the decode `captured` a CUDA graph: its wall holds the capture (and the compiles beside it),
     as a first decode at a new size or prompt length does."""
-    from ..fast import graphs_captured
-
-    if graphs_captured() != captured:
+    if captured:
         return 0, 0.0
     return sum(len(t) for t in tokens), time.perf_counter() - t0
 

@@ -303,8 +303,7 @@ class VerifyBudget:
             return True
         if seen["since_probe"] + 1 >= PROBE_EVERY:
             return False
-        med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-        return med(seen["plain"]) >= med(seen["spec"])
+        return _median(seen["plain"]) >= _median(seen["spec"])
 
     def add_outcome(self, batch: int, plain: bool, tokens: int, seconds: float) -> None:
         """A whole decode of `batch` rows (`plain`: it ran the target alone from its first step): its tokens/s."""
