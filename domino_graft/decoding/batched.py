@@ -192,6 +192,9 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
     batch keeps its size)."""
     dev = tok.device
     shrinks = shrink and _can_shrink(target)
+    # the bookkeeping of plain steps is done once, after the loop: per step it was host time the target
+    # alone does not spend (budget.py LEAN_TIMED)
+    every, forwards_before, steps = list(rows), [row.forwards for row in rows], 0
     while any(live):
         if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean")
             run.tick(0, lean=True)
@@ -204,10 +207,7 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
         for row, on in zip(rows, live):
             if on:
                 row.forwards += 1
-                if plain_counts:
-                    row.accepted.append(0)
-        if run is not None:
-            run.count_plain()
+        steps += 1
         live = _push_each(rows, [[t] for t in tok.tolist()], live, t0)  # the step's one sync
         keep = _shrink(live) if shrinks else None
         if keep is not None:
@@ -217,6 +217,11 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
             pos_h, live, rows[:] = [pos_h[i] for i in keep], [live[i] for i in keep], [rows[i] for i in keep]
             if run is not None:
                 run.resize(len(keep))
+    if run is not None:
+        run.count_plain(steps)
+    if plain_counts:
+        for row, before in zip(every, forwards_before):
+            row.accepted.extend([0] * (row.forwards - before))
 
 
 def _batch_left(rows: list, live: list[bool]) -> tuple[int, int]:

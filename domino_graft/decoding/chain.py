@@ -159,10 +159,9 @@ def _plain_tail(session, anchor, pos: int, out: Output, sampling, gen, run, acce
         logits, _ = session.step(anchor[:, None], None, (), [pos])
         session.keep((1,), 1)
         forwards += 1
-        accepted.append(0)
-        if forwards > 1:  # the first is the step run.choose() chose, and counted
-            run.count_plain()
         anchor = pick(logits[:, -1], sampling, gen)
         done = out.push([int(anchor)])
         pos += 1
+    accepted.extend([0] * forwards)
+    run.count_plain(forwards - 1)  # the first is the step run.choose() chose, and counted
     return forwards

@@ -896,6 +896,31 @@ def test_a_decode_that_starts_committed_samples_its_lean_loop(monkeypatch):
     assert run.excess["lean"] == [pytest.approx(0.2), pytest.approx(0.2)]
 
 
+def test_a_committed_decode_times_only_its_first_lean_steps(monkeypatch):
+    """A decode that starts committed times LEAN_TIMED lean steps and no more (timing each one put such
+    decodes ~0.9% under the target alone's at c8cab9e); a step after the cap is never sampled from a stale start."""
+    from domino_graft.decoding import budget as budget_mod
+    from domino_graft.decoding.budget import LEAN_TIMED
+
+    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 20.0}}, "propose_ms": {"4": 5.0}})
+    budget = VerifyBudget("auto", costs=costs)
+    first = budget.start(15, 4, "cuda")
+    for _ in range(8):
+        first.observe(15, [0] * 4)
+    first.finish()
+    clock = iter(10.0 + 0.0012 * i for i in range(1000))  # 1.2 ms a step
+    reads = []
+    monkeypatch.setattr(budget_mod.time, "perf_counter", lambda: reads.append(1) or next(clock))
+    run = budget.start(15, 4, "cuda")
+    assert run.starts_committed
+    for _ in range(10 * LEAN_TIMED):
+        run.tick(0, lean=True)
+    assert len(reads) == LEAN_TIMED + 1  # the clock is read by the timed steps only
+    assert run.excess["lean"] == [pytest.approx(0.2)] * (LEAN_TIMED - 1)  # the first step (its shapes) is skipped
+    run.tick(0)  # a step after the cap starts a span of its own: nothing sampled from the last timed step
+    assert run.excess["plain"] == []
+
+
 def test_an_untimed_batch_size_verifies_everything_until_its_proposes_are_timed():
     """On CUDA a batch size whose propose and rollout were never timed does not take them from other sizes
     (extended linearly they can be far off): it verifies all K until MIN_OWN steps have timed them, then
