@@ -876,17 +876,23 @@ def test_a_committed_tail_compacts_as_the_target_alone_does(monkeypatch):
 
 
 
-def test_a_decode_that_starts_committed_samples_its_lean_loop(monkeypatch):
-    """tick(0, lean=True) of a decode that chooses nothing (it started committed): its steps after the
-    first are lean samples, so later batch sizes can borrow them (until 13bdded it never sampled)."""
-    from domino_graft.decoding import budget as budget_mod
-
+def _budget_whose_batch_of_4_goes_plain() -> VerifyBudget:
+    """An auto budget whose next decode at B = 4 starts committed: a 20 ms verify, nothing ever accepted."""
     costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 20.0}}, "propose_ms": {"4": 5.0}})
     budget = VerifyBudget("auto", costs=costs)
     first = budget.start(15, 4, "cuda")
     for _ in range(8):
         first.observe(15, [0] * 4)
     first.finish()
+    return budget
+
+
+def test_a_decode_that_starts_committed_samples_its_lean_loop(monkeypatch):
+    """tick(0, lean=True) of a decode that chooses nothing (it started committed): its steps after the
+    first are lean samples, so later batch sizes can borrow them (until 13bdded it never sampled)."""
+    from domino_graft.decoding import budget as budget_mod
+
+    budget = _budget_whose_batch_of_4_goes_plain()
     now = iter([10.0, 10.005, 10.0062, 10.0074])  # a 5 ms first step (its shapes), then two of 1.2 ms
     monkeypatch.setattr(budget_mod.time, "perf_counter", lambda: next(now))
     run = budget.start(15, 4, "cuda")
@@ -902,12 +908,7 @@ def test_a_committed_decode_times_only_its_first_lean_steps(monkeypatch):
     from domino_graft.decoding import budget as budget_mod
     from domino_graft.decoding.budget import LEAN_TIMED
 
-    costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 20.0}}, "propose_ms": {"4": 5.0}})
-    budget = VerifyBudget("auto", costs=costs)
-    first = budget.start(15, 4, "cuda")
-    for _ in range(8):
-        first.observe(15, [0] * 4)
-    first.finish()
+    budget = _budget_whose_batch_of_4_goes_plain()
     clock = iter(10.0 + 0.0012 * i for i in range(1000))  # 1.2 ms a step
     reads = []
     monkeypatch.setattr(budget_mod.time, "perf_counter", lambda: reads.append(1) or next(clock))
