@@ -67,10 +67,8 @@ gives up gains under that margin, and a batch where it does not clearly pay deco
 On CUDA a batch size whose propose and rollout were never timed verifies all K until MIN_OWN steps have
 timed them (`_explores`): taken from other sizes (`VerifyCosts` extends its end segments linearly) they can be
 far off, and a size that starts committed on such a guess never times its own. A decode that starts committed
-samples its lean loop (`tick(0, lean=True)`), so the sizes after it can borrow the lean cost; only its
-first LEAN_TIMED steps: the rest of such a decode does the target alone's work and no more (at c8cab9e on the
-H100, timing every lean step put committed decodes at B = 8-64 0.7-1.1 ms per decode, ~0.9%, under the target
-alone's).
+samples its lean loop (`tick(0, lean=True)`), so the sizes after it can borrow the lean cost: its first
+LEAN_TIMED steps only (timing every one cost ~0.9% at B = 8-64 on the H100 at c8cab9e).
 
 Whole decodes: the step model (device costs, wall-clock excess, the slowest row) can still misjudge a
 static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate over plain steps' and ran
