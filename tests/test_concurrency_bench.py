@@ -111,7 +111,9 @@ def test_concurrency_bench_with_a_verify_budget(tiny_run, tmp_path):
     assert all(rep["rows"][key]["identical_to_target"] is True for key in ("1", "3"))
     assert rep["rows"]["3"]["verify_budget_k"]["domino"] and rep["rows"]["3"]["verify_budget_last"]["domino"]
     batch = rep["rows"]["3"]["batches"][0]  # the batch's own budget record beside its walls
-    assert set(batch["domino"]) == {"starts_committed", "k_hist"} and batch["domino"]["k_hist"]
+    assert set(batch["domino"]) == {"starts_committed", "arm", "k_hist"} and batch["domino"]["k_hist"]
+    assert batch["domino"]["arm"] is None  # off CUDA no whole decode is measured: the step model decides
+    assert rep["rows"]["3"]["verify_budget_outcomes"] == {"base": None, "domino": None}
     assert batch["graphs_captured"] == {"target": 0, "base": 0, "domino": 0}  # a CPU captures none
     with pytest.raises(SystemExit):
         script.main(args + ["--verify-budget", "-2"])

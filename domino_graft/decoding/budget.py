@@ -72,15 +72,12 @@ LEAN_TIMED steps only (timing every one cost ~0.9% at B = 8-64 on the H100 at c8
 
 Whole decodes: the step model (device costs, wall-clock excess, the slowest row) can still misjudge a
 static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate over plain steps' and ran
-0.90x the target alone, and probe decodes at B = 16 ran 1.23-1.35x its wall (bench/results/
-concurrency_h100.json). So on CUDA each static batch's decode reports its tokens/s (`finish(tokens,
-seconds)`) into the budget's outcomes at its batch size, speculative (it chose drafts at some step) or plain
-(it ran the target alone from its first step); a decode that captured a CUDA graph is no sample (its wall
-holds the capture: batched.py `_outcome`). After OUTCOME_MIN speculative decodes a size runs one plain
-to compare; from then on it starts committed (`by_outcome`) while the median of its last plain decodes'
-tokens/s is at least that of its speculative ones, except every PROBE_EVERY-th decode, which the step model
-decides (so speculation that starts to pay is seen again). This only ever turns speculation off: the measure is
-the quantity the budget exists to maximise, tokens per second of the whole batch.
+0.90x the target alone, and at b0753cf B = 4 started every decode committed where speculating had run
+1.16x. So on CUDA each static batch's decode reports its tokens/s (`finish(tokens, seconds)`) by its arm,
+plain (it started committed) or speculative, and once both arms are measured at a size the faster one's
+median decides the next decode's arm (`arm`, decoding/outcomes.py), every PROBE_EVERY-th decode left to
+the step model. A "spec" arm verifies drafts at every step (K' > 0: the model chooses how many); a decode
+that captured a CUDA graph is no sample (its wall holds the capture: batched.py `_outcome`).
 
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
@@ -99,6 +96,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
 from .costs import VerifyCosts  # the cost table (re-exported: callers import it from here)
+from .outcomes import Outcomes
 
 __all__ = ["Acceptance", "BudgetRun", "VerifyBudget", "VerifyCosts", "batch_tokens", "best_budget", "budget_option",
            "candidate_budgets", "expected_tokens", "tokens_variance"]
@@ -133,12 +131,6 @@ OUTLIER = 4.0
 MIN_OWN = 3
 # auto verifies drafts only where that promises SWITCH_MARGIN x plain steps' rate (module docstring)
 SWITCH_MARGIN = 1.1
-# whole decodes (static batches on CUDA): the tokens/s of a size's last OUTCOME_WINDOW speculative and plain
-# decodes; after OUTCOME_MIN speculative ones a plain one is run to compare, and while plain decodes are the
-# faster a size starts committed, letting the step model choose again every PROBE_EVERY decodes
-OUTCOME_WINDOW = 8
-OUTCOME_MIN = 2
-PROBE_EVERY = 16
 
 
 def _median(samples: list[float]) -> float:
@@ -259,8 +251,8 @@ class VerifyBudget:
     memory: dict = field(default_factory=dict, repr=False, compare=False)
     # the acceptance every decode shares, whatever its batch size (module docstring)
     pool: Optional[Acceptance] = field(default=None, repr=False, compare=False)
-    # whole decodes' tokens/s by batch size: {"spec": [...], "plain": [...], "since_probe": n} (`outcome_says_plain`)
-    outcomes: dict = field(default_factory=dict, repr=False, compare=False)
+    # whole decodes' tokens/s by batch size and arm (decoding/outcomes.py)
+    outcomes: Outcomes = field(default_factory=Outcomes, repr=False, compare=False)
 
     def __post_init__(self):
         if self.mode not in (*MODES, "fixed", "cycle"):
@@ -292,31 +284,7 @@ class VerifyBudget:
         if costs is not None:
             costs = VerifyCosts(step_ms=costs.step_ms, propose_ms=dict(costs.propose_ms),
                                 rollout_ms=dict(costs.rollout_ms), source=costs.source)
-        return replace(self, memory={}, costs=costs, pool=None, outcomes={})
-
-    def outcome_says_plain(self, batch: int) -> bool:
-        """Whether a static batch of `batch` rows should run plain from its first step by what whole decodes
-        at that size measured (module docstring, "Whole decodes"): a plain decode is due to compare (OUTCOME_MIN
-        speculative ones and none plain yet), or plain decodes ran at least as fast as speculative ones (their
-        medians), except every PROBE_EVERY-th decode, which the step model decides."""
-        seen = self.outcomes.get(batch)
-        if seen is None or len(seen["spec"]) < OUTCOME_MIN:
-            return False
-        if not seen["plain"]:
-            return True
-        if seen["since_probe"] + 1 >= PROBE_EVERY:
-            return False
-        return _median(seen["plain"]) >= _median(seen["spec"])
-
-    def add_outcome(self, batch: int, plain: bool, tokens: int, seconds: float) -> None:
-        """A whole decode of `batch` rows (`plain`: it ran the target alone from its first step): its tokens/s."""
-        if seconds <= 0 or tokens <= 0:
-            return
-        seen = self.outcomes.setdefault(batch, {"spec": [], "plain": [], "since_probe": 0})
-        kind = seen["plain" if plain else "spec"]
-        kind.append(tokens / seconds)
-        del kind[:-OUTCOME_WINDOW]
-        seen["since_probe"] = seen["since_probe"] + 1 if plain else 0
+        return replace(self, memory={}, costs=costs, pool=None, outcomes=Outcomes())
 
     def check(self, k: int, device_type: str, flag: str = "--verify-budget") -> None:
         """Refuse what cannot run with a drafter of K slots on this device (before any decoding)."""
@@ -392,15 +360,15 @@ class BudgetRun:
                 self.excess = {kind: list(v) for kind, v in carry.excess.items()}
                 if carry.batch == batch:  # propose samples too, until MIN_OWN of them go into the table
                     self.propose_samples, self.rollout_samples = list(carry.propose_samples), list(carry.rollout_samples)
-        # a batch size seen before whose first choice would be plain steps: the target alone's decode
-        # from its first step, nothing drafted or prefilled (module docstring)
+        # whole decodes measured at this size choose the arm (module docstring); else a size seen before whose
+        # first choice would be plain steps runs the target alone's decode from its first step (nothing drafted)
+        self.arm = (budget.outcomes.arm_for(batch) if remembered and budget.mode == "auto" and wall_clock
+                    and isinstance(self.key, int) else None)
+        self.by_outcome = self.arm is not None
+        self.choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
         seen = carry is not None and carry.k == k and carry.first_batch == batch
-        self.starts_committed = (remembered and seen and budget.mode == "auto"
-                                 and self._choice(batch, remaining) == 0)
-        # what whole decodes measured overrides the step model toward plain steps (module docstring)
-        self.by_outcome = (remembered and budget.mode == "auto" and wall_clock and isinstance(self.key, int)
-                           and not self.starts_committed and budget.outcome_says_plain(batch))
-        self.starts_committed = self.starts_committed or self.by_outcome
+        self.starts_committed = self.arm == "plain" or (
+            self.arm is None and remembered and seen and budget.mode == "auto" and self._choice(batch, remaining) == 0)
         if self.starts_committed:
             self.plain_streak = COMMIT_AFTER
             self.committed_whole = True
@@ -473,7 +441,7 @@ class BudgetRun:
         size starts with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its
         tokens/s joins the budget's outcomes at its first batch size)."""
         if self.wall_clock and isinstance(self.key, int) and self.budget.mode == "auto" and tokens:
-            self.budget.add_outcome(self.first_batch, self.starts_committed, tokens, seconds)
+            self.budget.outcomes.add(self.first_batch, "plain" if self.starts_committed else "spec", tokens, seconds)
         self._store_propose()
         self.budget.memory[self.key] = self
         return self.report()
@@ -587,7 +555,7 @@ class BudgetRun:
         if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms or self._explores():
             return self.k
         alphas = self.alphas()
-        return best_budget(alphas, self.candidates, self.cost_ms,
+        return best_budget(alphas, self.choosable, self.cost_ms,
                            lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
 
     def _explores(self) -> bool:
@@ -632,6 +600,7 @@ class BudgetRun:
             out["committed_whole"] = self.committed_whole
             out["starts_committed"] = self.starts_committed
             out["by_outcome"] = self.by_outcome
+            out["arm"] = self.arm
         return out
 
 

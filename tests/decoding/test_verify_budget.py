@@ -945,40 +945,61 @@ def test_an_untimed_batch_size_verifies_everything_until_its_proposes_are_timed(
     assert costs.propose_ms[64] == pytest.approx(0.3)
 
 
+def _whole_decode(budget, rate, accepted, device="cuda"):
+    """One static batch of 8 rows under `budget` (K = 15): four steps whose rows each accept `accepted`
+    drafts (at most K'), then its tokens/s by its arm (`rate[starts_committed]`)."""
+    run = budget.start(15, 8, device)
+    if not run.starts_committed:
+        for _ in range(4):
+            kk = run.choose()
+            run.observe(kk, [min(accepted, kk)] * 8)
+    run.finish(tokens=1000, seconds=1000 / rate[run.starts_committed])
+    return run
+
+
+WHOLE_COSTS = {"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}}, "propose_ms": {"8": 0.2},
+               "rollout_ms": {"8": 0.01}}
+
+
 def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
-    """Whole decodes (budget.py): on CUDA a static batch's decode reports its tokens/s. Where the step model
-    speculates, after OUTCOME_MIN speculative decodes one runs plain to compare; while plain decodes are the
-    faster (medians) the size starts committed, except every PROBE_EVERY-th decode (the model's choice);
-    where speculative decodes are the faster the model keeps deciding. Off CUDA nothing is recorded."""
-    from domino_graft.decoding.budget import OUTCOME_MIN, PROBE_EVERY
-
-    costs = VerifyCosts.from_dict({"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}},
-                                   "propose_ms": {"8": 0.2}, "rollout_ms": {"8": 0.01}})
-
-    def decode(budget, rate, device="cuda"):
-        run = budget.start(15, 8, device)
-        if not run.starts_committed:
-            for _ in range(4):
-                run.observe(run.choose(), [12] * 8)  # the drafter accepts most: the model speculates
-        run.finish(tokens=1000, seconds=1000 / rate[run.starts_committed])
-        return run
+    """Whole decodes (budget.py, decoding/outcomes.py): on CUDA a static batch's decode reports its tokens/s by
+    arm. Where the step model speculates, after OUTCOME_MIN speculative decodes plain ones run to compare;
+    while plain decodes are the faster (medians) the size starts committed, except every PROBE_EVERY-th
+    decode (the model's choice). Off CUDA nothing is recorded."""
+    from domino_graft.decoding.outcomes import OUTCOME_MIN, PROBE_EVERY
 
     slow_spec = {False: 900.0, True: 1000.0}  # tokens/s of speculative / plain decodes
-    budget = VerifyBudget("auto", costs=costs)
-    runs = [decode(budget, slow_spec) for _ in range(OUTCOME_MIN + 1)]
-    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True]  # the plain one, to compare
-    assert runs[-1].by_outcome and runs[-1].report()["by_outcome"]
-    runs = [decode(budget, slow_spec) for _ in range(2 * PROBE_EVERY)]
-    spec = [i for i, r in enumerate(runs) if not r.starts_committed]
-    assert len(spec) == 2 and all(runs[i].by_outcome for i in range(len(runs)) if i not in spec), spec
+    budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
+    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(2 * OUTCOME_MIN)]
+    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True] * OUTCOME_MIN  # plain, to compare
+    assert [r.arm for r in runs] == [None] * OUTCOME_MIN + ["plain"] * OUTCOME_MIN
+    assert runs[-1].by_outcome and runs[-1].report()["arm"] == "plain"
+    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(2 * PROBE_EVERY)]
+    probes = [i for i, r in enumerate(runs) if r.arm is None]
+    assert probes == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]  # the step model's, which speculates here
+    assert all(not runs[i].starts_committed for i in probes)
+    assert all(r.starts_committed for i, r in enumerate(runs) if i not in probes)
+
+    cpu = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
+    assert not any(_whole_decode(cpu, slow_spec, 12, "cpu").starts_committed for _ in range(5)) and not cpu.outcomes
+
+
+def test_whole_decodes_turn_speculation_on_where_the_step_model_went_plain_but_drafts_ran_faster():
+    """The other side (b0753cf, H100, B = 4: every decode started committed where speculating had run 1.16x the
+    target alone): a size the step model sends plain gets OUTCOME_MIN speculative decodes to compare, and
+    where those ran faster its decodes speculate at every step (K' > 0: the arm is the measured one, the
+    model only chooses how many drafts), though the model's own estimate still says plain."""
+    from domino_graft.decoding.outcomes import OUTCOME_MIN
 
     fast_spec = {False: 1300.0, True: 1000.0}
-    budget = VerifyBudget("auto", costs=costs)
-    runs = [decode(budget, fast_spec) for _ in range(10)]
-    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True] + [False] * 7
-
-    cpu = VerifyBudget("auto", costs=costs)
-    assert not any(decode(cpu, slow_spec, "cpu").starts_committed for _ in range(5)) and not cpu.outcomes
+    budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
+    runs = [_whole_decode(budget, fast_spec, 0) for _ in range(12)]  # nothing accepted: the model says plain
+    assert runs[0].chosen.get(0) and runs[1].starts_committed  # the model committed, then started committed
+    forced = [i for i, r in enumerate(runs) if r.arm == "spec"]
+    assert forced and forced[0] <= 2 * OUTCOME_MIN and forced == list(range(forced[0], 12)), [r.arm for r in runs]
+    for i in forced:
+        assert not runs[i].starts_committed and 0 not in runs[i].chosen and sum(runs[i].chosen.values()) == 4
+    assert budget.outcomes.settled(8) and budget.outcomes.summary(8)["spec"]["median_tokens_per_s"] == 1300.0
 
 
 def test_a_cycle_budget_meets_every_k_after_every_other_and_stays_lossless():

@@ -1,0 +1,83 @@
+"""Whole decodes' tokens/s by batch size: which arm a static batch on CUDA runs (docs/design.md §5,
+"Whole decodes").
+
+The verify budget's step model (decoding/budget.py) prices one step from measured costs and an
+acceptance estimate; near break-even its errors decide. The quantity the budget exists to maximise is
+a whole batch's tokens per second, and a static batch's decode measures exactly that. So each such
+decode reports its tokens/s here under its arm: "plain" (it ran the target alone from its first step)
+or "spec" (it verified drafts at some step). Once one arm has OUTCOME_MIN decodes and the other fewer,
+the next decodes run the other arm, so both get measured: at `b0753cf` on the H100 the step model
+started every B = 4 decode committed (+ Domino 0.99x the target alone) where `c8cab9e`'s decodes, which
+speculated, had run 1.16x; until then only speculation's side was ever compared. With both measured,
+a size runs the arm whose recent decodes' median is the faster (plain on a tie), and every
+PROBE_EVERY-th decode is the step model's to choose, so a change in either arm is seen again.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+ARMS = ("spec", "plain")
+# the tokens/s of a size's last OUTCOME_WINDOW decodes of each arm; an arm needs OUTCOME_MIN of them to compare
+OUTCOME_WINDOW = 8
+OUTCOME_MIN = 2
+# once both arms are measured, one decode in PROBE_EVERY is the step model's (module docstring)
+PROBE_EVERY = 16
+
+
+def _median(rates: list[float]) -> float:
+    ordered = sorted(rates)
+    return ordered[len(ordered) // 2]
+
+
+class Outcomes:
+    """Per batch size: each arm's recent tokens/s and the decodes decided since the last probe."""
+
+    def __init__(self):
+        self.by_batch: dict[int, dict] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.by_batch)
+
+    def _seen(self, batch: int) -> dict:
+        return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "decided": 0})
+
+    def arm_for(self, batch: int) -> Optional[str]:
+        """The arm the next decode of `batch` rows runs: None (the step model chooses) while neither arm
+        has OUTCOME_MIN decodes and at every PROBE_EVERY-th decided decode; the arm short of them while
+        the other has them; else the faster arm by median (plain on a tie)."""
+        seen = self.by_batch.get(batch)
+        if seen is None:
+            return None
+        spec, plain = len(seen["spec"]), len(seen["plain"])
+        if spec < OUTCOME_MIN and plain < OUTCOME_MIN:
+            return None
+        if min(spec, plain) < OUTCOME_MIN:
+            return "spec" if spec < plain else "plain"
+        seen["decided"] += 1
+        if seen["decided"] % PROBE_EVERY == 0:
+            return None
+        return "plain" if _median(seen["plain"]) >= _median(seen["spec"]) else "spec"
+
+    def add(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
+        """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time)."""
+        if arm not in ARMS:
+            raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS)}")
+        if seconds <= 0 or tokens <= 0:
+            return
+        rates = self._seen(batch)[arm]
+        rates.append(tokens / seconds)
+        del rates[:-OUTCOME_WINDOW]
+
+    def settled(self, batch: int) -> bool:
+        """Both arms measured at this size (a warm-up runs until they are: bench/concurrency.py)."""
+        seen = self.by_batch.get(batch)
+        return seen is not None and all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS)
+
+    def summary(self, batch: int) -> Optional[dict]:
+        """{arm: {"decodes", "median_tokens_per_s"}} at this size (bench reports), None if none seen."""
+        seen = self.by_batch.get(batch)
+        if seen is None:
+            return None
+        return {arm: {"decodes": len(seen[arm]),
+                      "median_tokens_per_s": round(_median(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}

@@ -1,0 +1,50 @@
+"""decoding/outcomes.py: which arm a static batch runs by what whole decodes at its size measured."""
+
+import pytest
+
+from domino_graft.decoding.outcomes import OUTCOME_MIN, OUTCOME_WINDOW, PROBE_EVERY, Outcomes
+
+
+def test_an_arm_short_of_samples_runs_until_both_compare():
+    seen = Outcomes()
+    assert seen.arm_for(4) is None and not seen  # nothing measured: the step model chooses
+    for _ in range(OUTCOME_MIN):
+        seen.add(4, "plain", 100, 1.0)
+    assert seen.arm_for(4) == "spec" and not seen.settled(4)  # plain measured, speculation not: compare
+    seen.add(4, "spec", 120, 1.0)
+    assert seen.arm_for(4) == "spec"
+    seen.add(4, "spec", 130, 1.0)
+    assert seen.settled(4) and seen.arm_for(4) == "spec"  # both measured: the faster median
+    assert seen.arm_for(8) is None  # sizes are apart
+
+
+def test_the_faster_median_decides_and_the_step_model_probes():
+    seen = Outcomes()
+    for rate in (100, 101, 500):  # one odd fast speculative decode does not move the median
+        seen.add(2, "spec", rate, 1.0)
+    for rate in (110, 112):
+        seen.add(2, "plain", rate, 1.0)
+    arms = [seen.arm_for(2) for _ in range(2 * PROBE_EVERY)]
+    assert [i for i, a in enumerate(arms) if a is None] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
+    assert {a for a in arms if a is not None} == {"plain"}
+    seen.add(2, "plain", 101, 1.0)  # a tie of medians goes to plain
+    seen.add(2, "plain", 101, 1.0)
+    assert seen.summary(2)["plain"]["median_tokens_per_s"] == 110.0 and seen.arm_for(2) == "plain"
+
+
+def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample():
+    seen = Outcomes()
+    for _ in range(OUTCOME_WINDOW):
+        seen.add(16, "spec", 50, 1.0)
+    for _ in range(OUTCOME_WINDOW):
+        seen.add(16, "spec", 200, 1.0)
+    seen.add(16, "spec", 0, 1.0)
+    seen.add(16, "plain", 10, 0.0)
+    assert seen.summary(16) == {"spec": {"decodes": OUTCOME_WINDOW, "median_tokens_per_s": 200.0},
+                                "plain": {"decodes": 0, "median_tokens_per_s": None}}
+    assert seen.summary(32) is None
+
+
+def test_an_unknown_arm_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"outcome arm: 'lean'; valid: spec, plain"):
+        Outcomes().add(1, "lean", 10, 1.0)
