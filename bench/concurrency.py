@@ -200,10 +200,10 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             warm_up(decoders(engine, max_new, solo, temperature, cycle, shrink), items, b)
     # under the budget: its costs measured, its first estimates made, and (static batches on CUDA) both arms'
     # whole decodes measured at this size, so the timed pass runs the faster (decoding/outcomes.py)
+    key = "solo" if solo else b  # what the budget keeps the decodes' outcomes under (decoding/budget.py)
     for _ in range(WARM_PASSES):
         warm_up(runs, items, b)
-        if solo or device != "cuda" or all(x is None or x.mode != "auto" or x.outcomes.settled(b)
-                                           for x in budgets.values()):
+        if device != "cuda" or all(x is None or x.mode != "auto" or x.outcomes.settled(key) for x in budgets.values()):
             break
     if device == "cuda":
         torch.cuda.synchronize()
@@ -288,7 +288,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
             row["verify_budget_k"] = chosen
             row["verify_budget_last"] = last_report
             # what whole decodes measured at this size, by arm (decoding/outcomes.py): what chose each batch's
-            row["verify_budget_outcomes"] = {m: x.outcomes.summary(b) for m, x in budgets.items() if x is not None}
+            row["verify_budget_outcomes"] = {m: x.outcomes.summary(key) for m, x in budgets.items() if x is not None}
         write(row)
     row["rounds"] = rounds
     row["complete"] = row["num_prompts"] == rounds * len(items)

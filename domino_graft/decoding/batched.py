@@ -69,7 +69,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import DecodeResult, Output, check_kv, check_prompts, cuda_median_ms, propose_timer, stop_set
+from .common import (DecodeResult, Output, check_kv, check_prompts, cuda_median_ms, propose_timer, stop_set,
+                     whole_decode)
 from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
@@ -274,11 +275,12 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     run = None if budget is None else budget.start(k, b, dev.type, remaining=max_new_tokens)  # refused before any forward
     from ..fast import graphs_captured
 
-    captured = graphs_captured()  # a decode that captures a graph is no sample of a size's speed (`_outcome`)
+    captured = graphs_captured()  # a decode that captures a graph is no sample of a size's speed (`whole_decode`)
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         t0 = time.perf_counter()
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
-        engine.last_budget = run.finish(*_outcome([r.tokens for r in results], t0, graphs_captured() != captured))
+        tokens = sum(len(r.tokens) for r in results)
+        engine.last_budget = run.finish(*whole_decode(tokens, t0, graphs_captured() != captured))
         return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
@@ -386,17 +388,8 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                 run.resize(len(keep))
                 measure_costs()
     engine.last_budget = None if run is None else run.finish(
-        *_outcome([r.out.tokens for r in every], t0, graphs_captured() != captured))
+        *whole_decode(sum(len(r.out.tokens) for r in every), t0, graphs_captured() != captured))
     return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
-
-
-def _outcome(tokens: list, t0: float, captured: bool) -> tuple[int, float]:
-    """(tokens, seconds) of a whole decode for the budget's outcomes (budget.py, "Whole decodes"); (0, 0.0), no
-    sample, where the decode `captured` a CUDA graph: its wall holds the capture (and the compiles beside it),
-    as a first decode at a new size or prompt length does."""
-    if captured:
-        return 0, 0.0
-    return sum(len(t) for t in tokens), time.perf_counter() - t0
 
 
 def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,

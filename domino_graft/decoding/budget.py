@@ -73,11 +73,12 @@ LEAN_TIMED steps only (timing every one cost ~0.9% at B = 8-64 on the H100 at c8
 Whole decodes: the step model (device costs, wall-clock excess, the slowest row) can still misjudge a
 static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate over plain steps' and ran
 0.90x the target alone, and at b0753cf B = 4 started every decode committed where speculating had run
-1.16x. So on CUDA each static batch's decode reports its tokens/s (`finish(tokens, seconds)`) by its arm,
-plain (it started committed) or speculative, and once both arms are measured at a size the faster one's
-median decides the next decode's arm (`arm`, decoding/outcomes.py), every PROBE_EVERY-th decode left to
-the step model. A "spec" arm verifies drafts at every step (K' > 0: the model chooses how many); a decode
-that captured a CUDA graph is no sample (its wall holds the capture: batched.py `_outcome`).
+1.16x. So on CUDA each static batch's decode (the solo chain's too, key "solo") reports its tokens/s
+(`finish(tokens, seconds)`) by its arm, plain (it started committed) or speculative, and once both arms
+are measured at a size the faster one's median decides the next decode's arm (`arm`, decoding/outcomes.py),
+every PROBE_EVERY-th decode left to the step model. A "spec" arm verifies drafts at every step (K' > 0: the
+model chooses how many); a decode that captured a CUDA graph is no sample (its wall holds the capture:
+common.py `whole_decode`).
 
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the
@@ -131,6 +132,12 @@ OUTLIER = 4.0
 MIN_OWN = 3
 # auto verifies drafts only where that promises SWITCH_MARGIN x plain steps' rate (module docstring)
 SWITCH_MARGIN = 1.1
+
+
+def _whole_decodes(key) -> bool:
+    """Whether decodes under `key` are whole static batches (a batch size, or the solo chain's "solo"), whose
+    tokens/s choose their arm (decoding/outcomes.py); not the server's rebuilt batches."""
+    return key == "solo" or isinstance(key, int)
 
 
 def _median(samples: list[float]) -> float:
@@ -362,10 +369,9 @@ class BudgetRun:
                     self.propose_samples, self.rollout_samples = list(carry.propose_samples), list(carry.rollout_samples)
         # whole decodes measured at this size choose the arm (module docstring); else a size seen before whose
         # first choice would be plain steps runs the target alone's decode from its first step (nothing drafted)
-        self.arm = (budget.outcomes.arm_for(batch) if remembered and budget.mode == "auto" and wall_clock
-                    and isinstance(self.key, int) else None)
+        self.arm = (budget.outcomes.arm_for(self.key) if remembered and budget.mode == "auto" and wall_clock
+                    and _whole_decodes(self.key) else None)
         self.by_outcome = self.arm is not None
-        self.choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
         seen = carry is not None and carry.k == k and carry.first_batch == batch
         self.starts_committed = self.arm == "plain" or (
             self.arm is None and remembered and seen and budget.mode == "auto" and self._choice(batch, remaining) == 0)
@@ -440,8 +446,8 @@ class BudgetRun:
         costs did) and its estimate into the budget's memory, so the next decode at this batch
         size starts with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its
         tokens/s joins the budget's outcomes at its first batch size)."""
-        if self.wall_clock and isinstance(self.key, int) and self.budget.mode == "auto" and tokens:
-            self.budget.outcomes.add(self.first_batch, "plain" if self.starts_committed else "spec", tokens, seconds)
+        if self.wall_clock and _whole_decodes(self.key) and self.budget.mode == "auto" and tokens:
+            self.budget.outcomes.add(self.key, "plain" if self.starts_committed else "spec", tokens, seconds)
         self._store_propose()
         self.budget.memory[self.key] = self
         return self.report()
@@ -555,7 +561,8 @@ class BudgetRun:
         if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms or self._explores():
             return self.k
         alphas = self.alphas()
-        return best_budget(alphas, self.choosable, self.cost_ms,
+        choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
+        return best_budget(alphas, choosable, self.cost_ms,
                            lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
 
     def _explores(self) -> bool:

@@ -37,7 +37,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, positions, propose_timer, stop_set
+from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, positions, propose_timer, stop_set,
+                     whole_decode)
 from .verify import verify_chain
 
 
@@ -53,11 +54,15 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     adapter = engine.adapter
     k = adapter.num_slots
     run = budget.start(k, 1, dev.type, key="solo", remaining=max_new_tokens) if budget is not None and budget.mode == "auto" else None
+    from ..fast import graphs_captured
+
+    # the whole decode's tokens/s, either arm timed alike, for the budget's outcomes (budget.py, "Whole decodes")
+    started, captured = time.perf_counter(), graphs_captured()
     if run is not None and run.starts_committed:  # the target alone from the first step (budget.py)
         res = engine.target_only_checked(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
                                          on_tokens=on_tokens, seed_offset=seed_offset)
         run.count_plain(res.decode_steps)
-        engine.last_budget = run.finish()
+        engine.last_budget = run.finish(*whole_decode(len(res.tokens), started, graphs_captured() != captured))
         return replace(res, accepted=[0] * res.decode_steps, slot_reached=[0] * k, slot_accepted=[0] * k)
     capture = adapter.capture_layers()
     gen = sampling.generator(dev, seed_offset)
@@ -128,7 +133,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         anchor = nxt
         pos += a + 1
     if run is not None:
-        engine.last_budget = run.finish()
+        engine.last_budget = run.finish(*whole_decode(len(out.tokens), started, graphs_captured() != captured))
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
                         reached, accepted_slot, kv_path=session.kv_path)
 

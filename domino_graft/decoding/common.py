@@ -9,6 +9,8 @@ that stop and count exactly alike. The verify budget's CUDA timings (`cuda_media
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -181,3 +183,10 @@ def propose_timer(run, dev) -> Optional[ProposeTimer]:
     if run is None or not run.times_propose(dev.type):
         return None
     return ProposeTimer()
+
+
+def whole_decode(tokens: int, started: float, captured: bool) -> tuple[int, float]:
+    """(tokens, seconds since `started`) of a whole decode for the verify budget's outcomes (budget.py,
+    "Whole decodes"); (0, 0.0), no sample, where the decode `captured` a CUDA graph: its wall holds the
+    capture (and the compiles beside it), as a first decode at a new size or prompt length does."""
+    return (0, 0.0) if captured else (tokens, time.perf_counter() - started)

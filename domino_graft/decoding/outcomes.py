@@ -31,7 +31,8 @@ def _median(rates: list[float]) -> float:
 
 
 class Outcomes:
-    """Per batch size: each arm's recent tokens/s and the decodes decided since the last probe."""
+    """Per batch size (or the solo chain's "solo"): each arm's recent tokens/s and the decodes decided since the
+    last probe."""
 
     def __init__(self):
         self.by_batch: dict[int, dict] = {}

@@ -1002,6 +1002,28 @@ def test_whole_decodes_turn_speculation_on_where_the_step_model_went_plain_but_d
     assert budget.outcomes.settled(8) and budget.outcomes.summary(8)["spec"]["median_tokens_per_s"] == 1300.0
 
 
+def test_the_solo_chain_keeps_its_whole_decodes_under_solo_and_its_spec_arm_verifies_all_k():
+    """The solo chain (key "solo", candidates all K or none: decoding/chain.py) measures its whole decodes too:
+    at T = 1 on the H200 (38066dc) B = 1's first timed decodes speculated at break-even and the row ended 0.98x
+    the target alone. A "spec" arm there never chooses the target alone's loop; other keys are not whole decodes."""
+    from domino_graft.decoding.outcomes import OUTCOME_MIN
+
+    budget = VerifyBudget("auto", costs=VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "16": 1.2}},
+                                                              "propose_ms": {"1": 0.3}, "rollout_ms": {"1": 0.01}}))
+    for _ in range(OUTCOME_MIN):
+        budget.outcomes.add("solo", "plain", 100, 1.0)
+    run = budget.start(15, 1, "cuda", key="solo")
+    run.candidates = [0, 15]
+    assert run.arm == "spec" and not run.starts_committed
+    for _ in range(6):
+        kk = run.choose()
+        run.observe(kk, [0])  # nothing accepted: the step model alone would go plain
+        assert kk == 15
+    run.finish(tokens=100, seconds=0.5)
+    assert budget.outcomes.summary("solo")["spec"] == {"decodes": 1, "median_tokens_per_s": 200.0}
+    assert budget.start(15, 1, "cuda", key=("rebuilt", 1)).arm is None
+
+
 def test_a_cycle_budget_meets_every_k_after_every_other_and_stays_lossless():
     """"cycle" (a warm-up's budget: bench/concurrency.py runs it before timing): K' steps through every
     candidate after every other, so a decode long enough meets each ordered pair of K' in consecutive
