@@ -24,7 +24,9 @@ prompts in order, B at a time, each batch by the three modes in turn, in each of
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
 seconds of the batches (prefill included); per-request tokens/s = each request's tokens over its own
 latency (a row's latency ends when it does), averaged; speedup_<mode>_median_batch = the median over batches of the
-mode's tokens/s over the target's in the same batch (robust to one stalled decode). `batches`: each timed batch's mode order and
+mode's tokens/s over the target's in the same batch (robust to one stalled decode); by_batch's
+domino_speedup_ci95 = a 95% interval of + Domino's over the target's, resampling batches (`speedup_interval`;
+`--summarize REPORT` prints it for an earlier report). `batches`: each timed batch's mode order and
 each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up met every shape), and for a
 speculative mode under a verify budget whether its decode started committed (those that did not are the
 decodes that can differ from the target alone's where the budget commits) and the K' it chose. identical_to_target: every row of every batch, in
@@ -46,11 +48,14 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import json
 import os
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import end_to_end as e2e  # noqa: E402  (bench/ is not a package)
@@ -327,6 +332,23 @@ def fill(row, tokens, wall, rates, steps, kv, bad, bad_in_batch, divergences, sa
         row["divergences"] = divergences
 
 
+def speedup_interval(row: dict, mode: str = "domino", reps: int = 2000) -> Optional[list[float]]:
+    """The 95% interval of `mode`'s total tokens/s over the target alone's in this row, by a paired bootstrap
+    over its timed batches (each batch decoded by both, one after the other; seed 0, so it is reproducible):
+    whether a ratio near 1 is within the spread of the batches. None with fewer than two batches."""
+    batches = [b for b in row.get("batches", []) if {mode, "target"} <= set(b.get("wall_s", {}))]
+    if len(batches) < 2:
+        return None
+
+    def ratio(sample: list) -> float:
+        rate = {m: sum(b["tokens"][m] for b in sample) / sum(b["wall_s"][m] for b in sample) for m in (mode, "target")}
+        return rate[mode] / rate["target"]
+
+    rng = random.Random(0)
+    draws = sorted(ratio([rng.choice(batches) for _ in batches]) for _ in range(reps))
+    return [round(draws[int(0.025 * reps)], 4), round(draws[int(0.975 * reps) - 1], 4)]
+
+
 def by_batch(rows: dict) -> list[dict]:
     """The issue's flat table: per batch size and temperature the three modes' tokens/s (B = 1:
     the solo path's row), identity for greedy rows."""
@@ -338,8 +360,27 @@ def by_batch(rows: dict) -> list[dict]:
                     "target_tokens_per_s": row["target_tokens_per_s"], "drafter_tokens_per_s": row["base_tokens_per_s"],
                     "domino_tokens_per_s": row["domino_tokens_per_s"], "tau_domino": row.get("tau_domino"),
                     "domino_median_batch_speedup": row.get("speedup_domino_median_batch"),
+                    "domino_speedup_ci95": speedup_interval(row),
                     "identical_to_target": row["identical_to_target"], "complete": row["complete"]})
     return sorted(out, key=lambda r: (r["temperature"], r["B"]))
+
+
+def summarize(path: Path) -> int:
+    """`--summarize REPORT`: the report's table by batch size with + Domino's interval (`speedup_interval`)."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        table = by_batch(rows)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"--summarize {path}: not a concurrency report ({type(e).__name__}: {e}); valid: a JSON file this "
+              "script wrote (with its \"rows\")", file=sys.stderr)
+        return 2
+    print("B\tT\ttarget tok/s\t+ Domino tok/s\tx target\tmedian batch\t95% interval")
+    for r in table:
+        ci = r["domino_speedup_ci95"]
+        print(f"{r['B']}\t{r['temperature']:g}\t{r['target_tokens_per_s']:.0f}\t{r['domino_tokens_per_s']:.0f}\t"
+              f"{r['domino_tokens_per_s'] / r['target_tokens_per_s']:.3f}\t{r['domino_median_batch_speedup'] or 0:.3f}\t"
+              + (f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"))
+    return 0
 
 
 def rounds_for(b: int, n: int, rounds: int, min_batches: int) -> int:
@@ -377,7 +418,12 @@ def main(argv=None) -> int:
     p.add_argument("--resume", type=Path, default=None,
                    help="an earlier report of this run (a call cut short by its time limit): its complete rows are "
                         "kept and not measured again")
+    p.add_argument("--summarize", type=Path, default=None, metavar="REPORT",
+                   help="print an earlier report's table with each + Domino row's 95%% interval (a paired bootstrap "
+                        "over its batches) and exit; nothing is decoded")
     args = p.parse_args(argv)
+    if args.summarize is not None:
+        return summarize(args.summarize)
     if args.rounds < 1:
         p.error(f"--rounds {args.rounds}: valid: an integer >= 1")
     if args.min_batches < 1:

@@ -154,3 +154,33 @@ def test_min_batches_adds_rounds_only_where_batches_are_few():
 
     assert [rounds_for(b, 64, 1, 4) for b in (1, 8, 16, 32, 64)] == [1, 1, 1, 2, 4]
     assert rounds_for(64, 64, 3, 2) == 3 and rounds_for(3, 5, 1, 5) == 3  # 2 batches a round -> 3 rounds
+
+
+def _batch(target_s: float, domino_s: float, tokens: int = 100) -> dict:
+    return {"wall_s": {"target": target_s, "domino": domino_s}, "tokens": {"target": tokens, "domino": tokens}}
+
+
+def test_the_speedup_interval_is_a_paired_bootstrap_over_the_batches(tmp_path, capsys):
+    """speedup_interval: + Domino's tokens/s over the target's in resampled batches; identical walls give
+    [1, 1], a constant 2x gives [2, 2], batches that scatter give an interval around the total's ratio, and
+    --summarize prints it beside each row (a file that is not a report: one line, exit 2)."""
+    script = load_script()
+    assert script.speedup_interval({"batches": [_batch(0.1, 0.1)] * 8}) == [1.0, 1.0]
+    assert script.speedup_interval({"batches": [_batch(0.1, 0.05)] * 8}) == [2.0, 2.0]
+    assert script.speedup_interval({"batches": [_batch(0.1, 0.1)]}) is None  # one batch: no spread to resample
+    rng = random.Random(3)
+    scattered = [_batch(0.1, 0.1 * rng.uniform(0.8, 1.2)) for _ in range(32)]
+    lo, hi = script.speedup_interval({"batches": scattered})
+    total = sum(b["wall_s"]["target"] for b in scattered) / sum(b["wall_s"]["domino"] for b in scattered)
+    assert lo < total < hi and hi - lo < 0.2
+    row = {"batch_size": 4, "temperature": 1.0, "target_tokens_per_s": 1000.0, "base_tokens_per_s": 900.0,
+           "domino_tokens_per_s": 1010.0, "speedup_domino_median_batch": 1.0, "identical_to_target": None,
+           "complete": True, "batches": scattered}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"rows": {"4@T1": row}}))
+    assert script.main(["--summarize", str(report)]) == 0
+    line = capsys.readouterr().out.splitlines()[-1].split("\t")
+    assert line[:5] == ["4", "1", "1000", "1010", "1.010"] and line[-1] == f"{lo:.3f}-{hi:.3f}"
+    assert script.main(["--summarize", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.json: not a concurrency report" in err and "Traceback" not in err and len(err.splitlines()) == 1
