@@ -76,9 +76,9 @@ static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate o
 1.16x. So on CUDA each static batch's decode (the solo chain's too, key "solo") reports its tokens/s
 (`finish(tokens, seconds)`) by its arm, plain (it started committed) or speculative, and once both arms
 are measured at a size the faster one's median decides the next decode's arm (`arm`, decoding/outcomes.py),
-every PROBE_EVERY-th decode left to the step model. A "spec" arm verifies drafts at every step (K' > 0: the
-model chooses how many); a decode that captured a CUDA graph is no sample (its wall holds the capture:
-common.py `whole_decode`).
+probes (decodes left to the step model) spaced out while they confirm it. A "spec" arm verifies drafts at
+every step (K' > 0: the model chooses how many); a decode that captured a CUDA graph is no sample (its wall
+holds the capture: common.py `whole_decode`).
 
 A batch shrinks as its rows end (decoding/batched.py `_shrink`); the run then costs its steps at the new
 batch size (`resize`). Only a decode that committed at its first batch size counts as committed for the

@@ -9,8 +9,13 @@ or "spec" (it verified drafts at some step). Once one arm has OUTCOME_MIN decode
 the next decodes run the other arm, so both get measured: at `b0753cf` on the H100 the step model
 started every B = 4 decode committed (+ Domino 0.99x the target alone) where `c8cab9e`'s decodes, which
 speculated, had run 1.16x; until then only speculation's side was ever compared. With both measured,
-a size runs the arm whose recent decodes' median is the faster (plain on a tie), and every
-PROBE_EVERY-th decode is the step model's to choose, so a change in either arm is seen again.
+a size runs the arm whose recent decodes' median is the faster (plain on a tie), and a probe decode is
+the step model's to choose, so a change in either arm is seen again. Probes come PROBE_EVERY decided
+decodes apart, the gap doubling (to PROBE_MAX) each time a probe leaves the verdict as it was and back to
+PROBE_EVERY when the verdict turns: where the step model disagrees with a settled verdict, its probes are the
+loss (at T = 1, B = 1 on the H100 at `41c3e2d`, the 4 probes of 64 decodes speculated at ~7% under the
+plain arm and left + Domino 0.993x the target alone), and a long run of decodes (RL rollouts) pays for
+fewer of them.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ ARMS = ("spec", "plain")
 # the tokens/s of a size's last OUTCOME_WINDOW decodes of each arm; an arm needs OUTCOME_MIN of them to compare
 OUTCOME_WINDOW = 8
 OUTCOME_MIN = 2
-# once both arms are measured, one decode in PROBE_EVERY is the step model's (module docstring)
+# once both arms are measured, a probe (the step model's decode) after PROBE_EVERY decided decodes, the gap
+# doubling up to PROBE_MAX while probes leave the verdict as it was (module docstring)
 PROBE_EVERY = 16
+PROBE_MAX = 256
 
 
 def _median(rates: list[float]) -> float:
@@ -41,12 +48,16 @@ class Outcomes:
         return bool(self.by_batch)
 
     def _seen(self, batch: int) -> dict:
-        return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "decided": 0})
+        return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "decided": 0, "gap": PROBE_EVERY,
+                                                "probe_at": 0, "pending": None, "verdict": None})
+
+    def _verdict(self, seen: dict) -> str:
+        return "plain" if _median(seen["plain"]) >= _median(seen["spec"]) else "spec"
 
     def arm_for(self, batch: int) -> Optional[str]:
         """The arm the next decode of `batch` rows runs: None (the step model chooses) while neither arm
-        has OUTCOME_MIN decodes and at every PROBE_EVERY-th decided decode; the arm short of them while
-        the other has them; else the faster arm by median (plain on a tie)."""
+        has OUTCOME_MIN decodes and at a probe (module docstring); the arm short of them while the other
+        has them; else the faster arm by median (plain on a tie)."""
         seen = self.by_batch.get(batch)
         if seen is None:
             return None
@@ -56,9 +67,10 @@ class Outcomes:
         if min(spec, plain) < OUTCOME_MIN:
             return "spec" if spec < plain else "plain"
         seen["decided"] += 1
-        if seen["decided"] % PROBE_EVERY == 0:
+        if seen["decided"] - seen["probe_at"] >= seen["gap"]:
+            seen["probe_at"], seen["pending"] = seen["decided"], self._verdict(seen)
             return None
-        return "plain" if _median(seen["plain"]) >= _median(seen["spec"]) else "spec"
+        return self._verdict(seen)
 
     def add(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
         """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time)."""
@@ -66,9 +78,19 @@ class Outcomes:
             raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS)}")
         if seconds <= 0 or tokens <= 0:
             return
-        rates = self._seen(batch)[arm]
+        seen = self._seen(batch)
+        rates = seen[arm]
         rates.append(tokens / seconds)
         del rates[:-OUTCOME_WINDOW]
+        if not self.settled(batch):
+            return
+        verdict = self._verdict(seen)
+        if seen["pending"] is not None:  # the probe's decode: the verdict it left
+            seen["gap"] = min(2 * seen["gap"], PROBE_MAX) if verdict == seen["pending"] else PROBE_EVERY
+            seen["pending"] = None
+        elif verdict != seen["verdict"]:  # the verdict's own arm turned it (its decodes grew slower)
+            seen["gap"] = PROBE_EVERY
+        seen["verdict"] = verdict
 
     def settled(self, batch: int) -> bool:
         """Both arms measured at this size (a warm-up runs until they are: bench/concurrency.py)."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from domino_graft.decoding.outcomes import OUTCOME_MIN, OUTCOME_WINDOW, PROBE_EVERY, Outcomes
+from domino_graft.decoding.outcomes import OUTCOME_MIN, OUTCOME_WINDOW, PROBE_EVERY, PROBE_MAX, Outcomes
 
 
 def test_an_arm_short_of_samples_runs_until_both_compare():
@@ -48,3 +48,33 @@ def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample()
 def test_an_unknown_arm_is_refused_by_name():
     with pytest.raises(ValueError, match=r"outcome arm: 'lean'; valid: spec, plain"):
         Outcomes().add(1, "lean", 10, 1.0)
+
+
+def test_probes_back_off_while_they_confirm_the_verdict_and_come_back_when_one_turns_it():
+    seen = Outcomes()
+    for _ in range(OUTCOME_MIN):
+        seen.add(8, "spec", 90, 1.0)
+        seen.add(8, "plain", 100, 1.0)
+
+    def until_probe() -> int:
+        """Decided decodes up to and including the next probe (each plain decode adds a plain sample)."""
+        for n in range(1, PROBE_MAX + 2):
+            arm = seen.arm_for(8)
+            if arm is None:
+                return n
+            seen.add(8, arm, 100, 1.0)
+        raise AssertionError("no probe")
+
+    assert until_probe() == PROBE_EVERY
+    seen.add(8, "spec", 80, 1.0)  # the probe speculated and lost: plain stays the verdict
+    assert until_probe() == 2 * PROBE_EVERY
+    seen.add(8, "plain", 100, 1.0)  # a probe that went plain (the model's choice too): the verdict holds
+    gaps = []
+    for _ in range(6):
+        gaps.append(until_probe())
+        seen.add(8, "spec", 80, 1.0)
+    assert gaps == [4 * PROBE_EVERY, 8 * PROBE_EVERY, PROBE_MAX, PROBE_MAX, PROBE_MAX, PROBE_MAX]
+    seen.add(8, "plain", 100, 1.0)
+    for _ in range(OUTCOME_WINDOW):  # plain decodes grow slower than speculation's: the verdict turns
+        seen.add(8, "plain", 50, 1.0)
+    assert seen.arm_for(8) == "spec" and seen.by_batch[8]["gap"] == PROBE_EVERY  # and probes come back soon

@@ -964,8 +964,8 @@ WHOLE_COSTS = {"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}}, "pro
 def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
     """Whole decodes (budget.py, decoding/outcomes.py): on CUDA a static batch's decode reports its tokens/s by
     arm. Where the step model speculates, after OUTCOME_MIN speculative decodes plain ones run to compare;
-    while plain decodes are the faster (medians) the size starts committed, except every PROBE_EVERY-th
-    decode (the model's choice). Off CUDA nothing is recorded."""
+    while plain decodes are the faster (medians) the size starts committed, except probes (the model's choice,
+    PROBE_EVERY decodes apart, then twice as far each time one leaves the verdict). Off CUDA nothing is recorded."""
     from domino_graft.decoding.outcomes import OUTCOME_MIN, PROBE_EVERY
 
     slow_spec = {False: 900.0, True: 1000.0}  # tokens/s of speculative / plain decodes
@@ -974,9 +974,10 @@ def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
     assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True] * OUTCOME_MIN  # plain, to compare
     assert [r.arm for r in runs] == [None] * OUTCOME_MIN + ["plain"] * OUTCOME_MIN
     assert runs[-1].by_outcome and runs[-1].report()["arm"] == "plain"
-    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(2 * PROBE_EVERY)]
+    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(4 * PROBE_EVERY)]
     probes = [i for i, r in enumerate(runs) if r.arm is None]
-    assert probes == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]  # the step model's, which speculates here
+    # the step model's, which speculates here; each leaves plain the faster, so the next comes twice as late
+    assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
     assert all(not runs[i].starts_committed for i in probes)
     assert all(r.starts_committed for i, r in enumerate(runs) if i not in probes)
 
