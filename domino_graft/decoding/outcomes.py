@@ -98,9 +98,11 @@ class Outcomes:
         return seen is not None and all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS)
 
     def summary(self, batch: int) -> Optional[dict]:
-        """{arm: {"decodes", "median_tokens_per_s"}} at this size (bench reports), None if none seen."""
+        """{arm: {"decodes", "median_tokens_per_s"}, "verdict", "probe_gap"} at this size (bench reports), None
+        if none seen."""
         seen = self.by_batch.get(batch)
         if seen is None:
             return None
-        return {arm: {"decodes": len(seen[arm]),
+        arms = {arm: {"decodes": len(seen[arm]),
                       "median_tokens_per_s": round(_median(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
+        return {**arms, "verdict": seen["verdict"], "probe_gap": seen["gap"]}

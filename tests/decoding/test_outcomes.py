@@ -41,7 +41,8 @@ def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample()
     seen.add(16, "spec", 0, 1.0)
     seen.add(16, "plain", 10, 0.0)
     assert seen.summary(16) == {"spec": {"decodes": OUTCOME_WINDOW, "median_tokens_per_s": 200.0},
-                                "plain": {"decodes": 0, "median_tokens_per_s": None}}
+                                "plain": {"decodes": 0, "median_tokens_per_s": None},
+                                "verdict": None, "probe_gap": PROBE_EVERY}  # plain not measured: no verdict
     assert seen.summary(32) is None
 
 
@@ -77,4 +78,5 @@ def test_probes_back_off_while_they_confirm_the_verdict_and_come_back_when_one_t
     seen.add(8, "plain", 100, 1.0)
     for _ in range(OUTCOME_WINDOW):  # plain decodes grow slower than speculation's: the verdict turns
         seen.add(8, "plain", 50, 1.0)
-    assert seen.arm_for(8) == "spec" and seen.by_batch[8]["gap"] == PROBE_EVERY  # and probes come back soon
+    assert seen.arm_for(8) == "spec" and seen.summary(8)["probe_gap"] == PROBE_EVERY  # and probes come back soon
+    assert seen.summary(8)["verdict"] == "spec"
