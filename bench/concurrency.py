@@ -18,7 +18,8 @@ what the batched code itself costs. Each row says which path ran (`path`).
 Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
 verified, at each shorter K' the budget may choose, and cycling through every K' after every other, so that
-no timed batch captures a graph); then the
+no timed batch captures a graph; under auto the budget's own warm-up repeats, at most WARM_PASSES times, until
+both arms, speculating and the target alone, have whole decodes measured at the size: decoding/outcomes.py); then the
 prompts in order, B at a time, each batch by the three modes in turn, in each of the six orders by turns
 (`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
@@ -29,8 +30,9 @@ domino_speedup_ci95 = a 95% interval of + Domino's over the target's, resampling
 `--summarize REPORT` prints it for an earlier report). `batches`: each timed batch's mode order and
 each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up met every shape), and for a
 speculative mode under a verify budget whether its decode started committed (those that did not are the
-decodes that can differ from the target alone's where the budget commits) and the K' it chose. identical_to_target: every row of every batch, in
-every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
+decodes that can differ from the target alone's where the budget commits), its arm (decoding/outcomes.py) and the
+K' it chose; verify_budget_outcomes: each size's arms' decodes and medians, verdict and probe gap.
+identical_to_target: every row of every batch, in every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
 first when 1 is not among the sizes).
 
 --rounds R times every batch R times over (a row's num_prompts counts each decode): at B = 64 the 64
