@@ -32,8 +32,8 @@ each mode's wall seconds and the CUDA graphs it captured (none, when the warm-up
 speculative mode under a verify budget whether its decode started committed (those that did not are the
 decodes that can differ from the target alone's where the budget commits), its arm (decoding/outcomes.py) and the
 K' it chose; verify_budget_outcomes: each size's arms' decodes and medians, verdict and probe gap.
-identical_to_target: every row of every batch, in every mode, equals the target-alone solo greedy output (batch size 1's target decodes, or a solo pass
-first when 1 is not among the sizes).
+identical_to_target: every row of every batch, in every mode, equals the target-alone solo greedy output (batch
+size 1's target decodes, or a solo pass first when 1 is not among the sizes).
 
 --rounds R times every batch R times over (a row's num_prompts counts each decode): at B = 64 the 64
 prompts are one batch a mode, ~0.2 s, within the noise of one measurement. --min-batches M gives each B
