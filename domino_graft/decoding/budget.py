@@ -134,12 +134,6 @@ MIN_OWN = 3
 SWITCH_MARGIN = 1.1
 
 
-def _whole_decodes(key) -> bool:
-    """Whether decodes under `key` are whole static batches (a batch size, or the solo chain's "solo"), whose
-    tokens/s choose their arm (decoding/outcomes.py); not the server's rebuilt batches."""
-    return key == "solo" or isinstance(key, int)
-
-
 def _median(samples: list[float]) -> float:
     """The median of the last WALL_WINDOW excess samples, never below 0 (0 with none)."""
     window = sorted(samples[-WALL_WINDOW:])
@@ -369,8 +363,8 @@ class BudgetRun:
                     self.propose_samples, self.rollout_samples = list(carry.propose_samples), list(carry.rollout_samples)
         # whole decodes measured at this size choose the arm (module docstring); else a size seen before whose
         # first choice would be plain steps runs the target alone's decode from its first step (nothing drafted)
-        self.arm = (budget.outcomes.arm_for(self.key) if remembered and budget.mode == "auto" and wall_clock
-                    and _whole_decodes(self.key) else None)
+        # (only callers that time whole decodes report them, `finish(tokens, seconds)`: a key with none has no arm)
+        self.arm = budget.outcomes.arm_for(self.key) if remembered and budget.mode == "auto" and wall_clock else None
         self.by_outcome = self.arm is not None
         seen = carry is not None and carry.k == k and carry.first_batch == batch
         self.starts_committed = self.arm == "plain" or (
@@ -446,7 +440,7 @@ class BudgetRun:
         costs did) and its estimate into the budget's memory, so the next decode at this batch
         size starts with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its
         tokens/s joins the budget's outcomes at its first batch size)."""
-        if self.wall_clock and _whole_decodes(self.key) and self.budget.mode == "auto" and tokens:
+        if self.wall_clock and self.budget.mode == "auto" and tokens:
             self.budget.outcomes.add(self.key, "plain" if self.starts_committed else "spec", tokens, seconds)
         self._store_propose()
         self.budget.memory[self.key] = self

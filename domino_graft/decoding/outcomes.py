@@ -20,6 +20,7 @@ fewer of them.
 
 from __future__ import annotations
 
+from statistics import median_high
 from typing import Optional
 
 ARMS = ("spec", "plain")
@@ -30,11 +31,6 @@ OUTCOME_MIN = 2
 # doubling up to PROBE_MAX while probes leave the verdict as it was (module docstring)
 PROBE_EVERY = 16
 PROBE_MAX = 256
-
-
-def _median(rates: list[float]) -> float:
-    ordered = sorted(rates)
-    return ordered[len(ordered) // 2]
 
 
 class Outcomes:
@@ -52,7 +48,7 @@ class Outcomes:
                                                 "probe_at": 0, "pending": None, "verdict": None})
 
     def _verdict(self, seen: dict) -> str:
-        return "plain" if _median(seen["plain"]) >= _median(seen["spec"]) else "spec"
+        return "plain" if median_high(seen["plain"]) >= median_high(seen["spec"]) else "spec"
 
     def arm_for(self, batch: int) -> Optional[str]:
         """The arm the next decode of `batch` rows runs: None (the step model chooses) while neither arm
@@ -66,11 +62,11 @@ class Outcomes:
             return None
         if min(spec, plain) < OUTCOME_MIN:
             return "spec" if spec < plain else "plain"
-        seen["decided"] += 1
+        seen["decided"] += 1  # both arms measured: `add` keeps the verdict current
         if seen["decided"] - seen["probe_at"] >= seen["gap"]:
-            seen["probe_at"], seen["pending"] = seen["decided"], self._verdict(seen)
+            seen["probe_at"], seen["pending"] = seen["decided"], seen["verdict"]
             return None
-        return self._verdict(seen)
+        return seen["verdict"]
 
     def add(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
         """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time)."""
@@ -104,5 +100,5 @@ class Outcomes:
         if seen is None:
             return None
         arms = {arm: {"decodes": len(seen[arm]),
-                      "median_tokens_per_s": round(_median(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
+                      "median_tokens_per_s": round(median_high(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
         return {**arms, "verdict": seen["verdict"], "probe_gap": seen["gap"]}
