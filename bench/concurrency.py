@@ -111,6 +111,12 @@ def read_items(loaded, path, limit: int) -> list[list[int]]:
     return [encode(loaded, item) for item in read_prompts(str(path), limit=limit)]
 
 
+def mode_budgets(budget) -> dict:
+    """The speculative modes' own copies of the verify budget (what decodes learn is the mode's own); None each
+    without one."""
+    return {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
+
+
 def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=None, shrink: bool = False,
              budgets=None):
     """mode -> f(list of prompts) -> list[DecodeResult]; temperature > 0: sampled (seed 0); budget:
@@ -121,7 +127,7 @@ def decoders(engine, max_new: int, solo: bool, temperature: float = 0.0, budget=
 
     kw = {"max_new_tokens": max_new, "sampling": Sampling(temperature=temperature, seed=0 if temperature else None)}
     # one budget per mode (what decodes learn is the mode's own); a fixed N at B = 1 is the batched chain's
-    budgets = budgets or {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
+    budgets = budgets or mode_budgets(budget)
     if solo and budget is not None and budget.mode == "fixed":
         return {"target": lambda ps: [engine.target_only(p, **kw) for p in ps],
                 "base": lambda ps: [r for p in ps for r in engine.speculative_batch([p], **kw, use_head=False,
@@ -191,7 +197,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     from domino_graft.decoding.divergence import first_divergence
     from domino_graft.fast import graphs_captured
 
-    budgets = budgets or {m: None if budget is None else budget.fresh() for m in ("base", "domino")}
+    budgets = budgets or mode_budgets(budget)
     runs = decoders(engine, max_new, solo, temperature, budget, shrink, budgets)
     sampled = temperature > 0  # no identity to check: rows agree with the target in law only
     t0 = time.perf_counter()
@@ -520,7 +526,7 @@ def main(argv=None) -> int:
         # each mode's budget goes on from the batch sizes before, as one engine's would (what it learns
         # is kept by batch size: decoding/budget.py)
         budgets = None if budget is None else learned.setdefault(
-            temperature, {m: budget.fresh() for m in ("base", "domino")})
+            temperature, mode_budgets(budget))
         row = measure(engine, items, b, args.max_new_tokens, refs, clock, args.device, solo, write_row, temperature,
                       budget, args.shrink, rounds, budgets)
         write_row(row)
