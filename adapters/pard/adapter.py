@@ -199,7 +199,7 @@ class PardAdapter(DrafterAdapter):
         # Newly verified context and the block in one forward (exactly one backbone pass).
         ids = torch.cat(new + [self.block_ids(anchor)], dim=1)
         pos = torch.arange(self._ctx, position + k, device=anchor.device)[None].expand(ids.shape[0], -1)
-        hidden = self._hidden(ids, pos, cache=self._cache)[:, -k:]
+        hidden = self._hidden(ids, pos, cache=self._cache)[:, -k:].contiguous()  # one matmul in the LM head
         # Keep only verified context in the cache: the block (x_0 included) comes back
         # through observe() once the target has verified it.
         self._cache.crop(-k)
@@ -230,7 +230,7 @@ class PardAdapter(DrafterAdapter):
         allowed = ragged_allowed(self._valid, torch.cat([mine, torch.ones(b, k, dtype=torch.bool, device=dev)], 1))
         dtype = self.model.get_input_embeddings().weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
-        hidden = self._hidden(ids, pos, cache=self._cache, mask=mask[:, None])[:, -k:]
+        hidden = self._hidden(ids, pos, cache=self._cache, mask=mask[:, None])[:, -k:].contiguous()
         self._cache.crop(-k)  # the block comes back through observe() once the target has verified it
         self._valid = torch.cat([self._valid, mine], dim=1)
         self._pending = []

@@ -177,7 +177,7 @@ class PEagleAdapter(DrafterAdapter):
                 (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(self._past, new)]
             self._valid = torch.cat([self._valid, mine[:, :n_ctx]], dim=1)
         self._todo = []
-        slots = hidden[:, n_ctx:]
+        slots = hidden[:, n_ctx:].contiguous()  # one matmul in the LM head (dflash/adapter.py `slot_hidden`)
         return DraftBlock(hidden=slots, base_logits=self.base_logits(slots))
 
     def context_length(self) -> int:
@@ -214,7 +214,7 @@ class PEagleAdapter(DrafterAdapter):
             self._past = new if self._past is None else [
                 (torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(self._past, new)]
         self._todo = []
-        slots = hidden[:, n_ctx:]
+        slots = hidden[:, n_ctx:].contiguous()  # one matmul in the LM head (dflash/adapter.py `slot_hidden`)
         return DraftBlock(hidden=slots, base_logits=self.base_logits(slots))
 
     # ---- training
