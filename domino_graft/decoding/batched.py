@@ -197,13 +197,13 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
     # alone does not spend (budget.py LEAN_TIMED)
     every, forwards_before, steps = list(rows), [row.forwards for row in rows], 0
     while any(live):
-        if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean")
-            run.tick(0, lean=True)
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
         live_t = torch.tensor(live, device=dev)
         target.keep(live_t.long(), 1)
         tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
         pos = pos + live_t.long()
+        if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean"), taken
+            run.tick(0, lean=True)  # while the device runs the step just launched (budget.py `tick`)
         pos_h = [p + on for p, on in zip(pos_h, live)]
         for row, on in zip(rows, live):
             if on:
@@ -280,7 +280,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         t0 = time.perf_counter()
         results = _target_only(engine, ids, max_new_tokens, sampling, stop_ids, seed_offset, kv, run)
         tokens = sum(len(r.tokens) for r in results)
-        engine.last_budget = run.finish(*whole_decode(tokens, t0, graphs_captured() != captured))
+        engine.last_run = run.finish(*whole_decode(tokens, t0, graphs_captured() != captured))
         return results
     gen = sampling.generator(dev, seed_offset)
     capture = adapter.capture_layers()
@@ -323,8 +323,6 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             break
         # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
         kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))
-        if run is not None:
-            run.tick(kk)
         timer = propose_timer(run, dev) if kk else None
         if kk == 0:  # a plain target step: the anchor alone, the next token the target's own pick
             seq = anchor[:, None]
@@ -344,6 +342,8 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = target.step(seq, pos, capture, pos_h)
             n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
+        if run is not None:  # the step's wall-clock sample, while the device runs it (budget.py `tick`)
+            run.tick(kk)
         n = len(rows)
         host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
         n_acc_h, nxt_h, drafts_h = host[:n], host[n: 2 * n], host[2 * n:]
@@ -387,7 +387,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             if run is not None:
                 run.resize(len(keep))
                 measure_costs()
-    engine.last_budget = None if run is None else run.finish(
+    engine.last_run = None if run is None else run.finish(
         *whole_decode(sum(len(r.out.tokens) for r in every), t0, graphs_captured() != captured))
     return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
 

@@ -62,7 +62,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         res = engine.target_only_checked(ids, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
                                          on_tokens=on_tokens, seed_offset=seed_offset)
         run.count_plain(res.decode_steps)
-        engine.last_budget = run.finish(*whole_decode(len(res.tokens), started, graphs_captured() != captured))
+        engine.last_run = run.finish(*whole_decode(len(res.tokens), started, graphs_captured() != captured))
         return replace(res, accepted=[0] * res.decode_steps, slot_reached=[0] * k, slot_accepted=[0] * k)
     capture = adapter.capture_layers()
     gen = sampling.generator(dev, seed_offset)
@@ -94,7 +94,6 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                 run.commit()
                 forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
                 break
-            run.tick(k)
         timer = propose_timer(run, dev)
         block = (drafter or adapter).propose(anchor, pos)
         if timer is not None:
@@ -109,6 +108,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         logits, feats = session.step(seq, None, capture, [pos])
         forwards += 1
         n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
+        if run is not None:  # the step's wall-clock sample, while the device runs it (budget.py `tick`)
+            run.tick(k)
         # one device->host sync per step
         host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
@@ -133,7 +134,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         anchor = nxt
         pos += a + 1
     if run is not None:
-        engine.last_budget = run.finish(*whole_decode(len(out.tokens), started, graphs_captured() != captured))
+        engine.last_run = run.finish(*whole_decode(len(out.tokens), started, graphs_captured() != captured))
     return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards, accepted,
                         reached, accepted_slot, kv_path=session.kv_path)
 
@@ -160,11 +161,11 @@ def _plain_tail(session, anchor, pos: int, out: Output, sampling, gen, run, acce
     forwards = 0
     done = False
     while not done:
-        run.tick(0, lean=True)  # the target alone's loop: the lean kind's wall-clock samples
         logits, _ = session.step(anchor[:, None], None, (), [pos])
         session.keep((1,), 1)
         forwards += 1
         anchor = pick(logits[:, -1], sampling, gen)
+        run.tick(0, lean=True)  # the target alone's loop: the lean kind's samples, while the device runs the step
         done = out.push([int(anchor)])
         pos += 1
     accepted.extend([0] * forwards)

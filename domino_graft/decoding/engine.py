@@ -61,7 +61,7 @@ class Engine:
         self._ragged_static = None  # batched.py's static session, kept between batch decodes
         self.batch_kv_note: Optional[str] = None  # why the last batch ran on the dynamic cache
         self.batch_drafter_path: Optional[str] = None  # "static" / "eager": the last batched chain's drafter
-        self.last_budget: Optional[dict] = None  # the last budgeted batch's choices (budget.BudgetRun.report)
+        self.last_run = None  # the last budgeted decode's run (budget.BudgetRun; its report: `last_budget`)
         if self.kv == "static":
             self._static, self.kv_note = StaticSession.create(target, 1, 1, start=SOLO_START)
         self.target = target
@@ -150,6 +150,12 @@ class Engine:
                       use_head=use_head, on_tokens=on_tokens, seed_offset=seed_offset, **kw)
 
     # ---------------------------------------------------------------- batched
+    @property
+    def last_budget(self) -> Optional[dict]:
+        """The last budgeted decode's choices (`budget.BudgetRun.report`), built here, when read: not in
+        the decode's own time."""
+        return None if self.last_run is None else self.last_run.report()
+
     def target_only_batch(self, prompts, *, max_new_tokens: int, sampling: Sampling = Sampling(),
                           stop_ids: Iterable[int] = (), seed_offset: int = 0) -> list[DecodeResult]:
         """Every prompt at once (decoding/batched.py); row b == `target_only(prompts[b])` (greedy:

@@ -695,7 +695,7 @@ def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committ
     while not run.committed():
         run.observe(run.choose(), [0])
     assert not run.committed_whole
-    report = run.finish()
+    report = run.finish().report()
     assert report["batch"] == 8 and report["last_batch"] == 1
     assert not budget.start(15, 8, "cuda").starts_committed
 
@@ -779,7 +779,7 @@ def test_a_propose_cost_needs_several_samples_and_skips_outliers():
     run.add_propose(OUTLIER * 2.0 + 1)  # a capture in between
     run.add_propose(0.5)
     assert run.propose_samples == [0.5]
-    assert run.finish() and 4 not in costs.propose_ms  # one sample: not the table's
+    assert run.finish() is run and 4 not in costs.propose_ms  # one sample: not the table's
     run = budget.start(15, 4, "cuda")  # the next decode at B = 4 goes on from it
     assert run.propose_samples == [0.5] and run.times_propose("cuda")
     run.add_propose(0.6)
