@@ -31,19 +31,3 @@ def test_rms_norm_rows_equals_the_engine_norm(m, h):
     assert err <= 1e-5, err
     with pytest.raises(ValueError, match=r"rms_norm_rows: weight shape \(3,\) does not match x's last dim"):
         rms_norm_rows(x, w[:3], 1e-6)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_per_program_keep_every_rows_bits(dtype):
-    """A program walking several rows in turn (ROWS) runs each row through the one-row code: the same bits at
-    every ROWS, the last program's missing rows masked (M = 11 is no multiple of 2, 4 or 8)."""
-    from domino_graft.kernels.engine.row_norm import rms_norm_rows, rows_per_program
-
-    g = torch.Generator().manual_seed(7)
-    x = (torch.randn((11, 96), generator=g) * 3).to(dtype)
-    w = (1 + 0.1 * torch.randn((96,), generator=g)).to(dtype)
-    one = rms_norm_rows(x, w, 1e-6, rows=1)
-    for rows in (2, 3, 4, 8, 16):
-        assert torch.equal(rms_norm_rows(x, w, 1e-6, rows=rows), one), rows
-    assert torch.equal(rms_norm_rows(x, w, 1e-6), one) and rows_per_program(11) >= 1
