@@ -355,6 +355,7 @@ class BudgetRun:
         self._step_start: Optional[tuple[int, float, bool]] = None  # (K', when, lean) of the step under way (tick)
         self.excess: dict[str, list[float]] = {"plain": [], "spec": []}
         self.committed_whole = False  # committed to plain steps at the decode's first batch size
+        self._final_alphas: Optional[list[float]] = None  # the estimate at `finish` (`report`)
         if carry is not None and carry.k == k:  # a rebuilt batch, or the last decode at this size
             self.decodes = carry.decodes + 1
             if carry.first_batch == batch:
@@ -440,9 +441,9 @@ class BudgetRun:
         did) and its estimate into the budget's memory, so the next decode at this batch size starts
         with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its tokens/s joins
         the budget's outcomes at its first batch size). -> the run, whose `report()` is built when read
-        (`Engine.last_budget`), after the decode's time: building it in the decode (medians, every
-        candidate's cost) was ~0.1 ms of host time a decode on a CPU, and on the H100's host put the plain
-        arm's decodes 0.2-0.3% under the target alone's, the same loop (`8e91b22`)."""
+        (`Engine.last_budget`), after the decode's time: built in the decode (medians, every candidate's
+        cost) it was ~0.06 ms of a decode's host time on a CPU, in the wall the outcomes compare (on the H100
+        the plain arm ran 0.2% under the target alone's same loop, before and after: docs/results.md §0c)."""
         if self.wall_clock and self.budget.mode == "auto" and tokens:
             self.budget.outcomes.add(self.key, "plain" if self.starts_committed else "spec", tokens, seconds)
         self._store_propose()
@@ -598,7 +599,7 @@ class BudgetRun:
         """{"mode", "batch", "k_hist": {K': steps}, "alpha": the estimate at `finish` (or now), and with
         the wall clock on "excess_ms": each step kind's excess the choice used}. Read it before the next
         decode: the costs it shows are the budget's table's, which later decodes extend."""
-        alphas = getattr(self, "_final_alphas", None) or self.alphas()
+        alphas = self.alphas() if self._final_alphas is None else self._final_alphas
         out = {"mode": self.budget.label(), "batch": self.first_batch, "last_batch": self.batch,
                "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
                "alpha": [round(a, 4) for a in alphas]}
