@@ -254,7 +254,7 @@ def run_bench(
                                     **kw)
                 if verify_budget is not None and i >= 0:  # the K' chosen, by batch size (not the warm-up's)
                     hist = budget_hist.setdefault(str(len(chunk)), {}).setdefault(mode, {})
-                    for kk, n in engine.last_budget["k_hist"].items():
+                    for kk, n in engine.last_run.k_hist().items():  # inside the timed decode: not the whole report
                         hist[kk] = hist.get(kk, 0) + n
                 return out
             return decode

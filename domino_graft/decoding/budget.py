@@ -442,8 +442,8 @@ class BudgetRun:
         with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its tokens/s joins
         the budget's outcomes at its first batch size). -> the run, whose `report()` is built when read
         (`Engine.last_budget`), after the decode's time: built in the decode (medians, every candidate's
-        cost) it was ~0.06 ms of a decode's host time on a CPU, in the wall the outcomes compare (on the H100
-        the plain arm ran 0.2% under the target alone's same loop, before and after: docs/results.md §0c)."""
+        cost) it was host time inside the wall the outcomes compare (on the H100 the plain arm ran 0.2% under
+        the target alone's same loop, before and after this: docs/results.md §0c)."""
         if self.wall_clock and self.budget.mode == "auto" and tokens:
             self.budget.outcomes.add(self.key, "plain" if self.starts_committed else "spec", tokens, seconds)
         self._store_propose()
@@ -504,8 +504,8 @@ class BudgetRun:
         `lean`: one of the target alone's loop): the time since the last tick is one whole step, a
         sample of the kind that tick announced (CUDA only). The decoding loops tick once a step's work is
         launched, before its sync, so this host work overlaps the device's instead of adding to the step
-        (at the top of the loop the lean loop's first LEAN_TIMED ticks and every speculative step's cost
-        their host time: ~3-8 us each on a CPU); the server ticks at the top of its steps."""
+        (at the top of the loop, the lean loop's first LEAN_TIMED ticks and every speculative step's added
+        their host time to the step); the server ticks at the top of its steps."""
         if not self.wall_clock:
             return
         if lean and self.lean_steps > LEAN_TIMED:  # sampled enough of this decode's lean loop
@@ -595,13 +595,17 @@ class BudgetRun:
         """A step that verified kk drafts; `accepted`: each live row's accepted count (into the shared estimate)."""
         self.pool.observe(kk, accepted)
 
+    def k_hist(self) -> dict[str, int]:
+        """{K': steps} this decode chose (the report's "k_hist", without building the rest of it)."""
+        return {str(kk): n for kk, n in sorted(self.chosen.items())}
+
     def report(self) -> dict:
         """{"mode", "batch", "k_hist": {K': steps}, "alpha": the estimate at `finish` (or now), and with
         the wall clock on "excess_ms": each step kind's excess the choice used}. Read it before the next
         decode: the costs it shows are the budget's table's, which later decodes extend."""
         alphas = self.alphas() if self._final_alphas is None else self._final_alphas
         out = {"mode": self.budget.label(), "batch": self.first_batch, "last_batch": self.batch,
-               "k_hist": {str(kk): n for kk, n in sorted(self.chosen.items())},
+               "k_hist": self.k_hist(),
                "alpha": [round(a, 4) for a in alphas]}
         if self.wall_clock:
             out["excess_ms"] = {key: round(self.excess_ms(key), 4) for key, v in self.excess.items() if v}
