@@ -69,7 +69,7 @@ MODES = ("target", "base", "domino")
 ORDERS = [list(p) for p in itertools.permutations(MODES)]
 # the budget's warm-up passes at most (`measure`): each pass is 3+ decodes a mode, and a size's whole decodes need
 # OUTCOME_MIN of each arm (decoding/outcomes.py), a decode that captured a graph being none
-WARM_PASSES = 4
+WARM_PASSES = 6
 
 
 class Clock:

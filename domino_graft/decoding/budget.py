@@ -74,7 +74,8 @@ Whole decodes: the step model (device costs, wall-clock excess, the slowest row)
 static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate over plain steps' and ran
 0.90x the target alone, and at b0753cf B = 4 started every decode committed where speculating had run
 1.16x. So on CUDA each static batch's decode (the solo chain's too, key "solo") reports its tokens/s
-(`finish(tokens, seconds)`) by its arm, plain (it started committed) or speculative, and once both arms
+(`finish(tokens, seconds)`) by its arm, plain (it started committed) or speculative (it verified drafts at
+every step; one that did both is neither arm's sample: `measured_arm`), and once both arms
 are measured at a size the faster one's median decides the next decode's arm (`arm`, decoding/outcomes.py),
 probes (decodes left to the step model) spaced out while they confirm it. A "spec" arm verifies drafts at
 every step (K' > 0: the model chooses how many); a decode that captured a CUDA graph is no sample (its wall
@@ -445,11 +446,18 @@ class BudgetRun:
         cost) it was host time inside the wall the outcomes compare (on the H100 the plain arm ran 0.2% under
         the target alone's same loop, before and after this: docs/results.md §0c)."""
         if self.wall_clock and self.budget.mode == "auto" and tokens:
-            self.budget.outcomes.add(self.key, "plain" if self.starts_committed else "spec", tokens, seconds)
+            self.budget.outcomes.add(self.key, self.measured_arm(), tokens, seconds)
         self._store_propose()
         self.budget.memory[self.key] = self
         self._final_alphas = self.pool.alphas()  # the shared estimate moves on with the next decode
         return self
+
+    def measured_arm(self) -> str:
+        """What this decode's tokens/s is a sample of (decoding/outcomes.py): "plain" (it started committed),
+        "spec" (it verified drafts at every step) or "mixed" (both: no arm's sample)."""
+        if self.starts_committed:
+            return "plain"
+        return "mixed" if self.chosen.get(0) else "spec"
 
     def alphas(self) -> list[float]:
         return self.pool.alphas()

@@ -5,7 +5,12 @@ The verify budget's step model (decoding/budget.py) prices one step from measure
 acceptance estimate; near break-even its errors decide. The quantity the budget exists to maximise is
 a whole batch's tokens per second, and a static batch's decode measures exactly that. So each such
 decode reports its tokens/s here under its arm: "plain" (it ran the target alone from its first step)
-or "spec" (it verified drafts at some step). Once one arm has OUTCOME_MIN decodes and the other fewer,
+or "spec" (it verified drafts at every step). A decode that did both ("mixed": the step model's, which
+speculated and then went plain) is neither arm's sample: at d9b24dd on the H100 greedy B = 8's speculative
+side was measured on three warm-up decodes (median 9,656 tok/s against plain's 10,014) and the size went
+plain, where the timed speculative decodes of the run before had run 1.10x the target alone; its mixed
+decodes count here only as a sign that the step model sits near break-even, after which the arms are
+run on their own until each has OUTCOME_MIN decodes. Once one arm has OUTCOME_MIN decodes and the other fewer,
 the next decodes run the other arm, so both get measured: at `b0753cf` on the H100 the step model
 started every B = 4 decode committed (+ Domino 0.99x the target alone) where `c8cab9e`'s decodes, which
 speculated, had run 1.16x; until then only speculation's side was ever compared. With both measured,
@@ -24,9 +29,11 @@ from statistics import median_high
 from typing import Optional
 
 ARMS = ("spec", "plain")
+MIXED = "mixed"  # a decode that speculated and then went plain: no arm's sample (module docstring)
 # the tokens/s of a size's last OUTCOME_WINDOW decodes of each arm; an arm needs OUTCOME_MIN of them to compare
+# (a median of three, not the larger of two: one decode on easy or hard prompts does not decide a size)
 OUTCOME_WINDOW = 8
-OUTCOME_MIN = 2
+OUTCOME_MIN = 3
 # once both arms are measured, a probe (the step model's decode) after PROBE_EVERY decided decodes, the gap
 # doubling up to PROBE_MAX while probes leave the verdict as it was (module docstring)
 PROBE_EVERY = 16
@@ -44,23 +51,26 @@ class Outcomes:
         return bool(self.by_batch)
 
     def _seen(self, batch: int) -> dict:
-        return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "decided": 0, "gap": PROBE_EVERY,
-                                                "probe_at": 0, "pending": None, "verdict": None})
+        return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "mixed": 0, "decided": 0,
+                                                "gap": PROBE_EVERY, "probe_at": 0, "pending": None, "verdict": None})
 
     def _verdict(self, seen: dict) -> str:
         return "plain" if median_high(seen["plain"]) >= median_high(seen["spec"]) else "spec"
 
     def arm_for(self, batch: int) -> Optional[str]:
         """The arm the next decode of `batch` rows runs: None (the step model chooses) while neither arm
-        has OUTCOME_MIN decodes and at a probe (module docstring); the arm short of them while the other
-        has them; else the faster arm by median (plain on a tie)."""
+        has OUTCOME_MIN decodes and no decode was mixed, and at a probe (module docstring); the arm short
+        of them while the other has them (after a mixed decode: the one with fewer, speculation first);
+        else the faster arm by median (plain on a tie)."""
         seen = self.by_batch.get(batch)
         if seen is None:
             return None
         spec, plain = len(seen["spec"]), len(seen["plain"])
-        if spec < OUTCOME_MIN and plain < OUTCOME_MIN:
+        if spec < OUTCOME_MIN and plain < OUTCOME_MIN and not seen["mixed"]:
             return None
         if min(spec, plain) < OUTCOME_MIN:
+            if spec < OUTCOME_MIN and plain < OUTCOME_MIN:  # near break-even (a mixed decode): each arm alone
+                return "spec" if spec <= plain else "plain"
             return "spec" if spec < plain else "plain"
         seen["decided"] += 1  # both arms measured: `add` keeps the verdict current
         if seen["decided"] - seen["probe_at"] >= seen["gap"]:
@@ -69,12 +79,18 @@ class Outcomes:
         return seen["verdict"]
 
     def add(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
-        """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time)."""
-        if arm not in ARMS:
-            raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS)}")
+        """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time;
+        a MIXED decode is counted, never compared)."""
+        if arm not in ARMS + (MIXED,):
+            raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS + (MIXED,))}")
         if seconds <= 0 or tokens <= 0:
             return
         seen = self._seen(batch)
+        if arm == MIXED:
+            seen["mixed"] += 1
+            if seen["pending"] is not None:  # a probe the step model ran mixed: nothing against the verdict
+                seen["gap"], seen["pending"] = min(2 * seen["gap"], PROBE_MAX), None
+            return
         rates = seen[arm]
         rates.append(tokens / seconds)
         del rates[:-OUTCOME_WINDOW]
@@ -94,11 +110,11 @@ class Outcomes:
         return seen is not None and all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS)
 
     def summary(self, batch: int) -> Optional[dict]:
-        """{arm: {"decodes", "median_tokens_per_s"}, "verdict", "probe_gap"} at this size (bench reports), None
-        if none seen."""
+        """{arm: {"decodes", "median_tokens_per_s"}, "mixed": decodes, "verdict", "probe_gap"} at this size
+        (bench reports), None if none seen."""
         seen = self.by_batch.get(batch)
         if seen is None:
             return None
         arms = {arm: {"decodes": len(seen[arm]),
                       "median_tokens_per_s": round(median_high(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
-        return {**arms, "verdict": seen["verdict"], "probe_gap": seen["gap"]}
+        return {**arms, "mixed": seen["mixed"], "verdict": seen["verdict"], "probe_gap": seen["gap"]}

@@ -11,8 +11,9 @@ def test_an_arm_short_of_samples_runs_until_both_compare():
     for _ in range(OUTCOME_MIN):
         seen.add(4, "plain", 100, 1.0)
     assert seen.arm_for(4) == "spec" and not seen.settled(4)  # plain measured, speculation not: compare
-    seen.add(4, "spec", 120, 1.0)
-    assert seen.arm_for(4) == "spec"
+    for rate in range(120, 120 + 10 * (OUTCOME_MIN - 1), 10):
+        seen.add(4, "spec", rate, 1.0)
+        assert seen.arm_for(4) == "spec"
     seen.add(4, "spec", 130, 1.0)
     assert seen.settled(4) and seen.arm_for(4) == "spec"  # both measured: the faster median
     assert seen.arm_for(8) is None  # sizes are apart
@@ -22,14 +23,14 @@ def test_the_faster_median_decides_and_the_step_model_probes():
     seen = Outcomes()
     for rate in (100, 101, 500):  # one odd fast speculative decode does not move the median
         seen.add(2, "spec", rate, 1.0)
-    for rate in (110, 112):
+    for rate in (110, 112, 109):
         seen.add(2, "plain", rate, 1.0)
     arms = [seen.arm_for(2) for _ in range(2 * PROBE_EVERY)]
     assert [i for i, a in enumerate(arms) if a is None] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
     assert {a for a in arms if a is not None} == {"plain"}
-    seen.add(2, "plain", 101, 1.0)  # a tie of medians goes to plain
-    seen.add(2, "plain", 101, 1.0)
-    assert seen.summary(2)["plain"]["median_tokens_per_s"] == 110.0 and seen.arm_for(2) == "plain"
+    for _ in range(4):  # plain's median falls to speculation's (101): a tie of medians goes to plain
+        seen.add(2, "plain", 101, 1.0)
+    assert seen.summary(2)["plain"]["median_tokens_per_s"] == 101.0 and seen.arm_for(2) == "plain"
 
 
 def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample():
@@ -41,13 +42,13 @@ def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample()
     seen.add(16, "spec", 0, 1.0)
     seen.add(16, "plain", 10, 0.0)
     assert seen.summary(16) == {"spec": {"decodes": OUTCOME_WINDOW, "median_tokens_per_s": 200.0},
-                                "plain": {"decodes": 0, "median_tokens_per_s": None},
+                                "plain": {"decodes": 0, "median_tokens_per_s": None}, "mixed": 0,
                                 "verdict": None, "probe_gap": PROBE_EVERY}  # plain not measured: no verdict
     assert seen.summary(32) is None
 
 
 def test_an_unknown_arm_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"outcome arm: 'lean'; valid: spec, plain"):
+    with pytest.raises(ValueError, match=r"outcome arm: 'lean'; valid: spec, plain, mixed"):
         Outcomes().add(1, "lean", 10, 1.0)
 
 
@@ -80,3 +81,34 @@ def test_probes_back_off_while_they_confirm_the_verdict_and_come_back_when_one_t
         seen.add(8, "plain", 50, 1.0)
     assert seen.arm_for(8) == "spec" and seen.summary(8)["probe_gap"] == PROBE_EVERY  # and probes come back soon
     assert seen.summary(8)["verdict"] == "spec"
+
+
+def test_a_mixed_decode_is_no_arms_sample_and_sends_the_size_to_each_arm_alone():
+    """A decode that speculated and then went plain measures neither arm (at d9b24dd on the H100 greedy B = 8
+    went plain on three such warm-up samples where speculating had run 1.10x the target alone): it is
+    counted, and from then on each arm runs on its own, the one with fewer decodes first, until both compare."""
+    seen = Outcomes()
+    seen.add(8, "mixed", 900, 1.0)
+    assert seen.summary(8)["spec"]["decodes"] == 0 and seen.summary(8)["mixed"] == 1
+    arms = []
+    for _ in range(2 * OUTCOME_MIN):
+        arm = seen.arm_for(8)
+        arms.append(arm)
+        seen.add(8, arm, 1100 if arm == "spec" else 1000, 1.0)
+    assert arms == ["spec", "plain"] * OUTCOME_MIN and seen.settled(8)
+    assert seen.arm_for(8) == "spec"  # the pure arms' medians: 1,100 against 1,000
+    assert Outcomes().arm_for(8) is None  # nothing seen: the step model chooses
+
+
+def test_a_probe_the_step_model_runs_mixed_leaves_the_verdict_and_backs_off():
+    seen = Outcomes()
+    for _ in range(OUTCOME_MIN):
+        seen.add(4, "spec", 90, 1.0)
+        seen.add(4, "plain", 100, 1.0)
+    for _ in range(PROBE_EVERY - 1):
+        assert seen.arm_for(4) == "plain"
+        seen.add(4, "plain", 100, 1.0)
+    assert seen.arm_for(4) is None  # the probe
+    seen.add(4, "mixed", 95, 1.0)
+    assert seen.summary(4)["probe_gap"] == 2 * PROBE_EVERY and seen.summary(4)["verdict"] == "plain"
+    assert seen.summary(4)["spec"]["decodes"] == OUTCOME_MIN  # nothing joined the speculative side

@@ -989,17 +989,21 @@ def test_whole_decodes_turn_speculation_on_where_the_step_model_went_plain_but_d
     """The other side (b0753cf, H100, B = 4: every decode started committed where speculating had run 1.16x the
     target alone): a size the step model sends plain gets OUTCOME_MIN speculative decodes to compare, and
     where those ran faster its decodes speculate at every step (K' > 0: the arm is the measured one, the
-    model only chooses how many drafts), though the model's own estimate still says plain."""
+    model only chooses how many drafts), though the model's own estimate still says plain. The model's first
+    decode speculated, then committed: mixed, no arm's sample; the arms then run alone in turn."""
     from domino_graft.decoding.outcomes import OUTCOME_MIN
 
     fast_spec = {False: 1300.0, True: 1000.0}
     budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
-    runs = [_whole_decode(budget, fast_spec, 0) for _ in range(12)]  # nothing accepted: the model says plain
-    assert runs[0].chosen.get(0) and runs[1].starts_committed  # the model committed, then started committed
-    forced = [i for i, r in enumerate(runs) if r.arm == "spec"]
-    assert forced and forced[0] <= 2 * OUTCOME_MIN and forced == list(range(forced[0], 12)), [r.arm for r in runs]
-    for i in forced:
-        assert not runs[i].starts_committed and 0 not in runs[i].chosen and sum(runs[i].chosen.values()) == 4
+    n = 1 + 2 * OUTCOME_MIN + 6
+    runs = [_whole_decode(budget, fast_spec, 0) for _ in range(n)]  # nothing accepted: the model says plain
+    assert runs[0].arm is None and runs[0].chosen.get(15) and runs[0].chosen.get(0)
+    assert runs[0].measured_arm() == "mixed" and budget.outcomes.summary(8)["mixed"] == 1
+    assert [r.arm for r in runs[1:]] == ["spec", "plain"] * OUTCOME_MIN + ["spec"] * 6
+    for r in runs[1:]:
+        assert r.starts_committed == (r.arm == "plain")
+        if r.arm == "spec":
+            assert 0 not in r.chosen and sum(r.chosen.values()) == 4 and r.measured_arm() == "spec"
     assert budget.outcomes.settled(8) and budget.outcomes.summary(8)["spec"]["median_tokens_per_s"] == 1300.0
 
 
