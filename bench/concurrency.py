@@ -18,8 +18,9 @@ what the batched code itself costs. Each row says which path ran (`path`).
 Per batch size: every shape it will meet (its batch sizes, both ends of the prompt lengths) is decoded
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
 verified, at each shorter K' the budget may choose, and cycling through every K' after every other, so that
-no timed batch captures a graph; under auto the budget's own warm-up repeats, at most WARM_PASSES times, until
-both arms, speculating and the target alone, have whole decodes measured at the size: decoding/outcomes.py); then the
+no timed batch captures a graph; under auto the budget's own warm-up then decodes batches of the prompts in
+order, at most SETTLE_BATCHES, until both arms, speculating and the target alone, have whole decodes measured at
+the size: decoding/outcomes.py); then the
 prompts in order, B at a time, each batch by the three modes in turn, in each of the six orders by turns
 (`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
@@ -67,9 +68,9 @@ MODES = ("target", "base", "domino")
 # the order of the modes within a batch, batch after batch: all six, so that each mode goes first and follows
 # each other mode equally often (each ordered pair sits side by side in two of them)
 ORDERS = [list(p) for p in itertools.permutations(MODES)]
-# the budget's warm-up passes at most (`measure`): each pass is 3+ decodes a mode, and a size's whole decodes need
-# OUTCOME_MIN of each arm (decoding/outcomes.py), a decode that captured a graph being none
-WARM_PASSES = 6
+# the batches at most that the budget's warm-up decodes until both arms are measured at a size (`measure`): a
+# size's whole decodes need OUTCOME_MIN of each arm (decoding/outcomes.py), a decode that captured a graph none
+SETTLE_BATCHES = 16
 
 
 class Clock:
@@ -214,10 +215,19 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     # under the budget: its costs measured, its first estimates made, and (static batches on CUDA) both arms'
     # whole decodes measured at this size, so the timed pass runs the faster (decoding/outcomes.py)
     key = "solo" if solo else b  # what the budget keeps the decodes' outcomes under (decoding/budget.py)
-    for _ in range(WARM_PASSES):
-        warm_up(runs, items, b)
-        if device != "cuda" or all(x is None or x.mode != "auto" or x.outcomes.settled(key) for x in budgets.values()):
+    warm_up(runs, items, b)
+    # then batches as the timed pass takes them (the prompts in order), until both arms are measured: warm_up's
+    # chunks (the longest prompts, the shortest, ...) come in a fixed cycle, and the arms alternate, so at
+    # 8c90ce8 (H100, greedy B = 4) one arm's decodes were always the long prompts' and + Domino's speculative
+    # side read 5,166 tok/s there against 5,533 in the timed batches: it ran plain until a probe turned it
+    auto = {m: x for m, x in budgets.items() if x is not None and x.mode == "auto"}
+    starts = list(range(0, len(items), b))
+    for i in range(SETTLE_BATCHES if device == "cuda" else 0):
+        if all(x.outcomes.settled(key) for x in auto.values()):
             break
+        chunk = items[starts[i % len(starts)]: starts[i % len(starts)] + b]
+        for mode in auto:
+            runs[mode](chunk)
     if device == "cuda":
         torch.cuda.synchronize()
     # what the warm-up left (models, caches, graphs) out of the collector's way. A full collection over it
