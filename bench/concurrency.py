@@ -19,8 +19,8 @@ Per batch size: every shape it will meet (its batch sizes, both ends of the prom
 once untimed first (compile, graph capture, cache sizing; with --verify-budget auto also with every draft
 verified, at each shorter K' the budget may choose, and cycling through every K' after every other, so that
 no timed batch captures a graph; under auto the budget's own warm-up then decodes batches of the prompts in
-order, at most SETTLE_BATCHES, until both arms, speculating and the target alone, have whole decodes measured at
-the size: decoding/outcomes.py); then the
+order, at most SETTLE_BATCHES, until the size is settled: both arms, speculating and the target alone, measured
+by whole decodes and apart beyond their spread, or measured enough (decoding/outcomes.py); then the
 prompts in order, B at a time, each batch by the three modes in turn, in each of the six orders by turns
 (`ORDERS`: every mode goes first, and follows each other mode, equally often; until 13bdded the order only
 rotated, so + Domino followed the drafter alone in two batches of three and the target alone in one). tokens/s = generated tokens / wall
@@ -68,8 +68,9 @@ MODES = ("target", "base", "domino")
 # the order of the modes within a batch, batch after batch: all six, so that each mode goes first and follows
 # each other mode equally often (each ordered pair sits side by side in two of them)
 ORDERS = [list(p) for p in itertools.permutations(MODES)]
-# the batches at most that the budget's warm-up decodes until both arms are measured at a size (`measure`): a
-# size's whole decodes need OUTCOME_MIN of each arm (decoding/outcomes.py), a decode that captured a graph none
+# the batches at most that the budget's warm-up decodes until a size is settled (`measure`): OUTCOME_MIN whole
+# decodes of each arm apart beyond their spread, or full windows (decoding/outcomes.py); a decode that captured
+# a graph none
 SETTLE_BATCHES = 16
 
 
@@ -216,7 +217,7 @@ def measure(engine, items, b: int, max_new: int, refs, clock: Clock, device: str
     # whole decodes measured at this size, so the timed pass runs the faster (decoding/outcomes.py)
     key = "solo" if solo else b  # what the budget keeps the decodes' outcomes under (decoding/budget.py)
     warm_up(runs, items, b)
-    # then batches as the timed pass takes them (the prompts in order), until both arms are measured: warm_up's
+    # then batches as the timed pass takes them (the prompts in order), until the size is settled: warm_up's
     # chunks (the longest prompts, the shortest, ...) come in a fixed cycle, and the arms alternate, so at
     # 8c90ce8 (H100, greedy B = 4) one arm's decodes were always the long prompts' and + Domino's speculative
     # side read 5,166 tok/s there against 5,533 in the timed batches: it ran plain until a probe turned it

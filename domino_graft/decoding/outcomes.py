@@ -13,7 +13,13 @@ decodes count here only as a sign that the step model sits near break-even, afte
 run on their own until each has OUTCOME_MIN decodes. Once one arm has OUTCOME_MIN decodes and the other fewer,
 the next decodes run the other arm, so both get measured: at `b0753cf` on the H100 the step model
 started every B = 4 decode committed (+ Domino 0.99x the target alone) where `c8cab9e`'s decodes, which
-speculated, had run 1.16x; until then only speculation's side was ever compared. With both measured,
+speculated, had run 1.16x; until then only speculation's side was ever compared. Both measured is not yet
+decided: a first verdict needs the arms' medians apart by more than SPREAD_MARGIN times the wider arm's median
+absolute deviation, or both windows full, for a static batch's tokens/s moves with its prompts (a speculative
+decode's with their acceptance): at aa4e088 on the H100 greedy B = 8's speculative decodes ran 0.97-1.25x the
+target alone batch by batch, three of them left the verdict plain, and 6 of 16 timed batches ran plain before the
+verdict turned (the arms' medians then 11,482 against 9,826 tok/s). Until then each arm runs alone in turn, the
+one with fewer decodes first. With a verdict,
 a size runs the arm whose recent decodes' median is the faster (plain on a tie), and a probe decode is
 the step model's to choose, so a change in either arm is seen again. Probes come PROBE_EVERY decided
 decodes apart, the gap doubling (to PROBE_MAX) each time a probe leaves the verdict as it was and back to
@@ -34,6 +40,9 @@ MIXED = "mixed"  # a decode that speculated and then went plain: no arm's sample
 # (a median of three, not the larger of two: one decode on easy or hard prompts does not decide a size)
 OUTCOME_WINDOW = 8
 OUTCOME_MIN = 3
+# a first verdict needs the medians apart by this many median absolute deviations of the wider arm (or both
+# windows full): module docstring
+SPREAD_MARGIN = 2.0
 # once both arms are measured, a probe (the step model's decode) after PROBE_EVERY decided decodes, the gap
 # doubling up to PROBE_MAX while probes leave the verdict as it was (module docstring)
 PROBE_EVERY = 16
@@ -60,8 +69,9 @@ class Outcomes:
     def arm_for(self, batch: int) -> Optional[str]:
         """The arm the next decode of `batch` rows runs: None (the step model chooses) while neither arm
         has OUTCOME_MIN decodes and no decode was mixed, and at a probe (module docstring); the arm short
-        of them while the other has them (after a mixed decode: the one with fewer, speculation first);
-        else the faster arm by median (plain on a tie)."""
+        of them while the other has them (after a mixed decode: the one with fewer, speculation first),
+        and so too while both have them but are not yet apart (`settled`); else the faster arm by median (plain
+        on a tie)."""
         seen = self.by_batch.get(batch)
         if seen is None:
             return None
@@ -72,6 +82,8 @@ class Outcomes:
             if spec < OUTCOME_MIN and plain < OUTCOME_MIN:  # near break-even (a mixed decode): each arm alone
                 return "spec" if spec <= plain else "plain"
             return "spec" if spec < plain else "plain"
+        if seen["verdict"] is None:  # both measured, not yet apart (`settled`): each arm alone in turn
+            return "spec" if spec <= plain else "plain"
         seen["decided"] += 1  # both arms measured: `add` keeps the verdict current
         if seen["decided"] - seen["probe_at"] >= seen["gap"]:
             seen["probe_at"], seen["pending"] = seen["decided"], seen["verdict"]
@@ -105,9 +117,13 @@ class Outcomes:
         seen["verdict"] = verdict
 
     def settled(self, batch: int) -> bool:
-        """Both arms measured at this size (a warm-up runs until they are: bench/concurrency.py)."""
+        """The size has a verdict, or its arms are measured well enough for one: each has OUTCOME_MIN decodes
+        and their medians lie apart beyond the spread, or both windows are full (a warm-up runs until then:
+        bench/concurrency.py)."""
         seen = self.by_batch.get(batch)
-        return seen is not None and all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS)
+        if seen is None or not all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS):
+            return False
+        return seen["verdict"] is not None or apart(seen["spec"], seen["plain"])
 
     def summary(self, batch: int) -> Optional[dict]:
         """{arm: {"decodes", "median_tokens_per_s"}, "mixed": decodes, "verdict", "probe_gap"} at this size
@@ -118,3 +134,18 @@ class Outcomes:
         arms = {arm: {"decodes": len(seen[arm]),
                       "median_tokens_per_s": round(median_high(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
         return {**arms, "mixed": seen["mixed"], "verdict": seen["verdict"], "probe_gap": seen["gap"]}
+
+
+def apart(spec: list[float], plain: list[float]) -> bool:
+    """Whether two arms' recent tokens/s decide a first verdict: medians more than SPREAD_MARGIN median absolute
+    deviations of the wider arm apart (robust to one odd decode, unlike a range), or both windows full."""
+    if min(len(spec), len(plain)) >= OUTCOME_WINDOW:
+        return True
+    spread = max(_mad(spec), _mad(plain))
+    return abs(median_high(spec) - median_high(plain)) > SPREAD_MARGIN * spread
+
+
+def _mad(rates: list[float]) -> float:
+    mid = median_high(rates)
+    return median_high([abs(r - mid) for r in rates])
+

@@ -112,3 +112,37 @@ def test_a_probe_the_step_model_runs_mixed_leaves_the_verdict_and_backs_off():
     seen.add(4, "mixed", 95, 1.0)
     assert seen.summary(4)["probe_gap"] == 2 * PROBE_EVERY and seen.summary(4)["verdict"] == "plain"
     assert seen.summary(4)["spec"]["decodes"] == OUTCOME_MIN  # nothing joined the speculative side
+
+
+def test_arms_within_their_spread_run_in_turn_until_apart_or_both_windows_full():
+    """At aa4e088 on the H100 greedy B = 8 went plain on three speculative decodes whose tokens/s spread over
+    more than the gap of the medians (the prompts' acceptance), and ran plain in 6 timed batches before turning:
+    a first verdict now waits until the medians lie apart beyond the spread, or both windows are full."""
+    seen = Outcomes()
+    spec_rates = iter([11000, 9870, 9240, 11410, 11825, 12547, 12131, 10214])  # aa4e088's B = 8, batch by batch
+    plain_rates = iter([9512, 9939, 9466, 10048, 9762, 9598, 9800, 9700])
+    arms = []
+    while not seen.settled(8):
+        arm = seen.arm_for(8) or "spec"  # the step model's first decode: speculation
+        arms.append(arm)
+        seen.add(8, arm, next(spec_rates) if arm == "spec" else next(plain_rates), 1.0)
+    # three of each (medians 9,870 / 9,512) are within 2 MADs of speculation's spread: on in turn
+    assert arms[:2 * OUTCOME_MIN].count("spec") == OUTCOME_MIN and len(arms) > 2 * OUTCOME_MIN
+    assert seen.summary(8)["verdict"] == "spec" and seen.arm_for(8) == "spec"
+
+    tied = Outcomes()  # equal arms: no verdict until both windows are full, then plain (a tie)
+    for n in range(OUTCOME_WINDOW):
+        tied.add(4, "spec", 100, 1.0)
+        tied.add(4, "plain", 100, 1.0)
+        assert tied.settled(4) == (n == OUTCOME_WINDOW - 1)
+        if OUTCOME_MIN - 1 <= n < OUTCOME_WINDOW - 1:
+            assert tied.arm_for(4) == "spec"  # both measured, equal counts: speculation first
+    assert tied.summary(4)["verdict"] == "plain" and tied.arm_for(4) == "plain"
+
+
+def test_a_gap_beyond_the_spread_decides_at_outcome_min():
+    seen = Outcomes()
+    for spec, plain in ((16700, 18500), (16900, 18600), (16400, 18550)):  # greedy B = 16: speculation 0.90x
+        seen.add(16, "spec", spec, 1.0)
+        seen.add(16, "plain", plain, 1.0)
+    assert seen.settled(16) and seen.summary(16)["verdict"] == "plain"
