@@ -23,8 +23,9 @@ alone) the best choice: a speculative batch is then never slower than the target
 On CUDA the cost of a step is also read off the wall clock: a step's time from one `tick` to the next
 includes what the device-side costs leave out (the host's bookkeeping between steps, eager launches),
 and the median of each kind's recent excess (plain steps, speculative steps; a K' with samples of its
-own, its own) is added to the device-side cost of that kind, so the choice compares whole steps. A kind
-not yet seen adds nothing (it looks cheap, so it gets tried and measured). A plain step is costed by the
+own, its own, capped by a longer K''s own) is added to the device-side cost of that kind, so the choice
+compares whole steps. A kind not yet seen adds nothing (it looks cheap, so it gets tried and measured).
+A plain step is costed by the
 target alone's lean loop ("lean": no features captured, nothing written to the drafter) once that has
 samples: choosing K' = 0 leads there after COMMIT_AFTER steps, and a plain step through the chain costs
 more (1.12 against ~0.6 ms of excess at B = 64 in d5c6fde's run), which made K' = 0 look worse than it is.
@@ -475,7 +476,7 @@ class BudgetRun:
 
     def cost_ms(self, kk: int) -> float:
         """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has
-        MIN_OWN samples (a longer verify rolls out and books more), else its kind's."""
+        MIN_OWN samples (a longer verify rolls out and books more), else its kind's; at most a longer K''s own."""
         own = self.excess.get(str(kk), [])
         if kk == 0:
             lean = self._samples("lean", MIN_OWN)
@@ -489,7 +490,11 @@ class BudgetRun:
             # 1.08 ms, against a lean step's 0.40) made K' = 0 look dear at B = 32, which then speculated
             # at 0.78x the target alone's speed
             return self.device_cost_ms(0) + _median(self.excess.get("plain", []))
-        return self.device_cost_ms(kk) + self.excess_ms(str(kk) if len(own) >= MIN_OWN else "spec")
+        # never more than a longer K''s own: a shorter verify rolls out fewer slots, so a dearer reading is noise
+        # (dbff6fe, H100 greedy B = 2: K' = 7's 0.36 ms against K' = 15's 0.16 chose K' = 15 in 80% of steps, 1.27x)
+        longer = [self.excess_ms(str(k)) for k in self.candidates
+                  if k > kk and len(self.excess.get(str(k), [])) >= MIN_OWN]
+        return self.device_cost_ms(kk) + min([self.excess_ms(str(kk) if len(own) >= MIN_OWN else "spec")] + longer)
 
     def excess_ms(self, key: str) -> float:
         return _median(self._samples(key))

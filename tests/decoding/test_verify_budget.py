@@ -159,6 +159,12 @@ def test_each_k_is_costed_by_its_own_samples_once_it_has_them():
     # K' = 7 has no samples of its own: its kind's median (mostly K' = 3's)
     assert run.cost_ms(7) == pytest.approx(run.device_cost_ms(7) + 0.2)
     assert set(run.report()["excess_ms"]) == {"spec", "15", "3"}
+    # a shorter verify rolls out fewer slots: its own reading over a longer K''s is noise, capped there (dbff6fe,
+    # H100, greedy B = 2: K' = 7 read 0.36 ms against K' = 15's 0.16, and 80% of the steps verified 15 drafts, 1.27x
+    # the target alone against 1.37x at K' = 7 in the run before)
+    for _ in range(MIN_OWN):
+        run.add_wall(7, run.device_cost_ms(7) + 3.0)
+    assert run.cost_ms(7) == pytest.approx(run.device_cost_ms(7) + 2.0) and run.cost_ms(7) < run.cost_ms(15)
 
 
 def test_tick_samples_each_step_under_its_own_k(monkeypatch):
