@@ -23,10 +23,9 @@ alone) the best choice: a speculative batch is then never slower than the target
 On CUDA the cost of a step is also read off the wall clock: a step's time from one `tick` to the next
 includes what the device-side costs leave out (the host's bookkeeping between steps, eager launches),
 and the median of each kind's recent excess (plain steps, speculative steps; a K' with samples of its
-own, its own, capped by a longer K''s own) is added to the device-side cost of that kind, so the choice
-compares whole steps. A kind not yet seen adds nothing (it looks cheap, so it gets tried and measured).
-A plain step is costed by the
-target alone's lean loop ("lean": no features captured, nothing written to the drafter) once that has
+own, its own, at most a longer K''s) is added to the device-side cost of that kind, so the choice compares
+whole steps. A kind not yet seen adds nothing (it looks cheap, so it gets tried and measured). A plain step
+is costed by the target alone's lean loop ("lean": no features captured, nothing written to the drafter) once that has
 samples: choosing K' = 0 leads there after COMMIT_AFTER steps, and a plain step through the chain costs
 more (1.12 against ~0.6 ms of excess at B = 64 in d5c6fde's run), which made K' = 0 look worse than it is.
 Before the lean loop has samples, K' = 0 takes the smaller of the plain and speculative excess: the lean
@@ -474,10 +473,8 @@ class BudgetRun:
         propose, per_slot = own or (costs.propose(self.batch) or 0.0, costs.rollout(self.batch))
         return propose + per_slot * kk + costs.step(self.batch, kk + 1)
 
-    def cost_ms(self, kk: int) -> float:
-        """The device-side cost and, with the wall clock on, the measured excess: K''s own once it has
-        MIN_OWN samples (a longer verify rolls out and books more), else its kind's; at most a longer K''s own."""
-        own = self.excess.get(str(kk), [])
+    def cost_ms(self, kk: int, spec_excess: Optional[dict[int, float]] = None) -> float:
+        """The device-side cost and, with the wall clock on, the measured excess (K' > 0: `spec_excess`'s)."""
         if kk == 0:
             lean = self._samples("lean", MIN_OWN)
             if lean:  # where K' = 0 leads (module docstring): its own samples, or the nearest size's
@@ -490,11 +487,17 @@ class BudgetRun:
             # 1.08 ms, against a lean step's 0.40) made K' = 0 look dear at B = 32, which then speculated
             # at 0.78x the target alone's speed
             return self.device_cost_ms(0) + _median(self.excess.get("plain", []))
-        # never more than a longer K''s own: a shorter verify rolls out fewer slots, so a dearer reading is noise
-        # (dbff6fe, H100 greedy B = 2: K' = 7's 0.36 ms against K' = 15's 0.16 chose K' = 15 in 80% of steps, 1.27x)
-        longer = [self.excess_ms(str(k)) for k in self.candidates
-                  if k > kk and len(self.excess.get(str(k), [])) >= MIN_OWN]
-        return self.device_cost_ms(kk) + min([self.excess_ms(str(kk) if len(own) >= MIN_OWN else "spec")] + longer)
+        return self.device_cost_ms(kk) + (spec_excess or self.spec_excess())[kk]
+
+    def spec_excess(self) -> dict[int, float]:
+        """Each speculative K''s excess: its own with MIN_OWN samples (a longer verify books more), else its kind's;
+        never over a longer K''s own (fewer slots to roll out; dbff6fe, greedy B = 2: 7 read 0.36 ms, 15 0.16)."""
+        out, cap = {}, float("inf")
+        for kk in sorted((k for k in self.candidates if k), reverse=True):
+            own = len(self.excess.get(str(kk), [])) >= MIN_OWN
+            out[kk] = min(self.excess_ms(str(kk) if own else "spec"), cap)
+            cap = out[kk] if own else cap
+        return out
 
     def excess_ms(self, key: str) -> float:
         return _median(self._samples(key))
@@ -577,7 +580,8 @@ class BudgetRun:
             return self.k
         alphas = self.alphas()
         choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
-        return best_budget(alphas, choosable, self.cost_ms,
+        spec_excess = self.spec_excess()  # one median a K' per step, not one per candidate costed
+        return best_budget(alphas, choosable, lambda kk: self.cost_ms(kk, spec_excess),
                            lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
 
     def _explores(self) -> bool:

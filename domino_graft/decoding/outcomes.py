@@ -148,4 +148,3 @@ def apart(spec: list[float], plain: list[float]) -> bool:
 def _mad(rates: list[float]) -> float:
     mid = median_high(rates)
     return median_high([abs(r - mid) for r in rates])
-
