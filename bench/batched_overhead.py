@@ -11,7 +11,11 @@ cProfile of one batched-chain decode (host functions by own time: the device->ho
 `tolist`). Random weights accept almost nothing, so each speculative step is a full-K verify that
 emits one token: the figures are per step, not per token. --temperature T > 0 runs every mode
 sampled (seed 0; rows keyed "B@T"), and --kernel-profile adds a torch.profiler table of one
-batched-chain decode (device time by kernel, host time by op).
+batched-chain decode (device time by kernel, host time by op). --phases K1,K2 splits a batched-chain
+step verifying K' drafts (a fixed budget per K') into its phases, timed on the device by CUDA events
+recorded around each host call (`phase_times`): the drafter's propose (the pending context written
+first), the head's rollout, the target's forward, the verify's accept rule, and "host", the device's
+idle time from one step's verify to the next step's propose (the sync, the bookkeeping, launches).
 """
 
 from __future__ import annotations
@@ -82,6 +86,64 @@ def kernel_profile(fn, top: int = 25) -> dict:
             "host_self_ms_by_op": [[e.key[:90], e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in host]}
 
 
+class _Timed:
+    """Forwards attribute access to `inner`, timing the named methods by CUDA events on the current stream."""
+
+    def __init__(self, inner, names, log):
+        self._inner, self._names, self._log = inner, names, log
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in self._names:
+            return attr
+        return _timed(attr, self._names[name], self._log)
+
+
+def _timed(fn, label, log):
+    def call(*a, **kw):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn(*a, **kw)
+        end.record()
+        log.append((label, start, end))
+        return out
+    return call
+
+
+def phase_times(engine, prompts, kw, kk: int) -> dict:
+    """ms per step of each phase of one batched-chain decode verifying `kk` drafts a step (module
+    docstring), from CUDA events around the drafter's propose, the rollout, the target's forward and
+    the accept rule; "host" is the device time between one step's accept rule and the next propose."""
+    from domino_graft.decoding import batched
+    from domino_graft.decoding.budget import VerifyBudget
+
+    log: list = []
+    saved = (batched.static_batch_drafter, batched.ragged_target, batched.verify_chain, engine.rollout)
+    batched.static_batch_drafter = lambda *a: _Timed(saved[0](*a), {"propose": "propose"}, log)
+    batched.ragged_target = lambda *a: _Timed(saved[1](*a), {"step": "target"}, log)
+    batched.verify_chain = _timed(saved[2], "accept", log)
+    engine.rollout = _timed(saved[3], "rollout", log)
+    try:
+        budget = VerifyBudget.parse(str(kk))
+        engine.speculative_batch(prompts, budget=budget, **kw)  # shapes warmed
+        log.clear()
+        res = engine.speculative_batch(prompts, budget=budget, **kw)
+        torch.cuda.synchronize()
+    finally:
+        batched.static_batch_drafter, batched.ragged_target, batched.verify_chain = saved[:3]
+        engine.rollout = saved[3]
+    steps = max(r.target_forwards for r in res) - 1
+    out: dict = {}
+    prev_end = None
+    for label, start, end in log:
+        out[label] = out.get(label, 0.0) + start.elapsed_time(end)
+        if label == "propose" and prev_end is not None:
+            out["host"] = out.get("host", 0.0) + prev_end.elapsed_time(start)
+        if label == "accept":
+            prev_end = end
+    return {k: round(v / steps, 4) for k, v in out.items()} | {"steps": steps}
+
+
 def main(argv=None) -> int:
     from domino_graft.decoding.budget import VerifyBudget
 
@@ -91,6 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--kernel-profile", action="store_true")
+    p.add_argument("--phases", default="", help="K' values (comma-separated) whose steps are split into phases")
+    p.add_argument("--no-cprofile", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from domino_graft.sampling import Sampling
@@ -116,14 +180,18 @@ def main(argv=None) -> int:
             fn()  # compile, capture
             row[f"{name}_ms_per_step"] = round(min(per_step(fn, lambda r: r) for _ in range(3)), 4)
             print(f"B={b} {name}: {row[f'{name}_ms_per_step']} ms/step", flush=True)
-        prof = cProfile.Profile()
-        prof.enable()
-        engine.speculative_batch(prompts, **kw)
-        prof.disable()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-        row["cprofile_batched_chain_full"] = s.getvalue().splitlines()[:60]
-        print("\n".join(row["cprofile_batched_chain_full"][:45]), flush=True)
+        for kk in [int(x) for x in args.phases.split(",") if x]:
+            row[f"phases_ms_per_step_k{kk}"] = phase_times(engine, prompts, kw, kk)
+            print(f"B={b} K'={kk} phases: {row[f'phases_ms_per_step_k{kk}']}", flush=True)
+        if not args.no_cprofile:
+            prof = cProfile.Profile()
+            prof.enable()
+            engine.speculative_batch(prompts, **kw)
+            prof.disable()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+            row["cprofile_batched_chain_full"] = s.getvalue().splitlines()[:60]
+            print("\n".join(row["cprofile_batched_chain_full"][:45]), flush=True)
         if args.kernel_profile:
             row["kernel_profile_batched_chain_full"] = kernel_profile(lambda: engine.speculative_batch(prompts, **kw))
             print(json.dumps(row["kernel_profile_batched_chain_full"], indent=1), flush=True)
