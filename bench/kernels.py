@@ -125,6 +125,22 @@ def sample_logits(s, smoke):
             lambda: FusedRollout._sample(filtered_probs(logits, 1.0, 0, 1.0), None, u, q, tok, 1))
 
 
+def verify_sampled(s, smoke):
+    """Speculative sampling's accept rule at B = 16, K = 3, T = 1 (four launches), against the torch rule
+    (decoding/verify.py's verify_sampling: warp, gathers, residual, multinomial)."""
+    from domino_graft.decoding.verify import verify_sampling
+    from domino_graft.kernels.head.verify_sampled import verify_sampled as kernel
+    from domino_graft.sampling import warp
+
+    v, b, k = s["v"], 16, 3
+    logits = torch.randn(b, k + 1, v, device=_dev())
+    q = torch.softmax(torch.randn(b, k, v, device=_dev()), -1)
+    drafts = torch.randint(0, v, (b, k), device=_dev())
+    u, w = torch.rand(b, k, device=_dev()), torch.rand(b, device=_dev())
+    return (f"B=16 K=3 V={v} T=1", lambda: kernel(logits, q, drafts, 1.0, u, w),
+            lambda: verify_sampling(warp(logits, 1.0), q, drafts, None))
+
+
 def _rollout(s, smoke, name, **kw):
     from domino_graft.head import DominoHead, HeadSpec
     from domino_graft.kernels.head import make_rollout, reference_rollout
@@ -178,7 +194,7 @@ def head_ce(s, smoke):
 
 # kernel name (its module's name under kernels/engine or kernels/head) -> entry
 ENTRIES = {f.__name__: f for f in (small_linear, decode_attention, row_norm, pdl, domino_rollout, triton_rollout, sample_rows,
-                                   sample_logits, triton_persistent, head_ce)}
+                                   sample_logits, verify_sampled, triton_persistent, head_ce)}
 
 
 def main(argv=None) -> int:

@@ -55,12 +55,32 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gene
     return n_acc, sample(dist, generator)
 
 
+def _fused_fits(sampling, logits: torch.Tensor) -> bool:
+    """Whether the fused accept rule applies (CUDA, Triton importable, a temperature-only warp)."""
+    if not logits.is_cuda:
+        return False
+    try:
+        from domino_graft.kernels.head.verify_sampled import fits
+    except ImportError:  # no Triton: the torch rule
+        return False
+    return fits(sampling.temperature, sampling.top_k, sampling.top_p, logits)
+
+
 def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[torch.Tensor], sampling,
                  generator: Optional[torch.Generator]):
     """Either rule by `sampling` (a sampling.Sampling): greedy, or speculative sampling with the
     target's logits [B, K+1, V] warped exactly as target-only sampling warps them (the one
-    `warp()`); q [B, K, V] is the rollout's (None when greedy). -> (n_acc [B], next [B])."""
+    `warp()`); q [B, K, V] is the rollout's (None when greedy). -> (n_acc [B], next [B]).
+    A temperature-only warp on CUDA runs the same rule fused (kernels/head/verify_sampled.py: four
+    launches where the torch rule takes ~20 kernels a step; its uniforms: u [B, K], then w [B] for the draw)."""
     if sampling.greedy:
         return verify_greedy(target_logits, drafts)
+    if drafts.shape[1] and _fused_fits(sampling, target_logits):
+        from domino_graft.kernels.head.verify_sampled import verify_sampled
+
+        b, k = drafts.shape
+        u = torch.rand(b, k, device=target_logits.device, generator=generator)
+        w = torch.rand(b, device=target_logits.device, generator=generator)
+        return verify_sampled(target_logits, q.float(), drafts, sampling.temperature, u, w)
     p = warp(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
     return verify_sampling(p, q, drafts, generator)

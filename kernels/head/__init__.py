@@ -1,7 +1,8 @@
 """The Domino head's kernels: its rollout at decode time, its cross-entropy at training time.
 
 Importing this package needs torch only: the Triton programs (`triton_rollout.py`,
-`triton_persistent.py`, `sample_rows.py`: a sampled slot's draw) are imported when they are used.
+`triton_persistent.py`, `sample_rows.py`: a sampled slot's draw, `verify_sampled.py`: the sampled accept
+rule) are imported when they are used.
 """
 
 from .domino_rollout import (
