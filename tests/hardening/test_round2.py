@@ -646,7 +646,13 @@ def test_signal_during_export_leaves_nothing(sig, rc, said, runs, tmp_path, monk
 
     monkeypatch.setattr(export, "self_check", signalled)
     monkeypatch.chdir(tmp_path)
-    assert main(["export", str(runs["dflash"]), "-o", "b", "--dtype", "fp32"]) == rc
+    # Python's own Ctrl-C handler, as a terminal's command has it: a suite started in the background of a
+    # non-interactive shell (`pytest &`) inherits SIGINT ignored, and Python then keeps it ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["export", str(runs["dflash"]), "-o", "b", "--dtype", "fp32"]) == rc
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
