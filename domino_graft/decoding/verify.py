@@ -71,8 +71,9 @@ def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[
     """Either rule by `sampling` (a sampling.Sampling): greedy, or speculative sampling with the
     target's logits [B, K+1, V] warped exactly as target-only sampling warps them (the one
     `warp()`); q [B, K, V] is the rollout's (None when greedy). -> (n_acc [B], next [B]).
-    A temperature-only warp on CUDA runs the same rule fused (kernels/head/verify_sampled.py: four
-    launches where the torch rule takes ~20 kernels a step; its uniforms: u [B, K], then w [B] for the draw)."""
+    With DOMINO_GRAFT_VERIFY_SAMPLED=1 a temperature-only warp on CUDA runs the same rule fused
+    (kernels/head/verify_sampled.py: four launches where the torch rule takes ~20 kernels a step; its
+    uniforms: u [B, K], then w [B] for the draw); off until a GPU has timed it."""
     if sampling.greedy:
         return verify_greedy(target_logits, drafts)
     if drafts.shape[1] and _fused_fits(sampling, target_logits):

@@ -21,8 +21,10 @@ The draw is `reference.inverse_cdf`'s rule (up to the sums' order: at a rounding
 index), never an entry of zero mass. Uniforms: u [B, K] for the accepts, then w [B] for the draw, both from
 the decode's generator (torch.rand), where the reference draws u and then calls torch.multinomial.
 
-`fits(sampling, logits)` says whether it applies (CUDA, or anywhere under TRITON_INTERPRET=1; top_k off and
-top_p 1); `verify_sampling` uses it unless ``DOMINO_GRAFT_VERIFY_SAMPLED=0``.
+`applies(temperature, top_k, top_p, logits)` says whether it can run (CUDA, or anywhere under
+TRITON_INTERPRET=1; top_k off and top_p 1); `fits` adds ``DOMINO_GRAFT_VERIFY_SAMPLED=1``: decoding/verify.py's
+`verify_chain` takes it only with that switch until a GPU has timed it against the torch rule
+(experiments/verify_sampled_check.sh), as `sample_rows` waits.
 tests/kernels/test_verify_sampled.py checks it against the reference in the interpreter (n_acc exactly on
 the same uniforms, the draw's distribution by chi-square with a wrong-distribution control);
 bench/kernels.py verify_sampled times it against the torch rule.
@@ -130,16 +132,19 @@ def _draw(X, Q, MX, SX, NACC, RS, RL, PS, PL, W, NXT, V, K, C, s_xb, s_xt, s_qb,
     tl.store(NXT + row, tl.where(found, out, tl.max(lasts, axis=0)).to(tl.int64))
 
 
-def fits(temperature: float, top_k, top_p, logits: torch.Tensor) -> bool:
-    """Whether `verify_sampled` does this verify: a temperature-only warp (top_k off or >= V, top_p 1)
-    of float logits [B, K + 1, V] (K >= 1) on CUDA (anywhere under TRITON_INTERPRET=1), unless
-    DOMINO_GRAFT_VERIFY_SAMPLED=0."""
-    if os.environ.get("DOMINO_GRAFT_VERIFY_SAMPLED", "1") == "0":
-        return False
+def applies(temperature: float, top_k, top_p, logits: torch.Tensor) -> bool:
+    """Whether the kernels can do this verify: a temperature-only warp (top_k off or >= V, top_p 1) of float
+    logits [B, K + 1, V] (K >= 1) on CUDA (anywhere under TRITON_INTERPRET=1)."""
     vocab = logits.shape[-1]
     return (temperature > 0 and (not top_k or top_k >= vocab) and (top_p is None or top_p >= 1.0)
             and logits.dim() == 3 and logits.shape[1] >= 2 and logits.is_floating_point() and vocab > 0
             and (logits.is_cuda or INTERPRETED))
+
+
+def fits(temperature: float, top_k, top_p, logits: torch.Tensor) -> bool:
+    """Whether decoding takes this path: `applies`, and DOMINO_GRAFT_VERIFY_SAMPLED=1 (off until timed on a
+    GPU: module docstring)."""
+    return os.environ.get("DOMINO_GRAFT_VERIFY_SAMPLED") == "1" and applies(temperature, top_k, top_p, logits)
 
 
 def verify_sampled(logits: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, temperature: float,
@@ -147,7 +152,7 @@ def verify_sampled(logits: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, 
     """logits [B, K + 1, V] (any float dtype, unit stride along V), q [B, K, V] fp32 (unit stride along
     V), drafts [B, K] int64, u [B, K] and w [B] fp32 uniforms in [0, 1) -> (n_acc [B], next [B]) int64.
     block: entries a chunk (a power of two; the interpreter's tests use small ones)."""
-    if not fits(temperature, 0, 1.0, logits):
+    if not applies(temperature, 0, 1.0, logits):
         raise ValueError(f"verify_sampled: logits {tuple(logits.shape)} {logits.dtype} on {logits.device} at "
                          f"temperature {temperature!r} is not valid; valid: float [B, K + 1 >= 2, V] on CUDA, "
                          "temperature > 0")

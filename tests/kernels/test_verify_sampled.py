@@ -5,7 +5,8 @@ CPU (default): Triton's interpreter. On the same uniforms n_acc is the torch rul
 the inverse-CDF index of the reference's distribution (the residual at the first rejection, p_K where every
 draft was accepted); an entry of zero mass is never drawn; the first emitted token of many one-slot verifies
 is distributed as the target's p (chi-square), and a q other than the one the drafts were drawn from (p
-itself) fails that test; bad inputs are refused in one line. GPU (`-m gpu`): the SmolLM2 vocabulary at B = 16, K = 3.
+itself) fails that test; bad inputs are refused in one line; decoding takes it only with
+DOMINO_GRAFT_VERIFY_SAMPLED=1. GPU (`-m gpu`): the SmolLM2 vocabulary at B = 16, K = 3.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if not _CUDA:
 triton = pytest.importorskip("triton")
 
 from domino_graft.kernels.head.reference import inverse_cdf  # noqa: E402
-from domino_graft.kernels.head.verify_sampled import verify_sampled  # noqa: E402
+from domino_graft.kernels.head.verify_sampled import fits, verify_sampled  # noqa: E402
 from domino_graft.sampling import warp  # noqa: E402
 
 DEV = torch.device("cuda" if _CUDA else "cpu")
@@ -128,6 +129,16 @@ def test_bad_inputs_are_refused_in_one_line():
         verify_sampled(args[0], args[1], args[2], 0.0, u.to(DEV), w.to(DEV))
     with pytest.raises(ValueError, match=r"w \(3,\).*valid"):
         verify_sampled(args[0], args[1], args[2], 1.0, u.to(DEV), torch.rand(3).to(DEV))
+
+
+def test_decoding_takes_it_only_when_switched_on(monkeypatch):
+    """Off until a GPU has timed it (module docstring): the switch, then the warp it can do."""
+    logits = torch.zeros(2, 4, 32, device=DEV)
+    monkeypatch.delenv("DOMINO_GRAFT_VERIFY_SAMPLED", raising=False)
+    assert not fits(1.0, 0, 1.0, logits)
+    monkeypatch.setenv("DOMINO_GRAFT_VERIFY_SAMPLED", "1")
+    assert fits(1.0, 0, 1.0, logits) and fits(0.7, 32, None, logits)
+    assert not fits(1.0, 5, 1.0, logits) and not fits(1.0, 0, 0.9, logits) and not fits(1.0, 0, 1.0, logits[:, :1])
 
 
 @pytest.mark.gpu
