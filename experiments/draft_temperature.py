@@ -40,11 +40,10 @@ def main(argv=None) -> int:
     from domino_graft.artifacts.provenance import versions
     from domino_graft.benchmark import encode, read_prompts
     from domino_graft.decoding import Engine
+    from domino_graft.decoding.chat import stop_token_ids
     from domino_graft.loading import load_run_or_bundle
     from domino_graft.sampling import Sampling
-    from domino_graft.decoding.chat import stop_token_ids
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     loaded = load_run_or_bundle(args.run, device="cpu")
     engine = Engine(loaded.target, loaded.adapter, loaded.head, rollout={"name": "torch"},
                     stop_ids=stop_token_ids(loaded.target), kv="auto")

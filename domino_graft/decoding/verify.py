@@ -55,15 +55,16 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gene
     return n_acc, sample(dist, generator)
 
 
-def _fused_fits(sampling, logits: torch.Tensor) -> bool:
-    """Whether the fused accept rule applies (CUDA, Triton importable, a temperature-only warp)."""
+def _fused_rule(sampling, logits: torch.Tensor):
+    """kernels/head/verify_sampled.py's rule where decoding takes it (its `fits`: the switch, a temperature-only
+    warp), else None. CUDA only: under TRITON_INTERPRET=1 the kernels would also run on a CPU, far slower."""
     if not logits.is_cuda:
-        return False
+        return None
     try:
-        from domino_graft.kernels.head.verify_sampled import fits
+        from domino_graft.kernels.head import verify_sampled as fused
     except ImportError:  # no Triton: the torch rule
-        return False
-    return fits(sampling.temperature, sampling.top_k, sampling.top_p, logits)
+        return None
+    return fused.verify_sampled if fused.fits(sampling.temperature, sampling.top_k, sampling.top_p, logits) else None
 
 
 def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[torch.Tensor], sampling,
@@ -76,12 +77,11 @@ def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[
     uniforms: u [B, K], then w [B] for the draw); off until a GPU has timed it."""
     if sampling.greedy:
         return verify_greedy(target_logits, drafts)
-    if drafts.shape[1] and _fused_fits(sampling, target_logits):
-        from domino_graft.kernels.head.verify_sampled import verify_sampled
-
+    fused = _fused_rule(sampling, target_logits)
+    if fused is not None:
         b, k = drafts.shape
         u = torch.rand(b, k, device=target_logits.device, generator=generator)
         w = torch.rand(b, device=target_logits.device, generator=generator)
-        return verify_sampled(target_logits, q.float(), drafts, sampling.temperature, u, w)
+        return fused(target_logits, q.float(), drafts, sampling.temperature, u, w)
     p = warp(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
     return verify_sampling(p, q, drafts, generator)
