@@ -209,7 +209,9 @@ class DrafterAdapter(nn.Module):
         ``prefill`` and the verified block [x_0, d_1..d_K] [B, K+1] to ``observe_block``
         (features may then be None: capture_layers() == ()). Families: DFlash (its context
         K/V), Medusa (the heads on the anchor's predecessor's state), PARD (its LM's own static
-        cache, ids); each one's fast.py says how."""
+        cache, ids); each one's fast.py says how. One that sets ``takes_short_blocks = True`` also
+        takes the features of T < K+1 tokens (a verify budget's K' < K, decoding/chain.py); without
+        it a solo chain verifies all K or none."""
         return None
 
     def static_batch_drafter(self, max_len: int, batch: int):

@@ -210,6 +210,7 @@ class StaticDFlashDrafter:
             self._pending = None
 
     admits_rows = True  # prefill(..., rows=): prompts into freed rows of a batch in flight (serving/batch.py)
+    takes_short_blocks = True  # observe_block of T < K+1 (a verify budget's K' < K): the solo chain's too
 
     def compact(self, rows) -> None:
         """Rows `rows` become rows 0..len(rows)-1: their context K/V and their part of the pending block

@@ -62,15 +62,15 @@ alone's own loop (`_target_steps`: no features captured, nothing written to the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, Output, check_kv, check_prompts, cuda_median_ms, propose_timer, stop_set,
-                     whole_decode)
+from .common import (DecodeResult, Output, check_kv, check_prompts, cuda_median_ms, first_slots, propose_timer,
+                     stop_set, whole_decode)
 from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
@@ -404,8 +404,3 @@ def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: l
         out[t] = cuda_median_ms(lambda: target.step(seq, pos, capture, pos_h), lambda: target.keep(none_kept, 0))
     return out
 
-
-def first_slots(block, kk: int):
-    """The drafter's block cut to its first kk slots (a verify budget's K' < K): slot j reads only
-    slots < j, so the rollout over them is the full block's first kk."""
-    return replace(block, hidden=block.hidden[:, :kk].contiguous(), base_logits=block.base_logits[:, :kk].contiguous())

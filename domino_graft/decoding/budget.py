@@ -639,7 +639,7 @@ class BudgetRun:
 def budget_option(text: str, costs_path: Optional[str], batch_size: int) -> Optional[VerifyBudget]:
     """`--verify-budget` / `--verify-costs` of generate and bench: None for "full" (today's decode),
     else the budget. Batched chains take any budget (decoding/batched.py); at batch size 1 the solo
-    chain takes auto (all K or, for the rest of a decode, none: decoding/chain.py)."""
+    chain takes auto (its candidates: decoding/chain.py)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"--batch-size: {batch_size!r} is invalid; valid: an integer >= 1")
     costs = VerifyCosts.load(costs_path) if costs_path else None

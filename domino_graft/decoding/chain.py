@@ -18,13 +18,16 @@ drafter whose family offers `adapter.static_drafter` keeps its context in static
 tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
 
-A verify budget (`budget=`, decoding/budget.py, its auto mode) decides here between two steps only:
-verify all K, or decode the rest with the target alone (its own loop: no features, no drafter),
-chosen from the running acceptance and the two steps' costs (measured on CUDA: the target's T = 1
-and T = K + 1 forwards, the propose, each step kind's wall-clock excess; a table elsewhere). What a
-decode learns stays with the budget (key "solo"), so the next decode starts from it; one that
-`starts_committed` is `engine.target_only`'s decode outright (no drafter prefill, no features). A
-solo step never verifies 0 < K' < K: drafters' static paths take a full block here.
+A verify budget (`budget=`, decoding/budget.py, its auto mode) chooses each step how many drafts
+it verifies, K' of the candidates (1, 4, 8, 16 tokens a verify: budget.py), from the running
+acceptance and each candidate's cost (measured on CUDA: the target's forward of each length, the
+propose, each step kind's wall-clock excess; a table elsewhere); K' = 0 decodes the rest with the
+target alone (its own loop: no features, no drafter). A step that verifies K' < K rolls out and
+verifies the block's first K' slots only (`first_slots`), the step the batched chain takes; a drafter
+whose static path needs every block whole (``takes_short_blocks`` unset: Medusa's, PARD's) has the
+candidates all K or none. What a decode learns stays with the budget (key "solo"), so the next decode
+starts from it; one that `starts_committed` is `engine.target_only`'s decode outright (no drafter
+prefill, no features).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, positions, propose_timer, stop_set,
-                     whole_decode)
+from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, first_slots, positions,
+                     propose_timer, stop_set, whole_decode)
 from .verify import verify_chain
 
 
@@ -87,10 +90,13 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     anchor = pick(logits, sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
-    _measure_solo_costs(run, k, dev, session, anchor, pos)
+    _measure_solo_costs(run, k, dev, session, anchor, pos, drafter is None or getattr(drafter, "takes_short_blocks",
+                                                                                       False))
     while not done:
+        kk = k  # the drafts this step verifies
         if run is not None:
-            if run.choose() == 0:  # the rest is the target alone's loop: the decode commits
+            kk = run.choose()
+            if kk == 0:  # the rest is the target alone's loop: the decode commits
                 run.commit()
                 forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
                 break
@@ -98,6 +104,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         block = (drafter or adapter).propose(anchor, pos)
         if timer is not None:
             timer.proposed()
+        if kk < k:  # only the first K' slots are rolled out and verified
+            block = first_slots(block, kk)
         drafts, q = engine.rollout(
             engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
             top_p=sampling.top_p, generator=gen, use_head=use_head,
@@ -109,16 +117,16 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         forwards += 1
         n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         if run is not None:  # the step's wall-clock sample, while the device runs it (budget.py `tick`)
-            run.tick(k)
+            run.tick(kk)
         # one device->host sync per step
         host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
         if run is not None:
             if timer is not None:
-                run.add_propose(*timer.read(), slots=k)
-            run.observe(k, [a])
+                run.add_propose(*timer.read(), slots=kk)
+            run.observe(kk, [a])
         accepted.append(a)
-        for j in range(min(a + 1, k)):
+        for j in range(min(a + 1, kk)):
             reached[j] += 1
             accepted_slot[j] += j < a
         done = out.push(draft_ids[:a] + [nxt_id])
@@ -126,7 +134,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
             break
         # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
         session.keep((a + 1,), a + 1)
-        if drafter is not None:  # all K+1: the next block reads only those before its anchor
+        if drafter is not None:  # all K'+1: the next block reads only those before its anchor
             drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
         else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
             adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
@@ -139,13 +147,15 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
                         reached, accepted_slot, kv_path=session.kv_path)
 
 
-def _measure_solo_costs(run, k: int, dev, session, anchor, pos: int) -> None:
-    """The auto budget's candidates here: all K or none; on CUDA the target's T = 1 and T = K + 1
-    costs measured once (`cuda_median_ms`; the cache is rolled back to `pos`)."""
+def _measure_solo_costs(run, k: int, dev, session, anchor, pos: int, short_blocks: bool) -> None:
+    """The auto budget's candidates here: the batched chain's where the drafter takes short blocks
+    (`short_blocks`), else all K or none; on CUDA the target's forward of each candidate's length
+    measured once (`cuda_median_ms`; the cache is rolled back to `pos`)."""
     if run is None:
         return
-    run.candidates = [0, k]
-    todo = sorted({1, k + 1} & set(run.lengths_to_measure()))
+    if not short_blocks:
+        run.candidates = [0, k]
+    todo = sorted({kk + 1 for kk in run.candidates} & set(run.lengths_to_measure()))
     if dev.type == "cuda" and todo:
         measured = {}
         for t in todo:

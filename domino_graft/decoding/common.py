@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -190,3 +190,9 @@ def whole_decode(tokens: int, started: float, captured: bool) -> tuple[int, floa
     "Whole decodes"); (0, 0.0), no sample, where the decode `captured` a CUDA graph: its wall holds the
     capture (and the compiles beside it), as a first decode at a new size or prompt length does."""
     return (0, 0.0) if captured else (tokens, time.perf_counter() - started)
+
+
+def first_slots(block, kk: int):
+    """The drafter's block cut to its first kk slots (a verify budget's K' < K): slot j reads only
+    slots < j, so the rollout over them is the full block's first kk."""
+    return replace(block, hidden=block.hidden[:, :kk].contiguous(), base_logits=block.base_logits[:, :kk].contiguous())

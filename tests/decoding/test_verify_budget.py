@@ -7,7 +7,8 @@
   at batch sizes 1 and 3, for DFlash (its static batch drafter, and nudged through the eager path),
   Medusa and DSpark (eager), with nudged drafters so rows accept ragged counts;
 - T > 0: the first three tokens of every row under budgets 1 and 3 follow the target's exact joint
-  law (chi-square, as test_batched_sampling.py), and the wrong-q control is rejected;
+  law (chi-square, as test_batched_sampling.py), and the wrong-q control is rejected; the same for the
+  solo chain's short verifies (batch size 1, auto choosing K' = 3);
 - DFlash's static drafter given blocks of any length, some with no propose between them (K' = 0),
   proposes what the eager adapter proposes from the same verified context.
 """
@@ -346,6 +347,35 @@ def test_solo_auto_budget_commits_to_the_target_alone_or_verifies_everything():
             [5, 6], max_new_tokens=4, budget=VerifyBudget.parse("auto", dear))
 
 
+@pytest.mark.parametrize("family,kv", [("dflash", "dynamic"), ("dflash", "static"), ("medusa", "static")])
+def test_the_solo_chain_verifies_a_short_block_where_its_drafter_takes_one(monkeypatch, family, kv):
+    """Batch size 1 (decoding/chain.py) has the batched chain's candidates where its drafter takes short blocks:
+    over a table where a 4-token verify costs about a plain step and a whole block many, the solo decode
+    verifies K' = 3 and equals the target alone token for token, through the eager drafter (the HF cache, a
+    nudged drafter that hits) and DFlash's static drafter (the static cache). Medusa's static drafter needs
+    whole blocks (no ``takes_short_blocks``): all K or none, so the same table sends it to the target alone."""
+    from domino_graft.decoding import budget as budget_mod
+
+    monkeypatch.setattr(budget_mod, "WARMUP_STEPS", 0)  # the prior chooses the first step: a static drafter misses
+    target, adapter, head = graft(family, "qwen3", seed=2)
+    k, stops = adapter.num_slots, stop_token_ids(target)
+    prompt = [5, 9, 13, 4, 22]
+    ref = Engine(target, adapter, head, stop_ids=stops).target_only(prompt, max_new_tokens=24).tokens
+    if kv == "dynamic":
+        adapter = RowOracle(adapter, [prompt + ref], [0], 1.0, 1, target.shape.vocab_size)
+    costs = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "4": 1.05, str(k + 1): 9.0}},
+                                   "propose_ms": {"1": 0.05}})
+    engine = Engine(target, adapter, head, stop_ids=stops, kv=kv)
+    got = engine.speculative(prompt, max_new_tokens=24, budget=VerifyBudget.parse("auto", costs))
+    assert got.tokens == ref
+    hist = engine.last_budget["k_hist"]
+    if family == "dflash":
+        assert hist.get("3", 0) > 0, hist
+        assert got.slot_reached[3:] == [0] * (k - 3) and max(got.accepted) <= 3
+    else:
+        assert set(hist) <= {"0", str(k)}, hist
+
+
 def test_a_decode_where_plain_steps_win_runs_the_target_alone_from_its_first_step(monkeypatch):
     """starts_committed (decoding/budget.py): once a batch size has been seen and the shared estimate
     says plain steps win there, its decodes run the target alone's decode outright (no drafter built or
@@ -416,6 +446,31 @@ def test_budgeted_sampling_matches_target_distribution(spec):
     wrong = row_pvalues(engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling, budget=budget), joints)
     assert min(right) > ALPHA, f"budget {spec}: a row deviates from the target: {right}"
     assert max(wrong) < ALPHA, f"budget {spec}: the test cannot tell a wrong q from the right one: {wrong}"
+
+
+def test_the_solo_chains_short_verifies_match_target_distribution():
+    """Batch size 1 at T = 1 over a table where K' = 3 of K = 4 pays (decoding/chain.py): 500 solo decodes a
+    prompt, each its own seed; the first three tokens follow the target's exact joint law, and the wrong-q
+    control is rejected on every prompt (at 400 decodes prompt [4]'s control came within 2x of ALPHA)."""
+    target, adapter, head, joints, sampling, batch = sampled_setup(seed=0, rows_per_prompt=500)
+    costs = VerifyCosts.from_dict({"step_ms": {"1": {"1": 1.0, "4": 1.05, "5": 9.0}}, "propose_ms": {"1": 0.05}})
+    engine = Engine(target, adapter, head)
+
+    def decode():
+        budget, hist = VerifyBudget.parse("auto", costs), {}
+        out = []
+        for i, prompt in enumerate(batch):
+            out.append(engine.speculative(prompt, max_new_tokens=3, sampling=sampling, seed_offset=i, budget=budget))
+            for kk, n in engine.last_budget["k_hist"].items():
+                hist[kk] = hist.get(kk, 0) + n
+        assert hist.get("3", 0) > len(batch), hist  # the warm-up's first steps verify all K, the rest K' = 3
+        return out
+
+    right = row_pvalues(decode(), joints)
+    engine.rollout = wrong_q
+    wrong = row_pvalues(decode(), joints)
+    assert min(right) > ALPHA, f"a row deviates from the target: {right}"
+    assert max(wrong) < ALPHA, f"the test cannot tell a wrong q from the right one: {wrong}"
 
 
 @pytest.mark.parametrize("warmup", [1, 0])
