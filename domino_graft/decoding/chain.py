@@ -24,7 +24,7 @@ acceptance and each candidate's cost (measured on CUDA: the target's forward of 
 propose, each step kind's wall-clock excess; a table elsewhere); K' = 0 decodes the rest with the
 target alone (its own loop: no features, no drafter). A step that verifies K' < K rolls out and
 verifies the block's first K' slots only (`first_slots`), the step the batched chain takes; a drafter
-whose static path needs every block whole (``takes_short_blocks`` unset: Medusa's, PARD's) has the
+whose static path needs every block whole (``takes_short_blocks`` unset: adapters/base.py) has the
 candidates all K or none. What a decode learns stays with the budget (key "solo"), so the next decode
 starts from it; one that `starts_committed` is `engine.target_only`'s decode outright (no drafter
 prefill, no features).

@@ -56,8 +56,8 @@ def verify_sampling(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, gene
 
 
 def _fused_rule(sampling, logits: torch.Tensor):
-    """kernels/head/verify_sampled.py's rule where decoding takes it (its `fits`: the switch, a temperature-only
-    warp), else None. CUDA only: under TRITON_INTERPRET=1 the kernels would also run on a CPU, far slower."""
+    """kernels/head/verify_sampled.py's rule where decoding takes it (its `fits`: a temperature-only warp, the
+    switch not off), else None. CUDA only: under TRITON_INTERPRET=1 the kernels would also run on a CPU, far slower."""
     if not logits.is_cuda:
         return None
     try:
@@ -72,9 +72,9 @@ def verify_chain(target_logits: torch.Tensor, drafts: torch.Tensor, q: Optional[
     """Either rule by `sampling` (a sampling.Sampling): greedy, or speculative sampling with the
     target's logits [B, K+1, V] warped exactly as target-only sampling warps them (the one
     `warp()`); q [B, K, V] is the rollout's (None when greedy). -> (n_acc [B], next [B]).
-    With DOMINO_GRAFT_VERIFY_SAMPLED=1 a temperature-only warp on CUDA runs the same rule fused
-    (kernels/head/verify_sampled.py: four launches where the torch rule takes ~20 kernels a step; its
-    uniforms: u [B, K], then w [B] for the draw); off until a GPU has timed it."""
+    A temperature-only warp on CUDA runs the same rule fused (kernels/head/verify_sampled.py: four launches
+    where the torch rule takes ~20 kernels a step; its uniforms: u [B, K], then w [B] for the draw);
+    DOMINO_GRAFT_VERIFY_SAMPLED=0 keeps the torch rule."""
     if sampling.greedy:
         return verify_greedy(target_logits, drafts)
     fused = _fused_rule(sampling, target_logits)

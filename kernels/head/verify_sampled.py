@@ -22,9 +22,10 @@ index), never an entry of zero mass. Uniforms: u [B, K] for the accepts, then w 
 the decode's generator (torch.rand), where the reference draws u and then calls torch.multinomial.
 
 `applies(temperature, top_k, top_p, logits)` says whether it can run (CUDA, or anywhere under
-TRITON_INTERPRET=1; top_k off and top_p 1); `fits` adds ``DOMINO_GRAFT_VERIFY_SAMPLED=1``: decoding/verify.py's
-`verify_chain` takes it only with that switch until a GPU has timed it against the torch rule
-(experiments/verify_sampled_check.sh), as `sample_rows` waits.
+TRITON_INTERPRET=1; top_k off and top_p 1); `fits` is what decoding/verify.py's `verify_chain` asks: `applies`,
+unless ``DOMINO_GRAFT_VERIFY_SAMPLED=0``. On by default since an H100 timed it (experiments/verify_sampled_check.sh
+at 2ae368d, bench/results/verify_sampled_h100/): the accept phase 0.158 -> 0.023 ms at B = 1, K' = 3, and
+0.297 -> 0.044 at B = 16, K' = 15; its tests passed on CUDA.
 tests/kernels/test_verify_sampled.py checks it against the reference in the interpreter (n_acc exactly on
 the same uniforms, the draw's distribution by chi-square with a wrong-distribution control);
 bench/kernels.py verify_sampled times it against the torch rule.
@@ -142,9 +143,8 @@ def applies(temperature: float, top_k, top_p, logits: torch.Tensor) -> bool:
 
 
 def fits(temperature: float, top_k, top_p, logits: torch.Tensor) -> bool:
-    """Whether decoding takes this path: `applies`, and DOMINO_GRAFT_VERIFY_SAMPLED=1 (off until timed on a
-    GPU: module docstring)."""
-    return os.environ.get("DOMINO_GRAFT_VERIFY_SAMPLED") == "1" and applies(temperature, top_k, top_p, logits)
+    """Whether decoding takes this path: `applies`, unless DOMINO_GRAFT_VERIFY_SAMPLED=0 (the torch rule)."""
+    return os.environ.get("DOMINO_GRAFT_VERIFY_SAMPLED") != "0" and applies(temperature, top_k, top_p, logits)
 
 
 def verify_sampled(logits: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, temperature: float,
