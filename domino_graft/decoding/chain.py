@@ -90,8 +90,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     anchor = pick(logits, sampling, gen)  # [1]
     pos = n
     done = out.push([int(anchor)])
-    _measure_solo_costs(run, k, dev, session, anchor, pos, drafter is None or getattr(drafter, "takes_short_blocks",
-                                                                                       False))
+    short_blocks = drafter is None or getattr(drafter, "takes_short_blocks", False)  # K' < K: adapters/base.py
+    _measure_solo_costs(run, k, dev, session, anchor, pos, short_blocks)
     while not done:
         kk = k  # the drafts this step verifies
         if run is not None:
@@ -132,7 +132,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         done = out.push(draft_ids[:a] + [nxt_id])
         if done:
             break
-        # the cache now holds pos + K + 1 positions; keep x_0 and the accepted drafts
+        # the cache now holds pos + K' + 1 positions; keep x_0 and the accepted drafts
         session.keep((a + 1,), a + 1)
         if drafter is not None:  # all K'+1: the next block reads only those before its anchor
             drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
