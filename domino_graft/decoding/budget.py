@@ -405,24 +405,23 @@ class BudgetRun:
 
     def add_propose(self, ms: float, rollout_ms: float = 0.0, slots: int = 0) -> None:
         """A step's drafter forward (`ms`) and its rollout of `slots` slots (`rollout_ms`) on the CUDA
-        clock (common.ProposeTimer). Not a sample: one over OUTLIER x the full verify's device cost at this
-        batch size (a graph capture or compile between the events). At 63a585e one such sample, alone in
-        its decode, became B = 4's propose cost (1.9 s) and kept the drafter from speculating there; now
-        the samples of a batch size's decodes add up until MIN_OWN of them set its cost."""
-        costs = self.budget.costs
-        if costs is not None and costs.step_ms and ms + rollout_ms > OUTLIER * costs.step(self.batch, self.k + 1):
-            return
+        clock (common.ProposeTimer). At 63a585e one sample over a graph capture, alone in its decode, became
+        B = 4's propose cost (1.9 s) and kept the drafter from speculating there; now the samples of a batch
+        size's decodes add up, and `_propose_medians` sets its cost from MIN_OWN that are no outliers."""
         self.propose_samples.append(ms)
         self.rollout_samples.append(rollout_ms / slots if slots else 0.0)
 
     def _propose_medians(self) -> Optional[tuple[float, float]]:
-        """(propose ms, rollout ms per slot) of the samples so far, once there are MIN_OWN of them (one
-        sample may be the odd one); else None."""
-        if len(self.propose_samples) < MIN_OWN:
+        """(propose ms, rollout ms per slot): the medians of the samples within OUTLIER x the fastest (one over
+        that held a graph capture or compile), once MIN_OWN are; else None. Until 4a3d5e9 a sample over OUTLIER x
+        the full verify's cost was dropped: a drafter that slow (the GPU tests' tiny target) never got a cost."""
+        lo_p = max(min(self.propose_samples, default=0.0), 1e-3)
+        lo_r = min((r for r in self.rollout_samples if r > 0), default=0.0)  # 0: a step that rolled out no slot
+        kept = [(p, r) for p, r in zip(self.propose_samples, self.rollout_samples)
+                if p <= OUTLIER * lo_p and (not lo_r or r <= OUTLIER * lo_r)]
+        if len(kept) < MIN_OWN:
             return None
-        rollout = sorted(self.rollout_samples)
-        return (sorted(self.propose_samples)[len(self.propose_samples) // 2],
-                rollout[len(rollout) // 2] if rollout else 0.0)
+        return (sorted(p for p, _ in kept)[len(kept) // 2], sorted(r for _, r in kept)[len(kept) // 2])
 
     def _store_propose(self) -> None:
         """The samples' medians into the budget's table as this batch size's costs (once there are enough)."""

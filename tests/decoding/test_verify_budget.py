@@ -751,7 +751,7 @@ def test_a_shrunk_batch_costs_its_own_size_and_a_committed_tail_is_not_a_committ
                                    "propose_ms": {"1": 4.0}})
     budget = VerifyBudget("auto", costs=costs)
     run = budget.start(15, 8, "cuda")
-    run.propose_samples = [0.3, 0.3, 0.3]
+    run.propose_samples, run.rollout_samples = [0.3, 0.3, 0.3], [0.0, 0.0, 0.0]
     for _ in range(4):
         run.observe(run.choose(), [15] * 8)
     assert not run.committed()
@@ -833,26 +833,32 @@ def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
 
 
 def test_a_propose_cost_needs_several_samples_and_skips_outliers():
-    """add_propose: a sample over OUTLIER x the full verify's cost (a graph capture between the events) is
-    not one; the table takes a batch size's propose cost only from MIN_OWN samples, which add up over its
+    """add_propose: a sample over OUTLIER x the fastest (a graph capture between the events) does not count;
+    the table takes a batch size's propose cost only from MIN_OWN samples that do, which add up over its
     decodes (at 63a585e a lone 1.9 s sample became B = 4's cost and kept the drafter plain; a decode that
-    commits after one or two speculative steps still contributes them)."""
+    commits after one or two speculative steps still contributes them). A drafter slower than OUTLIER x the
+    full verify still gets its cost (the GPU test's tiny target: until 4a3d5e9 every sample was dropped)."""
     from domino_graft.decoding.budget import OUTLIER
 
     costs = VerifyCosts.from_dict({"step_ms": {"4": {"1": 1.0, "16": 2.0}}})
     budget = VerifyBudget("auto", costs=costs)
     run = budget.start(15, 4, "cuda")
-    run.add_propose(OUTLIER * 2.0 + 1)  # a capture in between
-    run.add_propose(0.5)
-    assert run.propose_samples == [0.5]
-    assert run.finish() is run and 4 not in costs.propose_ms  # one sample: not the table's
+    run.add_propose(OUTLIER * 2.0 + 1, 1.5, slots=15)  # a capture in between
+    run.add_propose(0.5, 0.15, slots=15)
+    assert run.finish() is run and 4 not in costs.propose_ms  # one sample that counts: not the table's
     run = budget.start(15, 4, "cuda")  # the next decode at B = 4 goes on from it
-    assert run.propose_samples == [0.5] and run.times_propose("cuda")
-    run.add_propose(0.6)
-    run.add_propose(0.7)
-    assert run.device_cost_ms(15) == pytest.approx(0.6 + 2.0)
+    assert run.propose_samples == [OUTLIER * 2.0 + 1, 0.5] and run.times_propose("cuda")
+    run.add_propose(0.6, 0.15, slots=15)
+    run.add_propose(0.7, 0.15, slots=15)
+    assert run.device_cost_ms(15) == pytest.approx(0.6 + 0.15 + 2.0)
     run.finish()
     assert costs.propose_ms[4] == pytest.approx(0.6) and not budget.start(15, 4, "cuda").times_propose("cuda")
+    slow = VerifyBudget("auto", costs=VerifyCosts.from_dict({"step_ms": {"1": {"1": 0.07, "16": 0.08}}}))
+    run = slow.start(15, 1, "cuda")
+    for ms in (0.9, 1.0, 1.1):  # each over OUTLIER x the verify's 0.08 ms
+        run.add_propose(ms, 0.3, slots=15)
+    run.finish()
+    assert slow.costs.propose_ms[1] == pytest.approx(1.0) and slow.costs.rollout_ms[1] == pytest.approx(0.02)
 
 
 def test_fresh_budgets_share_the_targets_costs_and_keep_their_own_proposes():
