@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fused sampled accept rule (kernels/head/verify_sampled.py) on a GPU, in one call (~3 min):
 # its tests on CUDA, its bench entry beside sample_logits', and a sampled batched-chain step split into phases
-# with the torch rule (DOMINO_GRAFT_VERIFY_SAMPLED=0, the default) and the fused one (=1), same shapes.
+# with the torch rule (DOMINO_GRAFT_VERIFY_SAMPLED=0) and the fused one (=1; the default since 3c73677), same shapes.
 #   run: bash experiments/verify_sampled_check.sh   (carry .whl; results under $OUT)
 #   BATCHES=1,16 PHASES=3,15: fewer batch sizes / K' (defaults 1,16,64 and 3,7,15)
 set -uo pipefail
