@@ -54,11 +54,12 @@ def exact_joints(target, warp_: dict) -> list[torch.Tensor]:
 
 
 def row_pvalues(results, joints) -> list[float]:
-    counts = torch.zeros(len(PROMPTS), VOCAB ** 3, dtype=torch.long)
+    """A chi-square p-value per prompt: results[i] decoded the prompt of joints[i % len(joints)]."""
+    counts = torch.zeros(len(joints), VOCAB ** 3, dtype=torch.long)
     for i, r in enumerate(results):
         t0, t1, t2 = r.tokens
-        counts[i % len(PROMPTS), (t0 * VOCAB + t1) * VOCAB + t2] += 1
-    return [chi_square_pvalue(counts[i], joints[i])[1] for i in range(len(PROMPTS))]
+        counts[i % len(joints), (t0 * VOCAB + t1) * VOCAB + t2] += 1
+    return [chi_square_pvalue(counts[i], joints[i])[1] for i in range(len(joints))]
 
 
 @pytest.mark.parametrize("top_p,seed", [(1.0, 0), (0.8, 2)])
