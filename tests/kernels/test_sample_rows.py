@@ -1,7 +1,7 @@
 """kernels/head/sample_rows.py: one inverse-CDF draw per row, against `reference.inverse_cdf`.
 
 CPU (default): Triton's interpreter, fp32. The same index as the reference's flat search for the
-same uniforms (up to a neighbouring index at a rounding boundary), never an entry of probability 0
+same uniforms (at a rounding boundary another index, with only rounding-sized mass between the two), never an entry of probability 0
 (whole zero chunks, zeros at the top, u at both ends), the distribution by a chi-square test that a
 wrong distribution fails, and bad inputs refused in one line. GPU (`-m gpu`): the same at the
 SmolLM2 vocabulary and B = 16.
@@ -24,6 +24,7 @@ from domino_graft.kernels.head.reference import inverse_cdf  # noqa: E402
 from domino_graft.kernels.head.sample_rows import BLOCK, sample_rows  # noqa: E402
 
 DEV = torch.device("cuda" if _CUDA else "cpu")
+BETWEEN_MASS = 1e-5  # fp32 running sums of up to 49,152 entries differ by far less
 
 
 def _rows(n, m, seed, scale=3.0):
@@ -35,7 +36,12 @@ def _check_against_reference(n, m, seed, block=BLOCK):
     probs, u = _rows(n, m, seed)
     got, ref = sample_rows(probs, u, block=block), inverse_cdf(probs, u)
     assert got.dtype == torch.int64 and got.shape == (n,)
-    assert (got - ref).abs().max() <= 1
+    # at a rounding boundary the two sums' orders can pick different indices; then only entries of
+    # rounding-sized mass lie strictly between them (at M = 49,152 a few near-zero entries can: the H100)
+    lo, hi = torch.minimum(got, ref), torch.maximum(got, ref)
+    cols = torch.arange(m, device=DEV)[None, :]
+    between = (probs * ((cols > lo[:, None]) & (cols < hi[:, None]))).sum(1)
+    assert between.max() <= BETWEEN_MASS, f"mass between the kernel's and the reference's index: {between.max():.3g}"
     assert (got == ref).float().mean() >= 0.9
     # zero chunks, zeros at the top and in between, u at both ends: never an entry of probability 0
     sparse = probs.clone()
