@@ -69,8 +69,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, Output, check_kv, check_prompts, cuda_median_ms, first_slots, propose_timer,
-                     stop_set, whole_decode)
+from .common import (DecodeResult, LiveMask, Output, check_kv, check_prompts, cuda_median_ms, first_slots,
+                     propose_timer, stop_set, whole_decode)
 from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
@@ -196,12 +196,13 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
     # the bookkeeping of plain steps is done once, after the loop: per step it was host time the target
     # alone does not spend (budget.py LEAN_TIMED)
     every, forwards_before, steps = list(rows), [row.forwards for row in rows], 0
+    mask = LiveMask(dev)
     while any(live):
         logits, _ = target.step(tok[:, None], pos, (), pos_h)
-        live_t = torch.tensor(live, device=dev)
-        target.keep(live_t.long(), 1)
-        tok = torch.where(live_t, pick(logits[:, -1], sampling, gen), tok)
-        pos = pos + live_t.long()
+        live_t = mask.of(live)
+        target.keep(live_t.long, 1)
+        tok = torch.where(live_t.on, pick(logits[:, -1], sampling, gen), tok)
+        pos = pos + live_t.long
         if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean"), taken
             run.tick(0, lean=True)  # while the device runs the step just launched (budget.py `tick`)
         pos_h = [p + on for p, on in zip(pos_h, live)]
@@ -311,6 +312,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     pos = torch.tensor(pos_h, device=dev)
     live = _push_each(rows, [[t] for t in anchor.tolist()], None, t0)
     offs = torch.arange(k + 1, device=dev)
+    mask = LiveMask(dev)
 
     def measure_costs():  # the target's cost of each candidate length at this batch size, where not known yet
         if run is not None and dev.type == "cuda":
@@ -365,7 +367,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         if not any(live):
             break
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
-        kept = torch.where(torch.tensor(live, device=dev), n_acc + 1, 0)
+        kept = torch.where(mask.of(live).on, n_acc + 1, 0)
         longest = max(a + 1 for a, on in zip(n_acc_h, live) if on)
         target.keep(kept, longest)
         if drafter is not None:  # all K'+1 of every row, finished ones too (at their last position)

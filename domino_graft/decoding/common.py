@@ -192,6 +192,24 @@ def whole_decode(tokens: int, started: float, captured: bool) -> tuple[int, floa
     return (0, 0.0) if captured else (tokens, time.perf_counter() - started)
 
 
+class LiveMask:
+    """Which rows of a batch go on, mirrored on the device: copied there again only when the host list
+    changes. Rows end a few times a decode; a copy every step (torch.tensor(live, device=...)) was host
+    time between a step's sync and its next launches, where the device waits."""
+
+    def __init__(self, device):
+        self.device = device
+        self._host: Optional[list[bool]] = None
+        self.on = self.long = None  # bool [B] and its 0/1 long
+
+    def of(self, live: list[bool]) -> "LiveMask":
+        if live != self._host:
+            self._host = list(live)
+            self.on = torch.tensor(self._host, device=self.device)
+            self.long = self.on.long()
+        return self
+
+
 def first_slots(block, kk: int):
     """The drafter's block cut to its first kk slots (a verify budget's K' < K): slot j reads only
     slots < j, so the rollout over them is the full block's first kk."""
