@@ -8,6 +8,7 @@ is ~200 launches chained by PDL (kernels/engine/pdl.py), which cuBLAS's kernels 
 same graphed forward (fast.GraphRunner, random bf16 weights, context --context) under each tier rule:
 
 * ``default``: the engine's rules as shipped;
+* ``before``: the rules before 64 x 16 tiles for small models' 64-255 rows and CUBLAS_MIN_WEIGHT_BYTES;
 * ``no_cublas``: small_linear.CUBLAS_ROWS off (the Triton tiers at every M);
 * ``few_rows``: no cuBLAS and no many-rows tiles (the 16-row tier at every M);
 * ``cublas``: every projection through F.linear (DOMINO_GRAFT_LINEARS=torch; not batch-invariant);
@@ -38,7 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import engine_speed  # noqa: E402  (row configs, random models, timing)
 
-VARIANTS = ("default", "no_cublas", "few_rows", "cublas", "m64n16", "m32n16", "m64n32", "m64n16_no_cublas")
+VARIANTS = ("default", "before", "no_cublas", "few_rows", "cublas", "m64n16", "m32n16", "m64n32", "m64n16_no_cublas")
 # the SmolLM2 projections' weights [N, K] (+ "swiglu"): the keys of small_linear's tables
 SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576, "swiglu"), "down": (576, 1536)}
 # tile variants: (BLOCK_M, BLOCK_N) for every SmolLM2 projection from 32 rows on, BLOCK_K 64, 4 warps, 4 stages.
@@ -50,10 +51,21 @@ TILES = {"m64n16": (64, 16), "m32n16": (32, 16), "m64n32": (64, 32), "m64n16_no_
 def set_variant(sl, variant: str, saved: dict) -> None:
     """The tier rule `variant` (module docstring), on small_linear's module globals (read at each call)."""
     sl.CUBLAS_ROWS, sl.WIDE_FROM_ROWS = saved["CUBLAS_ROWS"], saved["WIDE_FROM_ROWS"]
-    sl.clear_configs()
+    sl.CUBLAS_MIN_WEIGHT_BYTES = saved["CUBLAS_MIN_WEIGHT_BYTES"]
+    for name in ("MEASURED_WIDE_SM90", "_measured_wide"):  # (FastLM's setup copies the first into the second)
+        getattr(sl, name).clear()
+        getattr(sl, name).update(saved[name])
+    if variant == "before":  # the rules until 64 x 16 tiles (_SMALL_MID) and CUBLAS_MIN_WEIGHT_BYTES came in
+        sl.CUBLAS_MIN_WEIGHT_BYTES = 0
+        for key in SMOLLM2.values():
+            table = sl.MEASURED_WIDE_SM90[key]
+            if table[0][1] == sl._SMALL_MID:
+                old = ((table[0][0], sl._wide(64, 64, 4, 4, 64)),) + table[2:]
+                sl.MEASURED_WIDE_SM90[key] = sl._measured_wide[key] = old
+    sl.WIDE.clear()  # (not TUNED: the engine's setup tuned the few-row tier once; clear_configs() lost it)
     sl._CUBLAS_SAME.clear()
     os.environ.pop("DOMINO_GRAFT_LINEARS", None)
-    if variant in ("no_cublas", "few_rows", "m64n16_no_cublas"):
+    if variant in ("no_cublas", "few_rows", "m64n16_no_cublas"):  # (the tile variants' qkv: default's rule)
         sl.CUBLAS_ROWS = False
     if variant == "few_rows":
         sl.WIDE_FROM_ROWS = 1 << 30
@@ -119,7 +131,10 @@ def main() -> int:
 
     batches = [int(v) for v in args.batches.split(",")]
     tokens = [int(v) for v in args.tokens.split(",")]
-    saved = {"CUBLAS_ROWS": sl.CUBLAS_ROWS, "WIDE_FROM_ROWS": sl.WIDE_FROM_ROWS}
+    sl.use_measured_configs(torch.device("cuda"))
+    saved = {"CUBLAS_ROWS": sl.CUBLAS_ROWS, "WIDE_FROM_ROWS": sl.WIDE_FROM_ROWS,
+             "CUBLAS_MIN_WEIGHT_BYTES": sl.CUBLAS_MIN_WEIGHT_BYTES, "_measured_wide": dict(sl._measured_wide),
+             "MEASURED_WIDE_SM90": dict(sl.MEASURED_WIDE_SM90)}
     cfg = engine_speed.load_config(engine_speed.ROWS[args.shape])
     model = engine_speed.build_model(cfg, args.seed)
     bmax, max_len = max(batches), args.context + max(tokens) + 64

@@ -373,6 +373,13 @@ def _wide(bn: int, bk: int, warps: int, stages: int, bm: int, split: int = 1, in
     return Config(bn, bk, split, warps, stages, BLOCK_M=bm, SPLIT_INLINE=inline)
 
 
+# A small model's projections at 64-255 rows (a verify of 4-16 tokens at B = 4-16): 64 x 16 tiles. There the
+# 16-row tier runs 4+ M tiles of N / 16 programs (SmolLM2's gate_up: 384, over one wave of 132 SMs) and the probe's
+# 64 x 64 tiles leave 9-48 programs each walking all of K; in SmolLM2's graphed forward on an H100 these tiles
+# (with cuBLAS off for q/k/v: CUBLAS_MIN_WEIGHT_BYTES) took 1.07-1.17 ms at 64-128 rows against 1.18-1.30
+# (experiments/linear_tiers.py, bench/results/linear_tiers_h100/), and lost at 32 rows and from 256.
+_SMALL_MID = _wide(16, 64, 4, 4, 64)
+
 # bench/linear_rows_probe.py's winners on an H200 (bench/results/linear_rows_probe_h200.json.gz, bf16), by
 # the rows of a call: (from_rows, tiles) ascending, each the fastest tile at the probe's M = from_rows
 # among tiles that keep the few-row K ranges (every candidate gave the few-row tier's bits on all 1,024
@@ -389,11 +396,12 @@ MEASURED_WIDE_SM90: dict[tuple, tuple[tuple[int, Config], ...]] = {
     (151936, 4096): ((64, _wide(128, 64, 4, 3, 64)), (128, _wide(128, 128, 8, 3, 128)),  # lm_head
                      (256, _wide(128, 64, 8, 3, 256)), (512, _wide(256, 64, 8, 4, 128)),
                      (1024, _wide(128, 64, 8, 3, 256))),
-    (960, 576): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_qkv
-    (576, 576): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_o
-    (3072, 576, "swiglu"): ((64, _wide(64, 64, 4, 4, 64)), (512, _wide(64, 64, 4, 4, 128)),  # smollm2_gate_up
-                            (1024, _wide(128, 64, 8, 3, 128))),
-    (576, 1536): ((64, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_down
+    # SmolLM2's: 64 x 16 tiles below 256 rows (`_SMALL_MID`), then the probe's
+    (960, 576): ((64, _SMALL_MID), (256, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_qkv
+    (576, 576): ((64, _SMALL_MID), (256, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_o
+    (3072, 576, "swiglu"): ((64, _SMALL_MID), (256, _wide(64, 64, 4, 4, 64)),  # smollm2_gate_up
+                            (512, _wide(64, 64, 4, 4, 128)), (1024, _wide(128, 64, 8, 3, 128))),
+    (576, 1536): ((64, _SMALL_MID), (256, _wide(64, 64, 4, 4, 64)), (1024, _wide(128, 64, 8, 4, 64))),  # smollm2_down
     (49152, 576): ((64, _wide(128, 64, 4, 3, 64)), (256, _wide(128, 64, 8, 3, 128))),  # smollm2_lm_head
 }
 _measured_wide: dict[tuple, tuple[tuple[int, Config], ...]] = {}
@@ -461,6 +469,10 @@ def plan(n: int, k: int, rows: int, *, swiglu: bool = False, dtype: torch.dtype 
 # A row's bits therefore never depend on which of the two ran it. DOMINO_GRAFT_CUBLAS_ROWS=0: never.
 CUBLAS_ROWS = os.environ.get("DOMINO_GRAFT_CUBLAS_ROWS") != "0"  # read once: the check runs on every call
 CUBLAS_FROM_ROWS = BLOCK_M + 1  # one 16-row tile and below: this kernel is the faster (the LM head: 278 vs 298 us)
+# and only for weights this large: a smaller one's call takes a few microseconds, and cuBLAS's kernel, which does
+# not join the PDL chain (kernels/engine/pdl.py), cost more than it saved (SmolLM2's q/k/v [960, 576] at 64-128 rows,
+# H100: experiments/linear_tiers.py; its LM head, 56 MB, and every Qwen3-8B weight stay on cuBLAS)
+CUBLAS_MIN_WEIGHT_BYTES = 8 << 20
 _CUBLAS_SAME: dict[tuple, bool] = {}
 
 
@@ -473,6 +485,7 @@ def cublas_gives_same_bits(x2: torch.Tensor, w: torch.Tensor, bias, cfg: Config,
     (w's shape and strides, M, dtypes, alignment) on seeded random rows against ``_launch``."""
     m, k = x2.shape
     if (m < CUBLAS_FROM_ROWS or cfg.SPLIT != 1 or INTERPRETED or not x2.is_cuda or not x2.is_contiguous()
+            or w.numel() * w.element_size() < CUBLAS_MIN_WEIGHT_BYTES
             or x2.dtype not in (torch.bfloat16, torch.float16) or (bias is not None and bias.dtype != x2.dtype)
             or not CUBLAS_ROWS):
         return False  # (an fp32 bias beside 16-bit x: F.linear refuses mixed dtypes)

@@ -457,8 +457,10 @@ BITS_MS = (1, 15, 16, 17, 33, 63, 64, 65, 128, 129, 255, 256, 300, 512, 1024)
 @pytest.mark.skipif(not _CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("shape", [(6144, 4096, False, False), (4096, 4096, False, True),
                                    (24576, 4096, True, False), (4096, 12288, False, True),
-                                   (151936, 4096, False, False), (960, 576, False, False)],
-                         ids=["qkv", "o", "gate_up", "down", "lm_head", "smollm2_qkv"])
+                                   (151936, 4096, False, False), (960, 576, False, False),
+                                   (576, 576, False, True), (3072, 576, True, False), (576, 1536, False, True)],
+                         ids=["qkv", "o", "gate_up", "down", "lm_head", "smollm2_qkv", "smollm2_o",
+                              "smollm2_gate_up", "smollm2_down"])
 def test_gpu_a_rows_bits_are_the_same_at_every_m(shape):
     """The engine's path (config=None: the few-row tier below WIDE_FROM_ROWS rows, the many-rows
     tier from there) at Qwen3-8B's and SmolLM2's shapes with the H200's measured tables: rows 0,
@@ -479,6 +481,23 @@ def test_gpu_a_rows_bits_are_the_same_at_every_m(shape):
                 assert torch.equal(y[j], want), f"{shape}: row {j} at M = {m} differs from the row alone"
         last = op(x[m - 1:m], r[m - 1:m])[0]
         assert torch.equal(y[m - 1], last), f"{shape}: the last row of M = {m} differs from the row alone"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+def test_gpu_small_weights_never_go_to_cublas():
+    """CUBLAS_MIN_WEIGHT_BYTES: SmolLM2's q/k/v weight (1.1 MB) stays on the Triton tiers at every M (no cuBLAS
+    check runs), its LM head (56 MB) is checked at 64 rows."""
+    dev = torch.device("cuda")
+    S.use_measured_configs(dev)
+    S._CUBLAS_SAME.clear()
+    for m in (17, 64, 128, 256, 1024):
+        x, w = _problem(m, 960, 576, seed=m, dtype=torch.bfloat16, device=dev)[:2]
+        S.small_linear(x, w)
+    assert not S._CUBLAS_SAME, "a small weight was checked for cuBLAS"
+    x, w = _problem(64, 49152, 576, seed=1, dtype=torch.bfloat16, device=dev)[:2]
+    S.small_linear(x, w)
+    assert [key[0] for key in S._CUBLAS_SAME] == [(49152, 576)]
 
 
 @pytest.mark.gpu
