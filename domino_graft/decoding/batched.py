@@ -61,6 +61,7 @@ alone's own loop (`_target_steps`: no features captured, nothing written to the 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -69,8 +70,8 @@ import torch
 
 from ..sampling import Sampling, pick
 from .budget import VerifyBudget
-from .common import (DecodeResult, LiveMask, Output, check_kv, check_prompts, cuda_median_ms, first_slots,
-                     propose_timer, stop_set, whole_decode)
+from .common import (DecodeResult, LiveMask, Output, TokenReader, check_kv, check_prompts, cuda_median_ms,
+                     first_slots, propose_timer, stop_set, whole_decode)
 from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
@@ -142,6 +143,17 @@ def _shrink(live: list[bool]) -> Optional[list[int]]:
     return on + [i for i, x in enumerate(live) if not x][: size - len(on)]
 
 
+# The target alone's loop a step ahead (`_target_steps`), off until a GPU run measures it against reading each
+# step before the next is launched (the device idles through that read and the host's bookkeeping: at B = 16 on
+# the H100 a SmolLM2 step took 0.88 ms of wall time for 0.70 of forward, batched_overhead_h100/2db8afa_phases_t0)
+PLAIN_AHEAD = os.environ.get("DOMINO_GRAFT_PLAIN_AHEAD") == "1"
+
+
+def reads_ahead(target, device) -> bool:
+    """Whether the plain loop launches a step before reading the one before (CUDA, the static cache, the switch)."""
+    return PLAIN_AHEAD and torch.device(device).type == "cuda" and isinstance(target, StaticSession)
+
+
 def _can_shrink(target, drafter=None, needs_drafter: bool = False) -> bool:
     """Compaction needs the target's session and, for a chain, its static drafter to move rows."""
     return hasattr(target, "compact") and (not needs_drafter or (drafter is not None and hasattr(drafter, "compact")))
@@ -187,32 +199,51 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
                   shrink: bool = True) -> None:
     """The target alone's loop until every row ends: `tok` [B] (each row's last token, not yet in
     the cache) at `pos`, `rows[b]` the decode in batch row b; one forward of one token per row a step,
-    no features, one sync; the batch shrinks as its rows end (`_shrink`). Also the tail of a batched
-    chain whose verify budget committed to plain steps (`run` counts them, and with `plain_counts`
+    no features, one read of its tokens; the batch shrinks as its rows end (`_shrink`). Also the tail of
+    a batched chain whose verify budget committed to plain steps (`run` counts them, and with `plain_counts`
     each live row's accepted list gets a 0 per step, as a K' = 0 step records; `shrink` False: the
-    batch keeps its size)."""
+    batch keeps its size).
+
+    A step ahead (`reads_ahead`: CUDA, the static cache, DOMINO_GRAFT_PLAIN_AHEAD=1): step n + 1 is launched
+    before step n's tokens are read, so the host's reading and bookkeeping run while the device computes
+    instead of between its steps. A plain step needs nothing the read gives: a row's next token is already on
+    the device and its position moves by one. The cost is a step of lag in learning which rows ended: a row
+    that ended at step n on a stop token takes part in step n + 1 (one more cache position, inside the room a
+    session has for K + 1 more), whose token for it is dropped; a row that will reach max_new_tokens is known
+    on the host and is not launched again. Every row's tokens are the same either way."""
     dev = tok.device
     shrinks = shrink and _can_shrink(target)
+    ahead = reads_ahead(target, dev)
     # the bookkeeping of plain steps is done once, after the loop: per step it was host time the target
     # alone does not spend (budget.py LEAN_TIMED)
     every, forwards_before, steps = list(rows), [row.forwards for row in rows], 0
-    mask = LiveMask(dev)
-    while any(live):
-        logits, _ = target.step(tok[:, None], pos, (), pos_h)
-        live_t = mask.of(live)
-        target.keep(live_t.long, 1)
-        tok = torch.where(live_t.on, pick(logits[:, -1], sampling, gen), tok)
-        pos = pos + live_t.long
-        if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean"), taken
-            run.tick(0, lean=True)  # while the device runs the step just launched (budget.py `tick`)
-        pos_h = [p + on for p, on in zip(pos_h, live)]
-        for row, on in zip(rows, live):
-            if on:
-                row.forwards += 1
-        steps += 1
-        live = _push_each(rows, [[t] for t in tok.tolist()], live, t0)  # the step's one sync
+    mask, reader, pending = LiveMask(dev), TokenReader(dev, pinned=ahead), None
+    while pending is not None or any(live):
+        # rows this step decodes: those going on, less those certain to end in the step under way
+        step_rows = [on and (pending is None or row.out.left() > 1) for row, on in zip(rows, live)]
+        launched = None
+        if any(step_rows):
+            logits, _ = target.step(tok[:, None], pos, (), pos_h)
+            live_t = mask.of(step_rows)
+            target.keep(live_t.long, 1)
+            tok = torch.where(live_t.on, pick(logits[:, -1], sampling, gen), tok)
+            pos = pos + live_t.long
+            if run is not None:  # the lean loop's own cost: its wall-clock samples (budget.py "lean"), taken
+                run.tick(0, lean=True)  # while the device runs the step just launched (budget.py `tick`)
+            pos_h = [p + on for p, on in zip(pos_h, step_rows)]
+            steps += 1
+            launched = (reader.send(tok), list(rows), step_rows)
+        if ahead:
+            pending, launched = launched, pending  # read the step before, while this one runs
+        if launched is not None:
+            read, step_of, on = launched
+            going = [o and row.out.stop_reason is None for row, o in zip(step_of, on)]
+            for row, o in zip(step_of, going):
+                row.forwards += o
+            _push_each(step_of, [[t] for t in read()], going, t0)
+        live = [row.out.stop_reason is None for row in rows]
         keep = _shrink(live) if shrinks else None
-        if keep is not None:
+        if keep is not None:  # (a step under way keeps its own rows list: its read goes to them)
             target.compact(keep)
             idx = torch.tensor(keep, device=dev)
             tok, pos = tok.index_select(0, idx), pos.index_select(0, idx)

@@ -210,6 +210,36 @@ class LiveMask:
         return self
 
 
+class TokenReader:
+    """A step's tokens [B] for the host. `send(tok)` -> a function that returns them as ints: `tok.tolist()`
+    (the step's sync), or with `pinned` (CUDA) a copy into pinned host memory queued behind the step and an
+    event, so that the host can launch the next step before it waits for this one (batched.py's plain loop a
+    step ahead). Two buffers take turns: one being read while the next step's copy lands in the other."""
+
+    def __init__(self, device, pinned: bool):
+        self.pinned = pinned and torch.device(device).type == "cuda"
+        self._bufs: list[torch.Tensor] = []
+        self._turn = 0
+
+    def send(self, tok: torch.Tensor) -> Callable[[], list[int]]:
+        if not self.pinned:
+            return tok.tolist
+        n = tok.shape[0]
+        if not self._bufs or self._bufs[0].numel() < n:
+            self._bufs = [torch.empty(n, dtype=tok.dtype, pin_memory=True) for _ in range(2)]
+        buf = self._bufs[self._turn][:n]
+        self._turn ^= 1
+        buf.copy_(tok, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> list[int]:
+            done.synchronize()
+            return buf.tolist()
+
+        return read
+
+
 def first_slots(block, kk: int):
     """The drafter's block cut to its first kk slots (a verify budget's K' < K): slot j reads only
     slots < j, so the rollout over them is the full block's first kk."""
