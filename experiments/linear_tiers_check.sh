@@ -5,7 +5,7 @@
 # rows off, then the -m gpu tests of the verify budget and the row sampler. Everything lands in $OUT.
 set -u
 source experiments/gpu_env.sh
-export DG_GIT_SHA=${DG_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}
+# DG_GIT_SHA: pass it (the device copy's own HEAD is not the tree it runs)
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt"
 timeout "${TIERS_S:-170}" python3 experiments/linear_tiers.py --out "$OUT/linear_tiers.json" > "$OUT/linear_tiers.log" 2>&1
 echo "tiers rc $?"

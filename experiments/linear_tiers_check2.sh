@@ -4,7 +4,7 @@
 # tests (a row's bits at every M through the engine's path, SmolLM2's four projections included).
 set -u
 source experiments/gpu_env.sh
-export DG_GIT_SHA=${DG_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null)}
+# DG_GIT_SHA: pass it (the device copy's own HEAD is not the tree it runs)
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt"
 timeout "${TIERS_S:-150}" python3 experiments/linear_tiers.py --variants default,before --rounds 3 --profile "" \
   --out "$OUT/linear_tiers_policy.json" > "$OUT/linear_tiers_policy.log" 2>&1
