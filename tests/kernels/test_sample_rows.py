@@ -1,9 +1,9 @@
 """kernels/head/sample_rows.py: one inverse-CDF draw per row, against `reference.inverse_cdf`.
 
 CPU (default): Triton's interpreter, fp32. The same index as the reference's flat search for the
-same uniforms (at a rounding boundary another index, with only rounding-sized mass between the two), never an entry of probability 0
-(whole zero chunks, zeros at the top, u at both ends), the distribution by a chi-square test that a
-wrong distribution fails, and bad inputs refused in one line. GPU (`-m gpu`): the same at the
+same uniforms (at a rounding boundary another index, with only rounding-sized mass between the two),
+never an entry of probability 0 (whole zero chunks, zeros at the top, u at both ends), the distribution
+by a chi-square test that a wrong distribution fails, and bad inputs refused in one line. GPU (`-m gpu`): the same at the
 SmolLM2 vocabulary and B = 16.
 """
 
