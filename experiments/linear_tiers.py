@@ -43,7 +43,7 @@ VARIANTS = ("default", "before", "no_cublas", "few_rows", "cublas", "m64n16", "m
 # the SmolLM2 projections' weights [N, K] (+ "swiglu"): the keys of small_linear's tables
 SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576, "swiglu"), "down": (576, 1536)}
 # tile variants: (BLOCK_M, BLOCK_N) for every SmolLM2 projection from 32 rows on, BLOCK_K 64, 4 warps, 4 stages.
-# At 64 rows the 16-row tier runs 4 M tiles of N / 16 programs (qkv 240, gate_up 384: over one wave of 132 SMs)
+# At 64 rows the 16-row tier runs 4 M tiles of N / 16 programs (qkv 240, gate_up 192: over 132 SMs)
 # and the many-rows tiles 64 x 64 (qkv 15 programs, each walking all of K): both wait on a few programs' loops.
 TILES = {"m64n16": (64, 16), "m32n16": (32, 16), "m64n32": (64, 32), "m64n16_no_cublas": (64, 16)}
 

@@ -374,8 +374,8 @@ def _wide(bn: int, bk: int, warps: int, stages: int, bm: int, split: int = 1, in
 
 
 # A small model's projections at 64-255 rows (a verify of 4-16 tokens at B = 4-16): 64 x 16 tiles. There the
-# 16-row tier runs 4+ M tiles of N / 16 programs (SmolLM2's gate_up: 384, over one wave of 132 SMs) and the probe's
-# 64 x 64 tiles leave 9-48 programs each walking all of K; in SmolLM2's graphed forward on an H100 these tiles
+# 16-row tier runs 4+ M tiles of N / 16 programs (SmolLM2's q/k/v: 240, more than 132 SMs) and the probe's
+# 64 x 64 tiles leave 9-24 programs each walking all of K; in SmolLM2's graphed forward on an H100 these tiles
 # (with cuBLAS off for q/k/v: CUBLAS_MIN_WEIGHT_BYTES) took 1.07-1.17 ms at 64-128 rows against 1.18-1.30
 # (experiments/linear_tiers.py, bench/results/linear_tiers_h100/), and lost at 32 rows and from 256.
 _SMALL_MID = _wide(16, 64, 4, 4, 64)
