@@ -150,7 +150,8 @@ PLAIN_AHEAD = os.environ.get("DOMINO_GRAFT_PLAIN_AHEAD") == "1"
 
 
 def reads_ahead(target, device) -> bool:
-    """Whether the plain loop launches a step before reading the one before (CUDA, the static cache, the switch)."""
+    """Whether a plain loop (this one, or the solo Engine.target_only) launches a step before reading the one
+    before (CUDA, the static cache, the switch)."""
     return PLAIN_AHEAD and torch.device(device).type == "cuda" and isinstance(target, StaticSession)
 
 

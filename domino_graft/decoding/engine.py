@@ -24,10 +24,10 @@ from typing import Iterable, Optional
 import torch
 
 from ..sampling import Sampling, pick
-from .batched import batched_chain, batched_target_only
+from .batched import batched_chain, batched_target_only, reads_ahead
 from .budget import VerifyBudget
 from .chain import chain_speculative
-from .common import DecodeResult, OnTokens, Output, check_kv, check_prompt, stop_set
+from .common import DecodeResult, OnTokens, Output, TokenReader, check_kv, check_prompt, stop_set
 from .rollout import get_rollout
 from .session import DynamicSession, StaticSession, TargetSession
 from .tree import tree_speculative
@@ -112,17 +112,33 @@ class Engine:
         n = ids.shape[1]
         target = self.session(n + max_new_tokens + 1, rollback=False)
         logits, _, _, _ = target.prefill([ids[0]], ())
-        forwards = 1
         tok = pick(logits, sampling, gen)
         pos = n
-        while not out.push([int(tok)]):
-            logits, _ = target.step(tok[:, None], None, (), [pos])
-            target.keep((1,), 1)
+        # a step ahead (batched.reads_ahead, as the batched loop): the next step is launched before this token is
+        # read, unless the tokens under way use up max_new_tokens; a stop token is learnt a step late
+        ahead = reads_ahead(target, dev)
+        reader = TokenReader(dev, pinned=ahead)
+        reads = [reader.send(tok)]  # tokens picked on the device, not yet pushed, oldest first
+        forwards = 0  # the forwards whose token was pushed (the prefill's, then one a step)
+        while reads:
+            if ahead and out.left() > len(reads):
+                tok, pos = self._plain_step(target, tok, pos, sampling, gen)
+                reads.append(reader.send(tok))
             forwards += 1
-            tok = pick(logits[:, -1], sampling, gen)
-            pos += 1
+            if out.push(reads.pop(0)()):
+                break
+            if not reads:
+                tok, pos = self._plain_step(target, tok, pos, sampling, gen)
+                reads.append(reader.send(tok))
         return DecodeResult(out.tokens, n, out.stop_reason, time.perf_counter() - t0, forwards,
                             kv_path=target.kv_path)
+
+    @staticmethod
+    def _plain_step(target, tok: torch.Tensor, pos: int, sampling: Sampling, gen) -> tuple[torch.Tensor, int]:
+        """One token of the target alone's solo loop: tok [1] at pos -> (the next token [1] on the device, pos + 1)."""
+        logits, _ = target.step(tok[:, None], None, (), [pos])
+        target.keep((1,), 1)
+        return pick(logits[:, -1], sampling, gen), pos + 1
 
     # ------------------------------------------------------------- speculative
     @torch.inference_mode()

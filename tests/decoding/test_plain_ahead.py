@@ -1,8 +1,9 @@
-"""The target alone's loop a step ahead (decoding/batched.py `_target_steps`, DOMINO_GRAFT_PLAIN_AHEAD=1 on
-CUDA): step n + 1 is launched before step n's tokens are read. Forced on here (CPU, static cache), it must give
-every row the tokens, stop reason and forward count of the loop that reads each step first: rows ending on a
-stop token at different steps, rows reaching max_new_tokens, a batch that shrinks, greedy and sampled, and the
-plain decode a verify budget commits to (its per-step accepted counts too).
+"""The target alone's loop a step ahead (decoding/batched.py `_target_steps` and the solo
+`Engine.target_only`, DOMINO_GRAFT_PLAIN_AHEAD=1 on CUDA): step n + 1 is launched before step n's tokens
+are read. Forced on here (CPU, static cache), it must give every row the tokens, stop reason and forward
+count of the loop that reads each step first: rows ending on a stop token at different steps, rows reaching
+max_new_tokens, a batch that shrinks, greedy and sampled, the plain decode a verify budget commits to (its
+per-step accepted counts too), and the solo loop (its streamed chunks too).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import pytest
 
 from domino_graft.decoding import Engine, Sampling, batched, stop_token_ids
+from domino_graft.decoding import engine as engine_module
 from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
 from domino_graft.decoding.common import TokenReader
 from tests.decoding.test_batched import variant
@@ -114,3 +116,26 @@ def test_the_plain_decode_a_budget_commits_to_is_the_same_a_step_ahead(monkeypat
         out[ahead] = got
     for key in ("tokens", "stop_reason", "target_forwards", "accepted"):
         assert [getattr(r, key) for r in out[True]] == [getattr(r, key) for r in out[False]], key
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_solo_loop_a_step_ahead_gives_the_same_decode(seed, temperature, monkeypatch):
+    """Engine.target_only a step ahead: the same tokens, stop reason, forward count and streamed chunks, with a
+    stop token that ends it early and with max_new_tokens; sampled too (one row: the draws are the same)."""
+    engine, prompts, budget, stops = _setup(seed)
+    sampling = Sampling(temperature=temperature, seed=seed if temperature else None)
+    for prompt in prompts[:3]:
+        for stop in (stops, []):
+            got = {}
+            for ahead in (False, True):
+                LoggedReader.log = []
+                monkeypatch.setattr(engine_module, "TokenReader", LoggedReader)
+                monkeypatch.setattr(engine_module, "reads_ahead", lambda target, device, ahead=ahead: ahead)
+                streamed = []
+                r = engine.target_only(prompt, max_new_tokens=budget, stop_ids=stop, sampling=sampling,
+                                       on_tokens=streamed.append)
+                got[ahead] = (r.tokens, r.stop_reason, r.target_forwards, streamed, list(LoggedReader.log))
+            where = f"seed {seed} prompt {prompt} stop {stop}"
+            assert got[True][:4] == got[False][:4], where
+            assert _ran_ahead(got[True][4]) and not _ran_ahead(got[False][4]), where
