@@ -124,7 +124,14 @@ def main() -> int:
     ap.add_argument("--profile", default="16x1,16x4", help="BxT list: an eager forward's kernels (PDL off)")
     args = ap.parse_args()
     variants = tuple(args.variants.split(","))
-    profiles = [tuple(int(v) for v in bt.split("x")) for bt in args.profile.split(",") if bt]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: {unknown[0]!r} is not a variant; valid: {', '.join(VARIANTS)}")
+    try:
+        profiles = [tuple(int(v) for v in bt.split("x")) for bt in args.profile.split(",") if bt]
+        assert all(len(p) == 2 and min(p) >= 1 for p in profiles)
+    except (ValueError, AssertionError):
+        ap.error(f"--profile: {args.profile!r} is not a list of BxT; valid: e.g. 16x1,16x4 (or empty)")
     from domino_graft.fast import FastLM, GraphRunner, prepare_for_cuda_decoding
     from domino_graft.kernels.engine import pdl
     from domino_graft.kernels.engine import small_linear as sl

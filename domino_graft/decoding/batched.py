@@ -220,8 +220,8 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
     every, forwards_before, steps = list(rows), [row.forwards for row in rows], 0
     mask, reader, pending = LiveMask(dev), TokenReader(dev, pinned=ahead), None
     while pending is not None or any(live):
-        # rows this step decodes: those going on, less those certain to end in the step under way
-        step_rows = [on and (pending is None or row.out.left() > 1) for row, on in zip(rows, live)]
+        # rows this step decodes: those going on, less (a step ahead) those certain to end in the step under way
+        step_rows = live if pending is None else [on and row.out.left() > 1 for row, on in zip(rows, live)]
         launched = None
         if any(step_rows):
             logits, _ = target.step(tok[:, None], pos, (), pos_h)
@@ -233,16 +233,18 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
                 run.tick(0, lean=True)  # while the device runs the step just launched (budget.py `tick`)
             pos_h = [p + on for p, on in zip(pos_h, step_rows)]
             steps += 1
-            launched = (reader.send(tok), list(rows), step_rows)
+            launched = (reader.send(tok), list(rows) if ahead else rows, step_rows)
         if ahead:
             pending, launched = launched, pending  # read the step before, while this one runs
         if launched is not None:
             read, step_of, on = launched
-            going = [o and row.out.stop_reason is None for row, o in zip(step_of, on)]
-            for row, o in zip(step_of, going):
+            if ahead:  # a row may have ended (read) since its step was launched: that step's token is dropped
+                on = [o and row.out.stop_reason is None for row, o in zip(step_of, on)]
+            for row, o in zip(step_of, on):
                 row.forwards += o
-            _push_each(step_of, [[t] for t in read()], going, t0)
-        live = [row.out.stop_reason is None for row in rows]
+            live = _push_each(step_of, [[t] for t in read()], on, t0)
+        if ahead:  # (a compaction since the read's launch moved rows: which go on, in the batch's order now)
+            live = [row.out.stop_reason is None for row in rows]
         keep = _shrink(live) if shrinks else None
         if keep is not None:  # (a step under way keeps its own rows list: its read goes to them)
             target.compact(keep)

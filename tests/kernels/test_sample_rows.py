@@ -3,8 +3,8 @@
 CPU (default): Triton's interpreter, fp32. The same index as the reference's flat search for the
 same uniforms (at a rounding boundary another index, with only rounding-sized mass between the two),
 never an entry of probability 0 (whole zero chunks, zeros at the top, u at both ends), the distribution
-by a chi-square test that a wrong distribution fails, and bad inputs refused in one line. GPU (`-m gpu`): the same at the
-SmolLM2 vocabulary and B = 16.
+by a chi-square test that a wrong distribution fails, and bad inputs refused in one line. GPU
+(`-m gpu`): the same at the SmolLM2 vocabulary and B = 16.
 """
 
 from __future__ import annotations
