@@ -4,6 +4,7 @@ target alone, the path each batch size took, and --deadline-s leaving a report b
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import random
 
@@ -71,6 +72,10 @@ def test_concurrency_bench_smoke(tiny_run, tmp_path, monkeypatch):
     assert [b["order"] for b in batches] == script.ORDERS[:3] and [b["start"] for b in batches] == [0, 2, 4]
     pairs = [(o[i], o[i + 1]) for o in script.ORDERS for i in range(2)]  # each mode follows each other twice
     assert len(script.ORDERS) == 6 and all(pairs.count(p) == 2 for p in set(pairs)) and len(set(pairs)) == 6
+    for n in range(2, 17, 2):  # any even count of batches: each mode before each other as often as after it
+        before = [sum(o.index(a) < o.index(b) for o in itertools.islice(itertools.cycle(script.ORDERS), n))
+                  for a, b in itertools.permutations(script.MODES, 2)]
+        assert before == [n // 2] * 6, (n, before)
     assert all(set(b["wall_s"]) == {"target", "base", "domino"} and min(b["wall_s"].values()) > 0 for b in batches)
     ratios = sorted((b["tokens"]["domino"] / b["wall_s"]["domino"]) / (b["tokens"]["target"] / b["wall_s"]["target"])
                     for b in batches)
