@@ -47,7 +47,7 @@ import torch
 
 from ..decoding.batched import first_slots, measure_step_costs, ragged_target, static_batch_drafter
 from ..decoding.budget import BudgetRun, VerifyBudget
-from ..decoding.common import propose_timer
+from ..decoding.common import LiveMask, propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
 
@@ -133,6 +133,7 @@ class _Rows:
         self.pending: dict[int, _Chunked] = {}  # slot -> a prompt admitted in chunks, not yet all prefilled
         self.chunk: Optional[int] = None  # tokens per chunk of those (admit's `chunk`)
         self.dev = dev = engine.target.device
+        self._mask = LiveMask(dev)  # the live rows on the device, copied again only when they change
         self.groups = _groups(rows, dev)
         self.gen = _generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
@@ -204,15 +205,16 @@ class _Rows:
         step, and a ChainBatch's once its verify budget committed to plain steps)."""
         live = list(self.live)
         logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
-        live_t = torch.tensor(live, device=self.dev)
-        self.target.keep(live_t.long(), 1)  # each live row keeps its one new entry
+        mask = self._mask.of(live)
+        live_t = mask.on
+        self.target.keep(mask.long, 1)  # each live row keeps its one new entry
         nxt = self._pick(logits[:, -1])
         host = nxt.tolist()  # the step's one sync
         for r in range(len(self.rows)):
             if live[r]:
                 self._advance(r, [host[r]])
         self.anchor = torch.where(live_t, nxt, self.anchor)
-        self.pos = self.pos + live_t.long()
+        self.pos = self.pos + mask.long
         self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
 
     def free_slots(self) -> list[int]:
@@ -481,7 +483,7 @@ class ChainBatch(_Rows):
         if not any(self.live):
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
-        kept = torch.where(torch.tensor(self.live, device=self.dev), n_acc + 1, 0)
+        kept = torch.where(self._mask.of(self.live).on, n_acc + 1, 0)
         longest = max(n + 1 for n, on in zip(n_acc_h, self.live) if on)
         self.target.keep(kept, longest)
         if self.drafter is not None:  # all K+1 of every row, finished ones too (at their last position)
