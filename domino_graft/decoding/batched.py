@@ -69,6 +69,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 from ..sampling import Sampling, pick
+from .acceptance import slot_counts
 from .budget import VerifyBudget
 from .common import (DecodeResult, LiveMask, Output, TokenReader, check_kv, check_prompts, cuda_median_ms,
                      first_slots, propose_timer, stop_set, whole_decode)
@@ -119,15 +120,14 @@ class _Row:
     seconds: float = 0.0  # when it ended
     forwards: int = 1  # target forwards, the prefill included
     accepted: list = field(default_factory=list)  # drafts accepted per step
-    reached: list = field(default_factory=list)  # [K]: steps whose slot j was verified
-    accepted_slot: list = field(default_factory=list)  # [K]: ... and accepted
 
-    def __post_init__(self):
-        self.reached, self.accepted_slot = [0] * self.k, [0] * self.k
-
-    def result(self, prompt: torch.Tensor, kv_path: str) -> DecodeResult:
+    def result(self, prompt: torch.Tensor, kv_path: str, verified: Sequence[int] = ()) -> DecodeResult:
+        """verified: the drafts each step of the batch verified (K'), from its first step: a row takes part
+        from the first step until it ends, so its i-th accepted count is step i's. Its per-slot counts are
+        tallied here, once, not per step between the device's steps (`slot_counts`)."""
+        reached, accepted_slot = slot_counts(self.k, zip(self.accepted, verified))
         return DecodeResult(self.out.tokens, prompt.numel(), self.out.stop_reason, self.seconds, self.forwards,
-                            self.accepted, self.reached, self.accepted_slot, kv_path=kv_path)
+                            self.accepted, reached, accepted_slot, kv_path=kv_path)
 
 
 def _shrink(live: list[bool]) -> Optional[list[int]]:
@@ -347,6 +347,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     live = _push_each(rows, [[t] for t in anchor.tolist()], None, t0)
     offs = torch.arange(k + 1, device=dev)
     mask = LiveMask(dev)
+    verified: list[int] = []  # K' of each step (the rows' per-slot counts, `_Row.result`)
 
     def measure_costs():  # the target's cost of each candidate length at this batch size, where not known yet
         if run is not None and dev.type == "cuda":
@@ -385,16 +386,14 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         n_acc_h, nxt_h, drafts_h = host[:n], host[n: 2 * n], host[2 * n:]
         if timer is not None:
             run.add_propose(*timer.read(), slots=kk)
+        verified.append(kk)
         chunks = []
         for r, row in enumerate(rows):
             a = n_acc_h[r]
             chunks.append(drafts_h[r * kk: r * kk + a] + [nxt_h[r]])
-            if live[r]:
+            if live[r]:  # (the per-slot counts: once, at the end, `_Row.result`)
                 row.forwards += 1
                 row.accepted.append(a)
-                for j in range(min(a + 1, kk)):
-                    row.reached[j] += 1
-                    row.accepted_slot[j] += j < a
         if run is not None:
             run.observe(kk, [a for a, on in zip(n_acc_h, live) if on])
         live = _push_each(rows, chunks, live, t0)
@@ -425,7 +424,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                 measure_costs()
     engine.last_run = None if run is None else run.finish(
         *whole_decode(sum(len(r.out.tokens) for r in every), t0, graphs_captured() != captured))
-    return [r.result(p, target.kv_path) for r, p in zip(every, ids)]
+    return [r.result(p, target.kv_path, verified) for r, p in zip(every, ids)]
 
 
 def measure_step_costs(target, anchor: torch.Tensor, pos: torch.Tensor, pos_h: list[int], capture,

@@ -97,6 +97,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
+from .acceptance import IDLE_DECAY, Acceptance
 from .costs import VerifyCosts  # the cost table (re-exported: callers import it from here)
 from .outcomes import Outcomes
 
@@ -109,15 +110,6 @@ CANDIDATE_LENGTHS = (1, 4, 8, 16)
 # the first steps of a decode verify everything: every slot's acceptance gets seen (and on CUDA the
 # drafter's cost measured) before the estimate decides anything
 WARMUP_STEPS = 2
-# the acceptance estimate: counts decay per step (a half-life of ~14 steps) toward a prior of
-# PRIOR_ALPHA worth PRIOR_COUNT rows, so a slot that stops being verified (K' below it, or K' = 0)
-# drifts back to the optimistic prior and gets verified again: the budget keeps probing
-DECAY = 0.95
-# ... and by this much per decode that starts committed (it observes nothing): after ~70 such decodes
-# the estimate has halved its weight, so a long plain stretch ends in a decode that checks it again
-IDLE_DECAY = 0.99
-PRIOR_ALPHA = 0.8
-PRIOR_COUNT = 2.0
 VALID = "full, auto, or an integer N with 0 <= N <= K (the drafts verified per step)"
 # the wall-clock excess of a step kind: the median of its last WALL_WINDOW samples (a step that
 # compiled or captured a graph, or met a host hiccup, is an outlier the median skips)
@@ -210,34 +202,6 @@ def candidate_budgets(k: int, lengths: Iterable[int] = CANDIDATE_LENGTHS) -> lis
 
 
 # ----------------------------------------------------------------------- policy
-class Acceptance:
-    """The running acceptance of a drafter's K slots that every decode of one budget shares, at any
-    batch size (module docstring): per slot, how many rows reached it and how many of those accepted,
-    decayed by DECAY per observed step and by IDLE_DECAY per decode that observes nothing."""
-
-    def __init__(self, k: int):
-        self.k = k
-        self.reached = [0.0] * k
-        self.accepted = [0.0] * k
-        self.steps = 0  # steps observed
-
-    def alphas(self) -> list[float]:
-        return [(a + PRIOR_ALPHA * PRIOR_COUNT) / (n + PRIOR_COUNT) for a, n in zip(self.accepted, self.reached)]
-
-    def decay(self, factor: float) -> None:
-        self.reached = [n * factor for n in self.reached]
-        self.accepted = [a * factor for a in self.accepted]
-
-    def observe(self, kk: int, accepted: Iterable[int]) -> None:
-        """A step that verified kk drafts; `accepted`: each live row's accepted count."""
-        self.steps += 1
-        self.decay(DECAY)
-        for a in accepted:
-            for j in range(min(a + 1, kk)):
-                self.reached[j] += 1
-                self.accepted[j] += j < a
-
-
 @dataclass
 class VerifyBudget:
     """What a batched chain verifies per step: "full" (all K: the default), "fixed" (always `n`),

@@ -1117,3 +1117,33 @@ def test_a_cycle_budget_meets_every_k_after_every_other_and_stays_lossless():
     assert set(engine.last_budget["k_hist"]) == {str(c) for c in run.candidates}
     with pytest.raises(ValueError, match="valid: full, fixed, auto, cycle"):
         VerifyBudget("sometimes")
+
+
+def test_slot_counts_and_acceptance_match_counting_row_by_row():
+    """The per-slot counts by equal (accepted, K') pairs (acceptance.slot_counts: a batched decode's rows at its
+    end, the shared estimate per step) equal counting each row's slots one by one, K' = 0 steps included."""
+    import random
+
+    from domino_graft.decoding.acceptance import DECAY, Acceptance, slot_counts
+
+    rng = random.Random(0)
+    for trial in range(50):
+        k = rng.randint(1, 16)
+        steps = [(rng.randint(0, kk), kk) for kk in (rng.randint(0, k) for _ in range(rng.randint(0, 40)))]
+        reached, accepted = [0] * k, [0] * k
+        for a, kk in steps:
+            for j in range(min(a + 1, kk)):
+                reached[j] += 1
+                accepted[j] += j < a
+        assert slot_counts(k, steps) == (reached, accepted), (trial, steps)
+        pool, by_row = Acceptance(k), [[0.0] * k, [0.0] * k]
+        for kk in (rng.randint(0, k) for _ in range(5)):
+            rows = [rng.randint(0, kk) for _ in range(rng.randint(0, 64))]
+            pool.observe(kk, rows)
+            by_row = [[x * DECAY for x in xs] for xs in by_row]
+            for a in rows:
+                for j in range(min(a + 1, kk)):
+                    by_row[0][j] += 1
+                    by_row[1][j] += j < a
+        assert pool.reached == pytest.approx(by_row[0], rel=1e-12) and pool.accepted == pytest.approx(by_row[1],
+                                                                                                      rel=1e-12)
