@@ -51,21 +51,24 @@ class Output:
 
     def __init__(self, max_new_tokens: int, stop_ids: frozenset[int], on_tokens: OnTokens):
         self.max_new_tokens = max_new_tokens
-        self.stop_ids = stop_ids
+        self.stop_ids = frozenset(stop_ids)
         self.on_tokens = on_tokens
         self.tokens: list[int] = []
         self.stop_reason: Optional[str] = None
 
     def push(self, ids: list[int]) -> bool:
         start = len(self.tokens)
-        for t in ids:
-            self.tokens.append(t)
-            if t in self.stop_ids:
-                self.stop_reason = "stop"
-                break
-            if len(self.tokens) >= self.max_new_tokens:
-                self.stop_reason = "length"
-                break
+        if len(ids) < self.max_new_tokens - start and self.stop_ids.isdisjoint(ids):
+            self.tokens.extend(ids)  # nothing in the chunk ends the decode (the common case: one check, no loop)
+        else:
+            for t in ids:
+                self.tokens.append(t)
+                if t in self.stop_ids:
+                    self.stop_reason = "stop"
+                    break
+                if len(self.tokens) >= self.max_new_tokens:
+                    self.stop_reason = "length"
+                    break
         if self.on_tokens is not None and len(self.tokens) > start:
             self.on_tokens(self.tokens[start:])
         return self.stop_reason is not None

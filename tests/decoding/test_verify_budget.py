@@ -1147,3 +1147,4 @@ def test_slot_counts_and_acceptance_match_counting_row_by_row():
                     by_row[1][j] += j < a
         assert pool.reached == pytest.approx(by_row[0], rel=1e-12) and pool.accepted == pytest.approx(by_row[1],
                                                                                                       rel=1e-12)
+
