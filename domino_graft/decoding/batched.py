@@ -143,10 +143,11 @@ def _shrink(live: list[bool]) -> Optional[list[int]]:
     return on + [i for i, x in enumerate(live) if not x][: size - len(on)]
 
 
-# The target alone's loop a step ahead (`_target_steps`), off until a GPU run measures it against reading each
-# step before the next is launched (the device idles through that read and the host's bookkeeping: at B = 16 on
-# the H100 a SmolLM2 step took 0.88 ms of wall time for 0.70 of forward, batched_overhead_h100/2db8afa_phases_t0)
-PLAIN_AHEAD = os.environ.get("DOMINO_GRAFT_PLAIN_AHEAD") == "1"
+# The target alone's loop a step ahead (`_target_steps`): on an H100 at 07edc0a a SmolLM2-shaped step (random
+# weights) took 0.692 / 0.772 / 1.155 ms at B = 1 / 16 / 64 against 0.719-0.728 / 0.815-0.817 / 1.224-1.227 ms
+# reading each step before the next launch, both arms in either order (bench/results/plain_ahead_h100/).
+# DOMINO_GRAFT_PLAIN_AHEAD=0 turns it off.
+PLAIN_AHEAD = os.environ.get("DOMINO_GRAFT_PLAIN_AHEAD", "1") != "0"
 
 
 def reads_ahead(target, device) -> bool:
@@ -205,8 +206,8 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
     each live row's accepted list gets a 0 per step, as a K' = 0 step records; `shrink` False: the
     batch keeps its size).
 
-    A step ahead (`reads_ahead`: CUDA, the static cache, DOMINO_GRAFT_PLAIN_AHEAD=1): step n + 1 is launched
-    before step n's tokens are read, so the host's reading and bookkeeping run while the device computes
+    A step ahead (`reads_ahead`: CUDA, the static cache; DOMINO_GRAFT_PLAIN_AHEAD=0 turns it off): step n + 1 is
+    launched before step n's tokens are read, so the host's reading and bookkeeping run while the device computes
     instead of between its steps. A plain step needs nothing the read gives: a row's next token is already on
     the device and its position moves by one. The cost is a step of lag in learning which rows ended: a row
     that ended at step n on a stop token takes part in step n + 1 (one more cache position, inside the room a
