@@ -92,6 +92,7 @@ it measures them, costs.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -102,7 +103,7 @@ from .costs import VerifyCosts  # the cost table (re-exported: callers import it
 from .outcomes import Outcomes
 
 __all__ = ["Acceptance", "BudgetRun", "VerifyBudget", "VerifyCosts", "batch_tokens", "best_budget", "budget_option",
-           "candidate_budgets", "expected_tokens", "tokens_variance"]
+           "candidate_budgets", "expected_tokens", "gain_moments", "tokens_variance"]
 
 MODES = ("full", "auto")
 # verify lengths T = K' + 1 the auto policy chooses among (clipped to K + 1): four graph shapes
@@ -158,6 +159,7 @@ def tokens_variance(alphas: Iterable[float], k: int) -> float:
 _MAX_NORMAL = (0.0, 0.5642, 1.0294, 1.4236, 1.7660, 2.0697, 2.3352, 2.5724)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of the batch size, asked once per candidate per step
 def expected_max_normal(n: int) -> float:
     """E[max of n standard normals], interpolated in log2 n (held past 128)."""
     if n <= 1:
@@ -167,16 +169,40 @@ def expected_max_normal(n: int) -> float:
     return _MAX_NORMAL[i] + (_MAX_NORMAL[i + 1] - _MAX_NORMAL[i]) * (x - i)
 
 
-def batch_tokens(alphas: list[float], k: int, rows: int, remaining: int) -> float:
+def gain_moments(alphas: Iterable[float], ks: Iterable[int]) -> dict[int, tuple[float, float]]:
+    """{k: (expected_tokens, tokens_variance) at k} for each k in `ks`, in one pass over the alphas (the
+    budget costs every candidate K' each step: one loop per candidate and per moment was host time between
+    a step's sync and the next launch). The same sums in the same order as those two functions."""
+    want = sorted(set(ks))
+    out, mean, second, reach = {}, 1.0, 1.0, 1.0
+    if want and want[0] <= 0:
+        out.update({k: (1.0, 0.0) for k in want if k <= 0})
+    top = want[-1] if want else 0
+    for j, a in enumerate(list(alphas)[:top], start=2):
+        reach *= a
+        mean += reach
+        second += (2 * j - 1) * reach
+        if j - 1 in want:
+            out[j - 1] = (mean, max(second - mean * mean, 0.0))
+    for k in want:  # past the alphas: the sums stop where they do
+        out.setdefault(k, (mean, max(second - mean * mean, 0.0)))
+    return out
+
+
+def batch_tokens(alphas: list[float], k: int, rows: int, remaining: int,
+                 moments: Optional[tuple[float, float]] = None) -> float:
     """Tokens per step of a batch that runs until its last row ends (a static batch), per row: the
     `remaining` tokens of its longest row over the steps its slowest row is expected to need. A row
     needs remaining / mean steps, give or take sigma * sqrt(remaining) / mean^1.5 (the renewal count of
     steps that gain X tokens each); the slowest of `rows` lags by E[max of rows normals] of those.
-    One row, or k = 0 (one token a step, no spread): the plain expected tokens."""
-    mean = expected_tokens(alphas, k)
+    One row, or k = 0 (one token a step, no spread): the plain expected tokens. moments: k's
+    (mean, variance) from `gain_moments`, where the caller has them."""
+    mean, variance = moments or (expected_tokens(alphas, k), None)
     if rows <= 1 or k == 0 or remaining <= 0:
         return mean
-    spread = math.sqrt(tokens_variance(alphas, k) * remaining) / mean ** 1.5
+    if variance is None:
+        variance = tokens_variance(alphas, k)
+    spread = math.sqrt(variance * remaining) / mean ** 1.5
     # every step gains a row at least one token: no row needs more steps than plain decoding would
     return remaining / min(remaining / mean + expected_max_normal(rows) * spread, remaining)
 
@@ -425,19 +451,27 @@ class BudgetRun:
     def alphas(self) -> list[float]:
         return self.pool.alphas()
 
-    def device_cost_ms(self, kk: int) -> float:
+    def device_cost_ms(self, kk: int, propose_costs: Optional[tuple[float, float]] = None) -> float:
         """The step's device-side cost: the target's forward of K' + 1 tokens, plus for K' > 0 the
         drafter's forward and the rollout of K' slots (per slot: the head's GRU and residual run slot
         after slot, so a short K' rolls out for less)."""
         costs = self.budget.costs
         if kk == 0:
             return costs.step(self.batch, 1)
-        own = None if self.batch in costs.propose_ms else self._propose_medians()  # this decode's (CUDA)
-        propose, per_slot = own or (costs.propose(self.batch) or 0.0, costs.rollout(self.batch))
+        propose, per_slot = propose_costs or self._propose_costs()
         return propose + per_slot * kk + costs.step(self.batch, kk + 1)
 
-    def cost_ms(self, kk: int, spec_excess: Optional[dict[int, float]] = None) -> float:
-        """The device-side cost and, with the wall clock on, the measured excess (K' > 0: `spec_excess`'s)."""
+    def _propose_costs(self) -> tuple[float, float]:
+        """(the drafter's propose ms, the rollout's ms per slot) at this batch size: the table's, or this decode's
+        own samples where the table has none yet (CUDA)."""
+        costs = self.budget.costs
+        own = None if self.batch in costs.propose_ms else self._propose_medians()
+        return own or (costs.propose(self.batch) or 0.0, costs.rollout(self.batch))
+
+    def cost_ms(self, kk: int, spec_excess: Optional[dict[int, float]] = None,
+                propose_costs: Optional[tuple[float, float]] = None) -> float:
+        """The device-side cost and, with the wall clock on, the measured excess (K' > 0: `spec_excess`'s);
+        propose_costs: `_propose_costs()`, where the caller costs several K'."""
         if kk == 0:
             lean = self._samples("lean", MIN_OWN)
             if lean:  # where K' = 0 leads (module docstring): its own samples, or the nearest size's
@@ -450,7 +484,7 @@ class BudgetRun:
             # 1.08 ms, against a lean step's 0.40) made K' = 0 look dear at B = 32, which then speculated
             # at 0.78x the target alone's speed
             return self.device_cost_ms(0) + _median(self.excess.get("plain", []))
-        return self.device_cost_ms(kk) + (spec_excess or self.spec_excess())[kk]
+        return self.device_cost_ms(kk, propose_costs) + (spec_excess or self.spec_excess())[kk]
 
     def spec_excess(self) -> dict[int, float]:
         """Each speculative K''s excess: its own with MIN_OWN samples (a longer verify books more), else its kind's;
@@ -544,8 +578,9 @@ class BudgetRun:
         alphas = self.alphas()
         choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
         spec_excess = self.spec_excess()  # one median a K' per step, not one per candidate costed
-        return best_budget(alphas, choosable, lambda kk: self.cost_ms(kk, spec_excess),
-                           lambda kk: batch_tokens(alphas, kk, rows, remaining), margin=SWITCH_MARGIN)
+        moments, propose_costs = gain_moments(alphas, choosable), self._propose_costs()
+        return best_budget(alphas, choosable, lambda kk: self.cost_ms(kk, spec_excess, propose_costs),
+                           lambda kk: batch_tokens(alphas, kk, rows, remaining, moments[kk]), margin=SWITCH_MARGIN)
 
     def _explores(self) -> bool:
         """On CUDA, a batch size whose propose and rollout were never timed verifies all K until MIN_OWN

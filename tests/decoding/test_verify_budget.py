@@ -806,6 +806,26 @@ def test_batch_tokens_is_the_slowest_rows_rate():
                                                                 rel=0.03)
 
 
+def test_gain_moments_are_the_per_candidate_sums_bit_for_bit():
+    """`gain_moments` (one pass for every candidate, budget.py `_choice`) returns `expected_tokens` and
+    `tokens_variance` at each k exactly (same sums, same order), k = 0 and k past the alphas included, and
+    `batch_tokens` given them equals `batch_tokens` computing its own."""
+    import random
+
+    from domino_graft.decoding.budget import batch_tokens, gain_moments, tokens_variance
+
+    rng = random.Random(0)
+    for _ in range(500):
+        alphas = [rng.choice((0.0, 1.0)) if rng.random() < 0.1 else rng.random() for _ in range(rng.randint(0, 16))]
+        ks = rng.sample(range(18), rng.randint(1, 5))
+        moments = gain_moments(alphas, ks)
+        assert sorted(moments) == sorted(ks)
+        for k in ks:
+            assert moments[k] == (expected_tokens(alphas, k), tokens_variance(alphas, k)), (alphas, k)
+            rows, remaining = rng.choice((1, 2, 16, 64)), rng.randint(0, 200)
+            assert batch_tokens(alphas, k, rows, remaining, moments[k]) == batch_tokens(alphas, k, rows, remaining)
+
+
 def test_a_static_batch_goes_plain_where_its_slowest_row_would_not_pay():
     """H200 costs of f083e02's SmolLM2 run at B = 32 (a 16-token verify 2.6 ms, a lean step ~1.2): per
     row speculation pays (2.4 tokens a step), but a batch that runs until its slowest of 32 rows ends
