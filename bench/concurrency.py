@@ -74,8 +74,9 @@ MODES = ("target", "base", "domino")
 ORDERS = [o for p in itertools.permutations(MODES) if p < p[::-1] for o in (list(p), list(p[::-1]))]
 # the batches at most that the budget's warm-up decodes until a size is settled (`measure`): OUTCOME_MIN whole
 # decodes of each arm apart beyond their spread, or full windows (decoding/outcomes.py); a decode that captured
-# a graph none
-SETTLE_BATCHES = 16
+# a graph none. Arms apart against the step model's choice wait for both windows (2 x 8 decodes, in turn): 16
+# left no room for the model's own first decodes
+SETTLE_BATCHES = 24
 
 
 class Clock:

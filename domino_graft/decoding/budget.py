@@ -76,7 +76,8 @@ static batch: at 8c01084 on the H100 greedy B = 8 chose K' = 3 at a model rate o
 1.16x. So on CUDA each static batch's decode (the solo chain's too, key "solo") reports its tokens/s
 (`finish(tokens, seconds)`) by its arm, plain (it started committed) or speculative (it verified drafts at
 every step; one that did both is neither arm's sample: `measured_arm`), and once both arms
-are measured at a size the faster one's median decides the next decode's arm (`arm`, decoding/outcomes.py),
+are measured at a size the faster one's median decides the next decode's arm (`arm`, decoding/outcomes.py; a
+first verdict against the model's own choice, `model_arm`, waits for more decodes),
 probes (decodes left to the step model) spaced out while they confirm it. A "spec" arm verifies drafts at
 every step (K' > 0: the model chooses how many); a decode that captured a CUDA graph is no sample (its wall
 holds the capture: common.py `whole_decode`).
@@ -327,6 +328,7 @@ class BudgetRun:
                  carry: Optional["BudgetRun"] = None, key=None, remembered: bool = False, remaining: int = 0):
         self.budget, self.k, self.batch = budget, k, batch
         self.first_batch = batch  # the decode's batch size before any compaction (`resize`)
+        self.remaining = remaining  # the most tokens a row may emit (the slowest row's, `batch_tokens`)
         self.key = batch if key is None else key
         self.candidates = candidate_budgets(k, budget.lengths)
         # "cycle" (a warm-up before timing or serving): each candidate then each candidate, so every ordered
@@ -434,12 +436,25 @@ class BudgetRun:
         (`Engine.last_budget`), after the decode's time: built in the decode (medians, every candidate's
         cost) it was host time inside the wall the outcomes compare (on the H100 the plain arm ran 0.2% under
         the target alone's same loop, before and after this: docs/results.md §0c)."""
-        if self.wall_clock and self.budget.mode == "auto" and tokens:
-            self.budget.outcomes.add(self.key, self.measured_arm(), tokens, seconds)
         self._store_propose()
+        if self.wall_clock and self.budget.mode == "auto" and tokens:
+            outcomes = self.budget.outcomes
+            model = self.model_arm() if outcomes.wants_model(self.key) else None
+            outcomes.add(self.key, self.measured_arm(), tokens, seconds, model=model)
         self.budget.memory[self.key] = self
         self._final_alphas = self.pool.alphas()  # the shared estimate moves on with the next decode
         return self
+
+    def model_arm(self) -> Optional[str]:
+        """The arm the step model alone would run a decode of this size now: "spec" where its first choice
+        (whatever the outcomes' arm) verifies drafts, else "plain"; None while it cannot judge (the estimate's
+        warm-up, no costs, this size's propose not yet timed, or a batch that shrank). decoding/outcomes.py
+        weighs a first verdict against it."""
+        costs = self.budget.costs
+        if (self.batch != self.first_batch or self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms
+                or self._explores()):
+            return None
+        return "spec" if self._best(self.candidates, self.batch, self.remaining) else "plain"
 
     def measured_arm(self) -> str:
         """What this decode's tokens/s is a sample of (decoding/outcomes.py): "plain" (it started committed),
@@ -575,8 +590,12 @@ class BudgetRun:
         costs = self.budget.costs
         if self.pool.steps < WARMUP_STEPS or costs is None or not costs.step_ms or self._explores():
             return self.k
+        return self._best([kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates,
+                          rows, remaining)
+
+    def _best(self, choosable: list[int], rows: int, remaining: int) -> int:
+        """The step model's K' among `choosable` (the cost model of the module docstring)."""
         alphas = self.alphas()
-        choosable = [kk for kk in self.candidates if kk] if self.arm == "spec" else self.candidates
         spec_excess = self.spec_excess()  # one median a K' per step, not one per candidate costed
         moments, propose_costs = gain_moments(alphas, choosable), self._propose_costs()
         return best_budget(alphas, choosable, lambda kk: self.cost_ms(kk, spec_excess, propose_costs),

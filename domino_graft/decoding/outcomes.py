@@ -18,8 +18,13 @@ decided: a first verdict needs the arms' medians apart by more than SPREAD_MARGI
 absolute deviation, or both windows full, for a static batch's tokens/s moves with its prompts (a speculative
 decode's with their acceptance): at aa4e088 on the H100 greedy B = 8's speculative decodes ran 0.97-1.25x the
 target alone batch by batch, three of them left the verdict plain, and 6 of 16 timed batches ran plain before the
-verdict turned (the arms' medians then 11,482 against 9,826 tok/s). Until then each arm runs alone in turn, the
-one with fewer decodes first. With a verdict,
+verdict turned (the arms' medians then 11,482 against 9,826 tok/s). A verdict against the step model's own choice
+at that size (what it would run now, reported with each decode: `add`'s `model`) waits for both windows full: two
+estimates that disagree ask for more decodes. At cae7362 on the H100 (greedy B = 4) + Domino went plain on three
+speculative warm-up decodes at a median of 4,486 tok/s against plain's 5,782, where the step model chose
+speculation and the drafter alone's eight speculative decodes ran 6,210 (1.09x its plain arm); the verdict held
+through all 16 timed batches. Until then each arm runs alone in turn, the one with fewer decodes first. With a
+verdict,
 a size runs the arm whose recent decodes' median is the faster (plain on a tie), and a probe decode is
 the step model's to choose, so a change in either arm is seen again. Probes come PROBE_EVERY decided
 decodes apart, the gap doubling (to PROBE_MAX) each time a probe leaves the verdict as it was and back to
@@ -61,7 +66,14 @@ class Outcomes:
 
     def _seen(self, batch: int) -> dict:
         return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "mixed": 0, "decided": 0,
-                                                "gap": PROBE_EVERY, "probe_at": 0, "pending": None, "verdict": None})
+                                                "gap": PROBE_EVERY, "probe_at": 0, "pending": None, "verdict": None,
+                                                "model": None})
+
+    def wants_model(self, batch: int) -> bool:
+        """Whether `add` should be told the step model's choice at this size: only before its first verdict
+        (after it the choice is not read, and working it out is host time inside a decode)."""
+        seen = self.by_batch.get(batch)
+        return seen is None or seen["verdict"] is None
 
     def _verdict(self, seen: dict) -> str:
         return "plain" if median_high(seen["plain"]) >= median_high(seen["spec"]) else "spec"
@@ -90,14 +102,19 @@ class Outcomes:
             return None
         return seen["verdict"]
 
-    def add(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
+    def add(self, batch: int, arm: str, tokens: int, seconds: float, model: Optional[str] = None) -> None:
         """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time;
-        a MIXED decode is counted, never compared)."""
+        a MIXED decode is counted, never compared). model: the arm the step model alone would choose at this
+        size now (None: it cannot say yet); the latest one said is kept (module docstring)."""
         if arm not in ARMS + (MIXED,):
             raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS + (MIXED,))}")
+        if model not in ARMS + (None,):
+            raise ValueError(f"outcome model: {model!r}; valid: {', '.join(ARMS)} or None")
         if seconds <= 0 or tokens <= 0:
             return
         seen = self._seen(batch)
+        if model is not None:
+            seen["model"] = model
         if arm == MIXED:
             seen["mixed"] += 1
             if seen["pending"] is not None:  # a probe the step model ran mixed: nothing against the verdict
@@ -118,12 +135,15 @@ class Outcomes:
 
     def settled(self, batch: int) -> bool:
         """The size has a verdict, or its arms are measured well enough for one: each has OUTCOME_MIN decodes
-        and their medians lie apart beyond the spread, or both windows are full (a warm-up runs until then:
-        bench/concurrency.py)."""
+        and their medians lie apart beyond the spread the way the step model chooses too (or it has not said),
+        or both windows are full (a warm-up runs until then: bench/concurrency.py)."""
         seen = self.by_batch.get(batch)
         if seen is None or not all(len(seen[arm]) >= OUTCOME_MIN for arm in ARMS):
             return False
-        return seen["verdict"] is not None or apart(seen["spec"], seen["plain"])
+        if seen["verdict"] is not None or min(len(seen[arm]) for arm in ARMS) >= OUTCOME_WINDOW:
+            return True
+        # apart, and not against the step model's own choice (module docstring)
+        return apart(seen["spec"], seen["plain"]) and seen["model"] in (None, self._verdict(seen))
 
     def summary(self, batch: int) -> Optional[dict]:
         """{arm: {"decodes", "median_tokens_per_s"}, "mixed": decodes, "verdict", "probe_gap"} at this size
@@ -133,7 +153,8 @@ class Outcomes:
             return None
         arms = {arm: {"decodes": len(seen[arm]),
                       "median_tokens_per_s": round(median_high(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
-        return {**arms, "mixed": seen["mixed"], "verdict": seen["verdict"], "probe_gap": seen["gap"]}
+        return {**arms, "mixed": seen["mixed"], "verdict": seen["verdict"], "probe_gap": seen["gap"],
+                "model": seen["model"]}
 
 
 def apart(spec: list[float], plain: list[float]) -> bool:

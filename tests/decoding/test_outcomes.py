@@ -43,7 +43,7 @@ def test_only_the_last_window_of_an_arm_counts_and_empty_decodes_are_no_sample()
     seen.add(16, "plain", 10, 0.0)
     assert seen.summary(16) == {"spec": {"decodes": OUTCOME_WINDOW, "median_tokens_per_s": 200.0},
                                 "plain": {"decodes": 0, "median_tokens_per_s": None}, "mixed": 0,
-                                "verdict": None, "probe_gap": PROBE_EVERY}  # plain not measured: no verdict
+                                "verdict": None, "probe_gap": PROBE_EVERY, "model": None}  # plain not measured
     assert seen.summary(32) is None
 
 
@@ -147,3 +147,37 @@ def test_a_gap_beyond_the_spread_decides_at_outcome_min():
         seen.add(16, "spec", spec, 1.0)
         seen.add(16, "plain", plain, 1.0)
     assert seen.settled(16) and seen.summary(16)["verdict"] == "plain"
+
+
+def test_a_first_verdict_against_the_step_models_choice_waits_for_both_windows():
+    """cae7362, H100, greedy B = 4: three speculative warm-up decodes (median 4,486 tok/s, tight) against plain's
+    5,782 lay apart and sent + Domino plain, where the step model chose speculation and the drafter alone's eight
+    speculative decodes ran 6,210. Apart against the model's choice is no verdict until both windows are full;
+    apart with it (or where the model has not said) decides at OUTCOME_MIN, as before."""
+    early_spec = [4450, 4486, 4510]  # then the speculative decodes after the size's first ones
+    later_spec = [6300, 6150, 6400, 6210, 6050]
+    plain = [5782, 5700, 5810, 5760, 5790, 5740, 5800, 5770]
+
+    def run(model):
+        seen, spec_rates, plain_rates, arms = Outcomes(), iter(early_spec + later_spec), iter(plain), []
+        for _ in early_spec:  # the step model's first decodes: speculative
+            seen.add(4, "spec", next(spec_rates), 1.0, model=model)
+        while not seen.settled(4):
+            arm = seen.arm_for(4)
+            arms.append(arm)
+            seen.add(4, arm, next(spec_rates) if arm == "spec" else next(plain_rates), 1.0, model=model)
+        return seen, arms
+
+    agreeing, arms = run("plain")
+    assert arms == ["plain"] * OUTCOME_MIN and agreeing.summary(4)["verdict"] == "plain"
+    unsaid, arms = run(None)
+    assert arms == ["plain"] * OUTCOME_MIN and unsaid.summary(4)["verdict"] == "plain"
+    disagreeing, arms = run("spec")
+    assert len(arms) == 2 * OUTCOME_WINDOW - OUTCOME_MIN  # both windows full
+    assert disagreeing.summary(4)["verdict"] == "spec" and disagreeing.arm_for(4) == "spec"
+    assert disagreeing.summary(4)["spec"]["median_tokens_per_s"] == 6150.0  # median_high of the eight
+
+
+def test_the_model_said_is_one_of_the_arms():
+    with pytest.raises(ValueError, match="outcome model: 'lean'"):
+        Outcomes().add(1, "plain", 10, 1.0, model="lean")

@@ -1053,17 +1053,21 @@ WHOLE_COSTS = {"step_ms": {"8": {"1": 1.0, "4": 1.1, "8": 1.2, "16": 1.4}}, "pro
 def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
     """Whole decodes (budget.py, decoding/outcomes.py): on CUDA a static batch's decode reports its tokens/s by
     arm. Where the step model speculates, after OUTCOME_MIN speculative decodes plain ones run to compare;
-    while plain decodes are the faster (medians) the size starts committed, except probes (the model's choice,
-    PROBE_EVERY decodes apart, then twice as far each time one leaves the verdict). Off CUDA nothing is recorded."""
-    from domino_graft.decoding.outcomes import OUTCOME_MIN, PROBE_EVERY
+    plain decodes ran faster, against the model's choice, so the arms run in turn until both windows are full
+    (decoding/outcomes.py); then while plain decodes are the faster (medians) the size starts committed, except
+    probes (the model's choice, PROBE_EVERY decodes apart, then twice as far each time one leaves the verdict).
+    Off CUDA nothing is recorded."""
+    from domino_graft.decoding.outcomes import OUTCOME_MIN, OUTCOME_WINDOW, PROBE_EVERY
 
     slow_spec = {False: 900.0, True: 1000.0}  # tokens/s of speculative / plain decodes
     budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
-    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(2 * OUTCOME_MIN)]
-    assert [r.starts_committed for r in runs] == [False] * OUTCOME_MIN + [True] * OUTCOME_MIN  # plain, to compare
-    assert [r.arm for r in runs] == [None] * OUTCOME_MIN + ["plain"] * OUTCOME_MIN
-    assert runs[-1].by_outcome and runs[-1].report()["arm"] == "plain"
+    runs = [_whole_decode(budget, slow_spec, 12) for _ in range(2 * OUTCOME_WINDOW)]
+    turns = 2 * (OUTCOME_WINDOW - OUTCOME_MIN)
+    assert [r.arm for r in runs] == [None] * OUTCOME_MIN + ["plain"] * OUTCOME_MIN + ["spec", "plain"] * (turns // 2)
+    assert all(r.starts_committed == (r.arm == "plain") for r in runs)  # plain: the target alone's decode
+    assert budget.outcomes.summary(8)["model"] == "spec" and budget.outcomes.summary(8)["verdict"] == "plain"
     runs = [_whole_decode(budget, slow_spec, 12) for _ in range(4 * PROBE_EVERY)]
+    assert runs[0].by_outcome and runs[0].report()["arm"] == "plain"
     probes = [i for i, r in enumerate(runs) if r.arm is None]
     # the step model's, which speculates here; each leaves plain the faster, so the next comes twice as late
     assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
@@ -1076,19 +1080,21 @@ def test_whole_decodes_turn_speculation_off_where_plain_decodes_ran_faster():
 
 def test_whole_decodes_turn_speculation_on_where_the_step_model_went_plain_but_drafts_ran_faster():
     """The other side (b0753cf, H100, B = 4: every decode started committed where speculating had run 1.16x the
-    target alone): a size the step model sends plain gets OUTCOME_MIN speculative decodes to compare, and
-    where those ran faster its decodes speculate at every step (K' > 0: the arm is the measured one, the
-    model only chooses how many drafts), though the model's own estimate still says plain. The model's first
-    decode speculated, then committed: mixed, no arm's sample; the arms then run alone in turn."""
-    from domino_graft.decoding.outcomes import OUTCOME_MIN
+    target alone): a size the step model sends plain gets speculative decodes to compare, and where those ran
+    faster its decodes speculate at every step (K' > 0: the arm is the measured one, the model only chooses how
+    many drafts), though the model's own estimate still says plain. The model's first decode speculated, then
+    committed: mixed, no arm's sample; the arms then run alone in turn, until both windows are full (the
+    measured arms disagree with the model: decoding/outcomes.py)."""
+    from domino_graft.decoding.outcomes import OUTCOME_WINDOW
 
     fast_spec = {False: 1300.0, True: 1000.0}
     budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(WHOLE_COSTS))
-    n = 1 + 2 * OUTCOME_MIN + 6
+    n = 1 + 2 * OUTCOME_WINDOW + 6
     runs = [_whole_decode(budget, fast_spec, 0) for _ in range(n)]  # nothing accepted: the model says plain
     assert runs[0].arm is None and runs[0].chosen.get(15) and runs[0].chosen.get(0)
     assert runs[0].measured_arm() == "mixed" and budget.outcomes.summary(8)["mixed"] == 1
-    assert [r.arm for r in runs[1:]] == ["spec", "plain"] * OUTCOME_MIN + ["spec"] * 6
+    assert [r.arm for r in runs[1:]] == ["spec", "plain"] * OUTCOME_WINDOW + ["spec"] * 6
+    assert budget.outcomes.summary(8)["model"] == "plain"
     for r in runs[1:]:
         assert r.starts_committed == (r.arm == "plain")
         if r.arm == "spec":
