@@ -13,23 +13,14 @@ __all__ = ["batch_tokens", "expected_max_normal", "expected_tokens", "gain_momen
 
 def expected_tokens(alphas: Iterable[float], k: int) -> float:
     """Tokens a row gains from a step verifying k drafts: 1 + sum_j prod_{i<=j} alpha_i."""
-    total, reach = 1.0, 1.0
-    for a in list(alphas)[:k]:
-        reach *= a
-        total += reach
-    return total
+    return gain_moments(alphas, (k,))[k][0]
 
 
 def tokens_variance(alphas: Iterable[float], k: int) -> float:
     """The variance of the tokens a row gains from a step verifying k drafts: with P(X >= j) the
     chance of gaining at least j tokens (1, then the products of the alphas),
     E[X^2] = sum_j (2j - 1) P(X >= j)."""
-    mean, second, reach = 1.0, 1.0, 1.0
-    for j, a in enumerate(list(alphas)[:k], start=2):
-        reach *= a
-        mean += reach
-        second += (2 * j - 1) * reach
-    return max(second - mean * mean, 0.0)
+    return gain_moments(alphas, (k,))[k][1]
 
 
 # E[max of n independent standard normals], n = 2^i (i = 0..7): how far the slowest of n rows lags
@@ -49,7 +40,7 @@ def expected_max_normal(n: int) -> float:
 def gain_moments(alphas: Iterable[float], ks: Iterable[int]) -> dict[int, tuple[float, float]]:
     """{k: (expected_tokens, tokens_variance) at k} for each k in `ks`, in one pass over the alphas (the
     budget costs every candidate K' each step: one loop per candidate and per moment was host time between
-    a step's sync and the next launch). The same sums in the same order as those two functions."""
+    a step's sync and the next launch)."""
     want = sorted(set(ks))
     out, mean, second, reach = {}, 1.0, 1.0, 1.0
     if want and want[0] <= 0:
@@ -74,11 +65,9 @@ def batch_tokens(alphas: list[float], k: int, rows: int, remaining: int,
     steps that gain X tokens each); the slowest of `rows` lags by E[max of rows normals] of those.
     One row, or k = 0 (one token a step, no spread): the plain expected tokens. moments: k's
     (mean, variance) from `gain_moments`, where the caller has them."""
-    mean, variance = moments or (expected_tokens(alphas, k), None)
+    mean, variance = moments or gain_moments(alphas, (k,))[k]
     if rows <= 1 or k == 0 or remaining <= 0:
         return mean
-    if variance is None:
-        variance = tokens_variance(alphas, k)
     spread = math.sqrt(variance * remaining) / mean ** 1.5
     # every step gains a row at least one token: no row needs more steps than plain decoding would
     return remaining / min(remaining / mean + expected_max_normal(rows) * spread, remaining)

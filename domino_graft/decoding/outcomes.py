@@ -158,10 +158,8 @@ class Outcomes:
 
 
 def apart(spec: list[float], plain: list[float]) -> bool:
-    """Whether two arms' recent tokens/s decide a first verdict: medians more than SPREAD_MARGIN median absolute
-    deviations of the wider arm apart (robust to one odd decode, unlike a range), or both windows full."""
-    if min(len(spec), len(plain)) >= OUTCOME_WINDOW:
-        return True
+    """Whether two arms' recent tokens/s lie apart: medians more than SPREAD_MARGIN median absolute deviations of
+    the wider arm apart (robust to one odd decode, unlike a range). Full windows decide without it (`settled`)."""
     spread = max(_mad(spec), _mad(plain))
     return abs(median_high(spec) - median_high(plain)) > SPREAD_MARGIN * spread
 

@@ -807,9 +807,9 @@ def test_batch_tokens_is_the_slowest_rows_rate():
 
 
 def test_gain_moments_are_the_per_candidate_sums_bit_for_bit():
-    """`gain_moments` (one pass for every candidate, budget.py `_choice`) returns `expected_tokens` and
-    `tokens_variance` at each k exactly (same sums, same order), k = 0 and k past the alphas included, and
-    `batch_tokens` given them equals `batch_tokens` computing its own."""
+    """`gain_moments` (one pass for every candidate, budget.py `_choice`) returns at each k what a pass for that
+    k alone does (`expected_tokens`, `tokens_variance`), bit for bit, and the sums written out; k = 0 and k past
+    the alphas included; `batch_tokens` given them equals `batch_tokens` computing its own."""
     import random
 
     from domino_graft.decoding.budget import batch_tokens, gain_moments, tokens_variance
@@ -822,6 +822,14 @@ def test_gain_moments_are_the_per_candidate_sums_bit_for_bit():
         assert sorted(moments) == sorted(ks)
         for k in ks:
             assert moments[k] == (expected_tokens(alphas, k), tokens_variance(alphas, k)), (alphas, k)
+            # against the sums written out: P(X >= j) the products of the first j - 1 alphas
+            reach = [1.0]
+            for a in alphas[:k]:
+                reach.append(reach[-1] * a)
+            mean = sum(reach)
+            second = sum((2 * j - 1) * p for j, p in enumerate(reach, start=1))
+            assert moments[k][0] == pytest.approx(mean, rel=1e-12)
+            assert moments[k][1] == pytest.approx(max(second - mean * mean, 0.0), rel=1e-9, abs=1e-12)
             rows, remaining = rng.choice((1, 2, 16, 64)), rng.randint(0, 200)
             assert batch_tokens(alphas, k, rows, remaining, moments[k]) == batch_tokens(alphas, k, rows, remaining)
 
