@@ -16,6 +16,9 @@ step verifying K' drafts (a fixed budget per K') into its phases, timed on the d
 recorded around each host call (`phase_times`): the drafter's propose (the pending context written
 first), the head's rollout, the target's forward, the verify's accept rule, and "host", the device's
 idle time from one step's verify to the next step's propose (the sync, the bookkeeping, launches).
+--ahead K1,K2 times the batched chain under a fixed budget of each K' (and at B = 1 the solo chain, all K) with
+its steps drafted ahead and without (decoding/batched.py "Drafted ahead", `batched.SPEC_AHEAD`), each mode's
+best of five decodes, the two modes alternating: rows "ahead_ms_per_step" {K': {"off", "on"}}.
 """
 
 from __future__ import annotations
@@ -144,6 +147,33 @@ def phase_times(engine, prompts, kw, kk: int) -> dict:
     return {k: round(v / steps, 4) for k, v in out.items()} | {"steps": steps}
 
 
+def ahead_times(engine, prompts, kw, kks: list[int], repeats: int = 5) -> dict:
+    """ms per step of the batched chain at a fixed budget of each K' in `kks` (B = 1: also "solo", the solo
+    chain at all K), drafted ahead ("on") and not ("off"): each mode's best of `repeats` decodes, alternating."""
+    from domino_graft.decoding import batched
+    from domino_graft.decoding.budget import VerifyBudget
+
+    runs = {str(kk): (lambda kk=kk: engine.speculative_batch(prompts, budget=VerifyBudget.parse(str(kk)), **kw))
+            for kk in kks}
+    if len(prompts) == 1:
+        runs["solo"] = lambda: [engine.speculative(prompts[0], **kw)]
+    out = {}
+    saved = batched.SPEC_AHEAD
+    try:
+        for name, fn in runs.items():
+            best = {"off": float("inf"), "on": float("inf")}
+            for i in range(2 * repeats + 2):  # the first two: each mode's shapes warmed
+                mode = ("off", "on")[i % 2]
+                batched.SPEC_AHEAD = mode == "on"
+                ms = per_step(fn, lambda r: r)
+                if i >= 2:
+                    best[mode] = min(best[mode], ms)
+            out[name] = {m: round(v, 4) for m, v in best.items()}
+    finally:
+        batched.SPEC_AHEAD = saved
+    return out
+
+
 def main(argv=None) -> int:
     from domino_graft.decoding.budget import VerifyBudget
 
@@ -155,6 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernel-profile", action="store_true")
     p.add_argument("--phases", default="", help="K' values (comma-separated) whose steps are split into phases")
     p.add_argument("--no-cprofile", action="store_true")
+    p.add_argument("--ahead", default="", help="K' values (comma-separated): steps drafted ahead or not, timed")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from domino_graft.sampling import Sampling
@@ -180,6 +211,9 @@ def main(argv=None) -> int:
             fn()  # compile, capture
             row[f"{name}_ms_per_step"] = round(min(per_step(fn, lambda r: r) for _ in range(3)), 4)
             print(f"B={b} {name}: {row[f'{name}_ms_per_step']} ms/step", flush=True)
+        if args.ahead:
+            row["ahead_ms_per_step"] = ahead_times(engine, prompts, kw, [int(x) for x in args.ahead.split(",")])
+            print(f"B={b} drafted ahead off/on: {row['ahead_ms_per_step']}", flush=True)
         for kk in [int(x) for x in args.phases.split(",") if x]:
             row[f"phases_ms_per_step_k{kk}"] = phase_times(engine, prompts, kw, kk)
             print(f"B={b} K'={kk} phases: {row[f'phases_ms_per_step_k{kk}']}", flush=True)

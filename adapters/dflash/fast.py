@@ -276,7 +276,7 @@ class StaticDFlashDrafter:
             raise ValueError(f"context at {max(start)}..{max(start) + feats.shape[1] - 1} outside the drafter cache")
         return feats, self._positions(start)
 
-    def _propose_with_kernels(self, anchor: torch.Tensor, host: list[int]) -> DraftBlock:
+    def _propose_with_kernels(self, anchor: torch.Tensor, host: list[int], pos: torch.Tensor) -> DraftBlock:
         from domino_graft.kernels.engine.decode_attention import attention_splits
 
         b = anchor.shape[0]
@@ -285,7 +285,6 @@ class StaticDFlashDrafter:
         # the kernels read exactly each row's position + block keys: graphs differ only by the
         # batch and the key splits
         bound = attention_splits(kv_len) if self.kernels == "triton" else kv_len
-        pos = self._positions(host)
         if self._pending is None:
             call = self._call(("split", b, 0, bound), lambda anc, p: self._propose_split(None, None, anc, p, kv_len))
             slots, logits = call(anchor, pos)
@@ -297,9 +296,15 @@ class StaticDFlashDrafter:
             self._pending = None
         return DraftBlock(hidden=slots, base_logits=logits)
 
-    def propose(self, anchor: torch.Tensor, position) -> DraftBlock:
+    # propose(..., at=): the positions may come as a device tensor (decoding/batched.py's step drafted ahead)
+    positions_on_device = True
+
+    def propose(self, anchor: torch.Tensor, position, at: Optional[torch.Tensor] = None) -> DraftBlock:
         """anchor [B] = x_0 of each row at its `position` (an int, or B host ints); the pending
-        verified context is written first."""
+        verified context is written first. at: the positions as a [B] long tensor on the device, for a
+        block drafted before the host has read the verify that sets them (decoding/batched.py, "Drafted
+        ahead"); `position` then bounds each row's from above (the attention bucket and the checks): the
+        kernels read each row's own keys either way, only the bucket's key splits may differ."""
         b = anchor.shape[0]
         if b > self.max_batch:
             raise ValueError(f"batch of {b} rows > the drafter cache's {self.max_batch}")
@@ -307,22 +312,22 @@ class StaticDFlashDrafter:
         end = max(host) + self.block
         if end > self.max_len:
             raise ValueError(f"block at {max(host)}..{end - 1} outside the drafter cache ({self.max_len})")
+        pos = self._positions(host) if at is None else at
         if self._split is not None:
-            return self._propose_with_kernels(anchor, host)
+            return self._propose_with_kernels(anchor, host, pos)
         kv_len = kv_bucket(max(max(host), 1), self.max_len)
-        pos = self._positions(host)
         if self._pending is None:
             call = self._call(("propose", b, kv_len), lambda anc, p: self._propose(anc, p, kv_len))
             slots, logits = call(anchor, pos)
         else:
-            feats, at = self._pending_start()
+            feats, start = self._pending_start()
 
             def write_then_propose(f, s, anc, p, kv_len=kv_len):
                 self._write(f, s)
                 return self._propose(anc, p, kv_len)
 
             call = self._call(("observe+propose", b, feats.shape[1], kv_len), write_then_propose)
-            slots, logits = call(feats, at, anchor, pos)
+            slots, logits = call(feats, start, anchor, pos)
             self._pending = None
         return DraftBlock(hidden=slots, base_logits=logits)
 

@@ -51,6 +51,21 @@ seed reproduces its samples;
 a row's samples depend on the batch it sits in, not only on its prompt (rows are not
 bit-reproducible against their solo decode at T > 0, only equal in distribution).
 
+Drafted ahead (`drafts_ahead`: CUDA, the static cache, a static drafter that takes its positions on the device;
+DOMINO_GRAFT_SPEC_AHEAD=0 turns it off): a step's propose and rollout need only what its verify left on the device
+(each row's next anchor, its position, the verified features), so step n + 1 is drafted before step n's accept
+counts are read. The host's read and bookkeeping of step n then overlap the device's drafting of n + 1, where
+before the device waited for them between the verify and the next propose (a speculative step's wall clock past its
+device costs, `excess_ms` "spec" in the H100 run at cae7362: 0.07-0.08 / 0.17-0.22 / 0.36-0.47 ms at B = 1 / 4 / 16,
+on steps of 1.0-1.5 ms).
+The device moves every row live in step n by its accepts; a row that ends in step n is known on the host only
+after step n + 1 was drafted, so it moves once more than it would (its outputs are dropped, as any ended row's:
+`chain_room` leaves the room), and K' of step n + 1 is chosen before step n's accepts are observed. No step is
+drafted ahead of one in which every row may reach max_new_tokens, and a step drafted ahead whose batch ended
+leaves no count (`BudgetRun.withdraw`). The generator's draws keep their order (rollout n, verify n, rollout
+n + 1), so a row's tokens are those of the loop that reads each step first wherever both choose the same K's
+(tests/decoding/test_spec_ahead.py).
+
 A verify budget (`budget=`, decoding/budget.py) makes a step verify only the first K' <= K drafts
 (the rollout runs over K' slots, the verify over [x_0, d_1..d_K'], the drafter observes K' + 1
 positions), or none: K' = 0 is a plain target step, the next token the target's own `pick`. K' is
@@ -156,6 +171,30 @@ def reads_ahead(target, device) -> bool:
     return PLAIN_AHEAD and torch.device(device).type == "cuda" and isinstance(target, StaticSession)
 
 
+# A speculative step drafted ahead (`drafts_ahead`, module docstring "Drafted ahead"). DOMINO_GRAFT_SPEC_AHEAD=0
+# turns it off.
+SPEC_AHEAD = os.environ.get("DOMINO_GRAFT_SPEC_AHEAD", "1") != "0"
+
+
+def drafts_ahead(target, drafter, device) -> bool:
+    """Whether a speculative loop drafts step n + 1 before reading step n (CUDA, the static cache, a static drafter
+    that takes its positions on the device, the switch)."""
+    return (SPEC_AHEAD and torch.device(device).type == "cuda" and isinstance(target, StaticSession)
+            and _on_device(drafter))
+
+
+def _on_device(drafter) -> bool:
+    """The static drafter's propose takes its positions as a device tensor (`at=`): looked up on its class, as
+    `static_batch_drafter` is, so a wrapper that forwards attributes to one (the tests' oracles) is not bypassed."""
+    return getattr(type(drafter), "positions_on_device", False)
+
+
+def chain_room(k: int) -> int:
+    """Cache positions past a decode's last token that its steps may write: a verify of K drafts after it, and one
+    more block for a row that ended in a step whose successor was drafted ahead (it advanced before the host knew)."""
+    return 2 * (k + 1)
+
+
 def _can_shrink(target, drafter=None, needs_drafter: bool = False) -> bool:
     """Compaction needs the target's session and, for a chain, its static drafter to move rows."""
     return hasattr(target, "compact") and (not needs_drafter or (drafter is not None and hasattr(drafter, "compact")))
@@ -187,7 +226,7 @@ def _target_only(engine, ids: list[torch.Tensor], max_new_tokens: int, sampling:
     # room for a chain's K extra positions too, so that the speculative decodes of the same
     # prompts reuse this cache (and on CUDA its graphs) instead of growing it
     k = getattr(getattr(engine, "adapter", None), "num_slots", 0)
-    target = ragged_target(engine, ids, max(p.numel() for p in ids) + max_new_tokens + k + 1, kv)
+    target = ragged_target(engine, ids, max(p.numel() for p in ids) + max_new_tokens + chain_room(k), kv)
     logits, _, _, _ = target.prefill(ids, ())
     tok = pick(logits, sampling, gen)
     pos_h = [p.numel() for p in ids]  # host copy of pos: the static cache's attention bucket, no sync
@@ -261,6 +300,12 @@ def _target_steps(target, tok, pos, pos_h, live, rows: list, sampling, gen, t0, 
             row.accepted.extend([0] * (row.forwards - before))
 
 
+def _all_may_end(rows: list, live: list[bool], kk: int) -> bool:
+    """Whether every live row may reach its max_new_tokens in a step that emits up to kk + 1 tokens a row: then
+    no step is drafted ahead of it (it would likely be drafted for nothing)."""
+    return all(row.out.left() <= kk + 1 for row, on in zip(rows, live) if on)
+
+
 def _batch_left(rows: list, live: list[bool]) -> tuple[int, int]:
     """(live rows, the most tokens a live row may still emit): what a step's rate is judged by when the
     batch runs at full size until its last row ends (budget.py `batch_tokens`)."""
@@ -325,7 +370,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     rows = list(every)  # rows[b]: the decode in batch row b (a compaction moves them)
 
     t0 = time.perf_counter()
-    length = max(p.numel() for p in ids) + max_new_tokens + k + 1
+    length = max(p.numel() for p in ids) + max_new_tokens + chain_room(k)
     target = ragged_target(engine, ids, length, kv)
     drafter = static_batch_drafter(adapter, target, length, b)
     engine.batch_drafter_path = "eager" if drafter is None else "static"  # what the last batch ran (bench reports)
@@ -355,35 +400,63 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             run.add_measured(measure_step_costs(target, anchor, pos, pos_h, capture, run.lengths_to_measure()))
 
     measure_costs()
+    ahead = drafts_ahead(target, drafter, dev) and not shrinks
+    reader = TokenReader(dev, pinned=ahead)
+    drafted = None  # the next step's (K', drafts, q, timer), drafted before this step was read ("Drafted ahead")
+
+    def draft(kk: int, anchor, at, at_h: list[int]):
+        """The drafts [B, K'] and q of a step from the anchors at positions `at` (on the device; `at_h` on the host,
+        or bounds on them when drafted ahead), and the ProposeTimer that timed them."""
+        timer = propose_timer(run, dev)
+        if drafter is None:
+            block = adapter.propose(anchor, at)
+        else:  # the positions as the device holds them: no host->device copy of them
+            block = drafter.propose(anchor, at_h, at) if on_device else drafter.propose(anchor, at_h)
+        if timer is not None:
+            timer.proposed()
+        if kk < k:  # only the first K' slots are rolled out
+            block = first_slots(block, kk)
+        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
+                                   top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
+        if timer is not None:
+            timer.rolled_out()
+        return drafts, q, timer
+
+    on_device = _on_device(drafter)
     while any(live):
-        if run is not None and run.committed():  # plain from here on: the target alone's loop, compacting
+        if drafted is None and run is not None and run.committed():  # plain from here on: the target alone's loop
             _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=tail_shrinks)
             break
-        # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
-        kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))
-        timer = propose_timer(run, dev) if kk else None
+        if drafted is not None:
+            kk, drafts, q, timer = drafted
+            drafted = None
+        else:  # K': the drafts this step verifies; the batch runs until its last row ends, unless it shrinks
+            kk = k if run is None else run.choose(*((1, 0) if shrinks else _batch_left(rows, live)))
+            drafts, q, timer = draft(kk, anchor, pos, pos_h) if kk else (None, None, None)
         if kk == 0:  # a plain target step: the anchor alone, the next token the target's own pick
             seq = anchor[:, None]
             logits, feats = target.step(seq, pos, capture, pos_h)
             nxt = pick(logits[:, 0], sampling, gen)
             n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
         else:
-            block = adapter.propose(anchor, pos) if drafter is None else drafter.propose(anchor, pos_h)
-            if timer is not None:
-                timer.proposed()
-            if kk < k:  # only the first K' slots are rolled out
-                block = first_slots(block, kk)
-            drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
-                                       top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
-            if timer is not None:
-                timer.rolled_out()
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = target.step(seq, pos, capture, pos_h)
             n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         if run is not None:  # the step's wall-clock sample, while the device runs it (budget.py `tick`)
             run.tick(kk)
         n = len(rows)
-        host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # one device->host sync per step
+        read = reader.send(torch.cat([n_acc, nxt, drafts.flatten()]))  # one device->host sync per step
+        stepped = live  # the rows this step decoded
+        # the next position of each row, at most: drafted ahead, a row that ends in this step moves on once more
+        upper = [p + (kk + 1 if on else 0) for p, on in zip(pos_h, live)]
+        moved = ahead and kk > 0 and max(upper) + k + 1 <= length and not _all_may_end(rows, live, kk)
+        if moved:  # the next step drafted now, while the device verifies this one ("Drafted ahead")
+            kept = torch.where(mask.of(live).on, n_acc + 1, 0)
+            anchor, pos = torch.where(kept > 0, nxt, anchor), pos + kept
+            drafter.observe_block(feats, pos_h)
+            kk_next = k if run is None else run.choose(*_batch_left(rows, live))  # (not committed: this K' > 0)
+            drafted = (kk_next, *draft(kk_next, anchor, pos, upper)) if kk_next else (0, None, None, None)
+        host = read()
         n_acc_h, nxt_h, drafts_h = host[:n], host[n: 2 * n], host[2 * n:]
         if timer is not None:
             run.add_propose(*timer.read(), slots=kk)
@@ -399,7 +472,12 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             run.observe(kk, [a for a, on in zip(n_acc_h, live) if on])
         live = _push_each(rows, chunks, live, t0)
         if not any(live):
+            if drafted is not None and run is not None:  # chosen (and drafted) ahead, never verified
+                run.withdraw(drafted[0])
             break
+        if moved:  # the anchors and positions moved on the device already, by the rows this step decoded
+            pos_h = [p + (a + 1 if on else 0) for p, a, on in zip(pos_h, n_acc_h, stepped)]
+            continue
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(mask.of(live).on, n_acc + 1, 0)
         longest = max(a + 1 for a, on in zip(n_acc_h, live) if on)

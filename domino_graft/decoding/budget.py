@@ -505,12 +505,22 @@ class BudgetRun:
             kk = self.cycle[self.decode_steps % len(self.cycle)]
         else:
             kk = self._choice(rows, remaining)
+        self._before_choice = (self.plain_streak, self.committed_whole)  # what `withdraw` puts back
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0
         if self.committed() and self.batch == self.first_batch:
             self.committed_whole = True
         return kk
+
+    def withdraw(self, kk: int) -> None:
+        """The last `choose` (it gave kk) chose a step that never ran: a step drafted ahead whose batch ended
+        first (decoding/batched.py, "Drafted ahead"). It leaves no count."""
+        self.chosen[kk] -= 1
+        if not self.chosen[kk]:
+            del self.chosen[kk]
+        self.decode_steps -= 1
+        self.plain_streak, self.committed_whole = self._before_choice
 
     def _choice(self, rows: int, remaining: int) -> int:
         """auto's K': the shared estimate against this batch size's costs; all K for the estimate's

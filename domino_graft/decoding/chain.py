@@ -18,6 +18,10 @@ drafter whose family offers `adapter.static_drafter` keeps its context in static
 tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
 
+On CUDA, beside the static cache and DFlash's static drafter, the next block is drafted while the device verifies
+this one (`batched.drafts_ahead`; decoding/batched.py, "Drafted ahead"): its anchor and position are the verify's
+outputs on the device, so the host reads a step after launching the next one's propose and rollout.
+
 A verify budget (`budget=`, decoding/budget.py, its auto mode) chooses each step how many drafts
 it verifies, K' of the candidates (1, 4, 8, 16 tokens a verify: budget.py), from the running
 acceptance and each candidate's cost (measured on CUDA: the target's forward of each length, the
@@ -39,9 +43,10 @@ from typing import Iterable, Optional
 import torch
 
 from ..sampling import Sampling, pick
+from .batched import chain_room, drafts_ahead
 from .budget import VerifyBudget
-from .common import (DecodeResult, OnTokens, Output, check_prompt, cuda_median_ms, first_slots, positions,
-                     propose_timer, stop_set, whole_decode)
+from .common import (DecodeResult, OnTokens, Output, TokenReader, check_prompt, cuda_median_ms, first_slots,
+                     positions, propose_timer, stop_set, whole_decode)
 from .verify import verify_chain
 
 
@@ -74,7 +79,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
 
     t0 = time.perf_counter()
     n = ids.shape[1]
-    length = n + max_new_tokens + k + 1
+    length = n + max_new_tokens + chain_room(k)
     session = engine.session(length)  # the static cache (Engine(kv="static") on a supported target) or the HF one
     # the drafter's own fast path (static context, graphed propose) where its family has one
     drafter = adapter.static_drafter(length) if session.kv_path == "static" else None
@@ -92,16 +97,15 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     done = out.push([int(anchor)])
     short_blocks = drafter is None or getattr(drafter, "takes_short_blocks", False)  # K' < K: adapters/base.py
     _measure_solo_costs(run, k, dev, session, anchor, pos, short_blocks)
-    while not done:
-        kk = k  # the drafts this step verifies
-        if run is not None:
-            kk = run.choose()
-            if kk == 0:  # the rest is the target alone's loop: the decode commits
-                run.commit()
-                forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
-                break
+    ahead = drafts_ahead(session, drafter, dev) and not with_ids
+    reader = TokenReader(dev, pinned=ahead)
+    drafted = None  # the next step's (K', drafts, q, timer), drafted before this step was read (batched.py)
+
+    def draft(kk: int, anchor, at=None, bound: Optional[int] = None):
+        """(drafts, q, timer) of a step verifying kk drafts: from `anchor` at `pos`, or drafted ahead at the device's
+        position `at` ([1]), `bound` on the host bounding it from above."""
         timer = propose_timer(run, dev)
-        block = (drafter or adapter).propose(anchor, pos)
+        block = (drafter or adapter).propose(anchor, pos) if at is None else drafter.propose(anchor, bound, at)
         if timer is not None:
             timer.proposed()
         if kk < k:  # only the first K' slots are rolled out and verified
@@ -112,14 +116,36 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         )
         if timer is not None:
             timer.rolled_out()
+        return drafts, q, timer
+
+    while not done:
+        if drafted is not None:
+            kk, drafts, q, timer = drafted
+            drafted = None
+        else:
+            kk = k if run is None else run.choose()  # the drafts this step verifies
+            if kk:
+                drafts, q, timer = draft(kk, anchor)
+        if kk == 0:  # the rest is the target alone's loop: the decode commits
+            run.commit()
+            forwards += _plain_tail(session, anchor, pos, out, sampling, gen, run, accepted)
+            break
         seq = torch.cat([anchor[:, None], drafts], dim=1)
         logits, feats = session.step(seq, None, capture, [pos])
         forwards += 1
         n_acc, nxt = verify_chain(logits, drafts, q, sampling, gen)
         if run is not None:  # the step's wall-clock sample, while the device runs it (budget.py `tick`)
             run.tick(kk)
-        # one device->host sync per step
-        host = torch.cat([n_acc, nxt, drafts[0]]).tolist()
+        read = reader.send(torch.cat([n_acc, nxt, drafts[0]]))  # one device->host sync per step
+        # drafted ahead (batched.py "Drafted ahead"), unless this step may be the decode's last: the next block from
+        # the anchor and position the device holds, while the device verifies this step
+        moved = ahead and out.left() > kk + 1 and pos + kk + 1 + k + 1 <= length
+        if moved:
+            drafter.observe_block(feats, pos)
+            kk_next = k if run is None else run.choose()
+            drafted = (kk_next, *draft(kk_next, nxt, n_acc + (pos + 1), pos + kk + 1)) if kk_next else (0, None,
+                                                                                                       None, None)
+        host = read()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
         if run is not None:
             if timer is not None:
@@ -131,14 +157,17 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
             accepted_slot[j] += j < a
         done = out.push(draft_ids[:a] + [nxt_id])
         if done:
+            if drafted is not None and run is not None:  # chosen (and drafted) ahead, never verified
+                run.withdraw(drafted[0])
             break
-        # the cache now holds pos + K' + 1 positions; keep x_0 and the accepted drafts
-        session.keep((a + 1,), a + 1)
-        if drafter is not None:  # all K'+1: the next block reads only those before its anchor
-            drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
-        else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
-            adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
-                            ids=seq[:, : a + 1])
+        if not moved:
+            # the cache now holds pos + K' + 1 positions; keep x_0 and the accepted drafts
+            session.keep((a + 1,), a + 1)
+            if drafter is not None:  # all K'+1: the next block reads only those before its anchor
+                drafter.observe_block(feats, pos, **({"ids": seq} if with_ids else {}))
+            else:  # feats is None for a drafter that reads tokens only (capture_layers() == ())
+                adapter.observe(None if feats is None else feats[:, : a + 1], positions(pos, a + 1, dev),
+                                ids=seq[:, : a + 1])
         anchor = nxt
         pos += a + 1
     if run is not None:

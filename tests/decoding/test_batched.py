@@ -29,8 +29,12 @@ class RowOracle:
 
     def propose(self, anchor, position):
         block = self.inner.propose(anchor, position)
+        starts = position.tolist() if torch.is_tensor(position) else [int(position)] * block.base_logits.shape[0]
+        return self.nudge(block, starts)
+
+    def nudge(self, block, starts: list[int]):
+        """The block with each row's slots nudged toward (or away from) its reference after `starts[b]`."""
         base = block.base_logits.clone()
-        starts = position.tolist() if torch.is_tensor(position) else [int(position)] * base.shape[0]
         for b, (row, ref, start) in enumerate(zip(self.rows, self.references, starts)):
             for j in range(base.shape[1]):
                 at = start + 1 + j

@@ -1,0 +1,202 @@
+"""A speculative step drafted ahead (decoding/batched.py "Drafted ahead", `drafts_ahead`; the solo chain in
+decoding/chain.py): step n + 1's propose and rollout are launched from the anchors and positions step n's verify
+left on the device, before the host reads step n. Forced on here (CPU, the static cache, DFlash's static drafter
+nudged toward each row's reference at the positions it is given, so that a wrong device position shows as other
+accepts), it must give every row the same decode as the loop that reads each step first:
+- batched greedy, at full K, a fixed K' and under auto: the target alone's tokens, and (where both loops choose the
+  same K's) the same stop reasons, forwards and accepted counts; rows that end on a stop token while others go on;
+- batched sampled at full K: the same tokens (the generator's draws keep their order);
+- the solo chain, greedy and sampled;
+and a step drafted ahead whose batch ended leaves no count in the budget's report.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from domino_graft.decoding import Engine, Sampling, batched, chain, stop_token_ids
+from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
+from domino_graft.decoding.common import TokenReader
+from domino_graft.decoding.session import StaticSession
+from domino_graft.fast import host_ints
+from tests.decoding.test_batched import RowOracle, variant
+from tests.decoding.test_decoding import build
+
+
+class LoggedReader(TokenReader):
+    """TokenReader that logs each step's send and read into the oracle's log."""
+
+    log: list = []
+
+    def send(self, tok):
+        self.log.append("send")
+        read = super().send(tok)
+
+        def logged():
+            self.log.append("read")
+            return read()
+
+        return logged
+
+
+def _ahead(log: list[str]) -> int:
+    """The proposes launched between a step's send and its read: blocks drafted ahead."""
+    sent, n = False, 0
+    for e in log:
+        sent = e == "send" or (sent and e != "read")
+        n += sent and e == "propose"
+    return n
+
+
+class AheadNudged(RowOracle):
+    """RowOracle's nudges over a static DFlash drafter that takes device positions (`at`): nudged at the positions
+    the device holds, so a block drafted at a wrong position accepts differently. Logs its proposes."""
+
+    positions_on_device = True
+
+    def __init__(self, *a, log: list, **kw):
+        super().__init__(*a, **kw)
+        self.log = log
+
+    def propose(self, anchor, position, at=None):
+        block = self.inner.propose(anchor, position, at)
+        self.log.append("propose")
+        starts = host_ints(position, anchor.shape[0]) if at is None else at.tolist()
+        return self.nudge(block, starts)
+
+
+class Oracle(RowOracle):
+    """An adapter whose static drafters (batched and solo) are AheadNudged."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.log: list[str] = []
+
+    def static_batch_drafter(self, max_len, batch):
+        fast = self.inner.static_batch_drafter(max_len, batch)
+        return AheadNudged(fast, self.references, self.rows, self.hit, self.seed, self.vocab, log=self.log)
+
+    def static_drafter(self, max_len):
+        fast = self.inner.static_drafter(max_len)
+        return AheadNudged(fast, self.references, self.rows, self.hit, self.seed, self.vocab, log=self.log)
+
+
+def _force(monkeypatch, on: bool) -> None:
+    def ahead(target, drafter, device):
+        return on and isinstance(target, StaticSession) and batched._on_device(drafter)
+
+    monkeypatch.setattr(batched, "drafts_ahead", ahead)
+    monkeypatch.setattr(chain, "drafts_ahead", ahead)
+    monkeypatch.setattr(batched, "TokenReader", LoggedReader)
+    monkeypatch.setattr(chain, "TokenReader", LoggedReader)
+
+
+def _setup(seed: int):
+    cfg = variant(seed)
+    target, adapter, head = build(seed, **cfg)
+    rng = random.Random(seed)
+    b = rng.randint(3, 6)
+    prompts = [[rng.randrange(2, cfg["vocab"] - 1) for _ in range(rng.randint(1, 14))] for _ in range(b)]
+    stops = stop_token_ids(target)
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    budget = rng.choice([12, 20])
+    refs = [plain.target_only(p, max_new_tokens=budget).tokens for p in prompts]
+    # a stop token some rows emit early: they end while the others go on
+    early = sorted({t for r in refs for t in r[1: budget // 2]})
+    extra = rng.sample(early, min(1, len(early)))
+    refs = [plain.target_only(p, max_new_tokens=budget, stop_ids=extra).tokens for p in prompts]
+    oracle = Oracle(adapter, [p + r for p, r in zip(prompts, refs)], list(range(b)), 0.75, seed, cfg["vocab"])
+    return target, oracle, head, prompts, budget, extra, refs
+
+
+def _solo(target, oracle: Oracle, head, r: int) -> Engine:
+    """A solo engine (the static cache) over row r's nudges."""
+    solo = Oracle(oracle.inner, [oracle.references[r]], [r], oracle.hit, oracle.seed, oracle.vocab)
+    return Engine(target, solo, head, stop_ids=stop_token_ids(target), kv="static")
+
+
+def _decode(oracle: Oracle, monkeypatch, on: bool, decode):
+    """decode() with drafting ahead forced on or off, the oracle's log fresh; -> (its result, blocks drafted ahead)."""
+    _force(monkeypatch, on)
+    oracle.log.clear()
+    LoggedReader.log = oracle.log
+    return decode(), _ahead(oracle.log)
+
+
+def _costs(b: int) -> VerifyCosts:
+    return VerifyCosts.from_dict({"step_ms": {str(b): {"1": 1.0, "4": 1.3, "8": 1.6, "16": 2.2}},
+                                  "propose_ms": {str(b): 0.3}})
+
+
+def _steps(results) -> int:
+    return max(len(r.accepted) for r in results)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_greedy_drafted_ahead_is_the_same_decode(seed, monkeypatch):
+    target, oracle, head, prompts, budget, extra, refs = _setup(seed)
+    engine = Engine(target, oracle, head, stop_ids=stop_token_ids(target))
+    k = oracle.num_slots
+    for spec in (None, str(max(1, k - 1)), "auto"):
+        got = {}
+        for on in (False, True):
+            plan = None if spec is None else VerifyBudget.parse(spec, _costs(len(prompts)))
+            got[on], ahead = _decode(oracle, monkeypatch, on, lambda: engine.speculative_batch(
+                prompts, max_new_tokens=budget, stop_ids=extra, budget=plan))
+            where = f"seed {seed} budget {spec} ahead {on} prompts {prompts} stops {extra}"
+            assert got[on][0].kv_path == "static" and engine.batch_drafter_path == "static", where
+            assert [r.tokens for r in got[on]] == refs, where
+            assert bool(ahead) == on, where  # blocks were drafted ahead exactly when forced on
+            if plan is not None:  # every step chosen was verified: a step drafted ahead of the end is withdrawn
+                assert sum(engine.last_budget["k_hist"].values()) == _steps(got[on]), where
+        if spec != "auto":  # the same K' every step: the same drafts, so the same accepts
+            for key in ("stop_reason", "target_forwards", "accepted", "slot_reached", "slot_accepted"):
+                assert [getattr(r, key) for r in got[True]] == [getattr(r, key) for r in got[False]], (key, spec)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_sampled_drafted_ahead_draws_the_same_tokens(seed, monkeypatch):
+    target, oracle, head, prompts, budget, extra, _ = _setup(seed)
+    engine = Engine(target, oracle, head, stop_ids=stop_token_ids(target))
+    sampling = Sampling(temperature=1.0, seed=seed)
+    got = {}
+    for on in (False, True):
+        got[on], ahead = _decode(oracle, monkeypatch, on, lambda: engine.speculative_batch(
+            prompts, max_new_tokens=budget, stop_ids=extra, sampling=sampling))
+        assert bool(ahead) == on
+    for key in ("tokens", "stop_reason", "target_forwards", "accepted"):
+        assert [getattr(r, key) for r in got[True]] == [getattr(r, key) for r in got[False]], (seed, key)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_solo_chain_drafted_ahead_is_the_same_decode(seed, temperature, monkeypatch):
+    target, oracle, head, prompts, budget, extra, refs = _setup(seed)
+    sampling = Sampling(temperature=temperature, seed=seed if temperature else None)
+    for r, prompt in enumerate(prompts[:3]):
+        engine = _solo(target, oracle, head, r)
+        got = {}
+        for on in (False, True):
+            got[on], ahead = _decode(engine.adapter, monkeypatch, on, lambda: engine.speculative(
+                prompt, max_new_tokens=budget, stop_ids=extra, sampling=sampling))
+            assert got[on].kv_path == "static" and bool(ahead) == on
+        where = f"seed {seed} row {r} T={temperature}"
+        if not temperature:
+            assert got[True].tokens == refs[r], where
+        for key in ("tokens", "stop_reason", "target_forwards", "accepted"):
+            assert getattr(got[True], key) == getattr(got[False], key), (where, key)
+
+
+def test_solo_auto_budget_drafted_ahead_counts_only_verified_steps(monkeypatch):
+    """Under auto the solo chain chooses K' a step early when drafted ahead; its tokens stay the target's and every
+    step its report counts was verified or ran plain."""
+    target, oracle, head, prompts, budget, extra, refs = _setup(4)
+    engine = _solo(target, oracle, head, 0)
+    _force(monkeypatch, True)
+    plan = VerifyBudget.parse("auto", _costs(1))
+    for _ in range(3):
+        res = engine.speculative(prompts[0], max_new_tokens=budget, stop_ids=extra, budget=plan)
+        assert res.tokens == refs[0]
+        assert sum(engine.last_budget["k_hist"].values()) == len(res.accepted)
