@@ -224,7 +224,10 @@ class DrafterAdapter(nn.Module):
         cache rows `slots` (prompts admitted into freed rows of a batch in flight: serving/batch.py),
         the other rows' context kept. It may offer ``compact(rows)`` (rows `rows` become rows
         0..len(rows)-1: decoding/session.py), so that a batch whose rows ended shrinks; without it the
-        batch keeps its size to the end. None (the default): batches observe/propose eagerly."""
+        batch keeps its size to the end. One whose class sets ``positions_on_device = True`` takes
+        ``propose(anchor, bounds, at)`` too, the positions as a [B] tensor on the device and the host ints
+        bounding them from above: on CUDA the chains then draft each step before reading the last one
+        (decoding/batched.py, "Drafted ahead"). None (the default): batches observe/propose eagerly."""
         return None
 
     # ---- training

@@ -18,8 +18,8 @@ drafter whose family offers `adapter.static_drafter` keeps its context in static
 tensors too and proposes through one CUDA graph per block (one that reads tokens, ``reads_ids``,
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
 
-On CUDA, beside the static cache and DFlash's static drafter, the next block is drafted while the device verifies
-this one (`batched.drafts_ahead`; decoding/batched.py, "Drafted ahead"): its anchor and position are the verify's
+On CUDA, beside the static cache and a static drafter that takes its positions on the device, the next block is
+drafted while the device verifies this one (`batched.drafts_ahead`; decoding/batched.py, "Drafted ahead"): its anchor and position are the verify's
 outputs on the device, so the host reads a step after launching the next one's propose and rollout.
 
 A verify budget (`budget=`, decoding/budget.py, its auto mode) chooses each step how many drafts
