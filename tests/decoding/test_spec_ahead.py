@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from domino_graft.decoding import Engine, Sampling, batched, chain, stop_token_ids
 from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
@@ -200,3 +201,41 @@ def test_solo_auto_budget_drafted_ahead_counts_only_verified_steps(monkeypatch):
         res = engine.speculative(prompts[0], max_new_tokens=budget, stop_ids=extra, budget=plan)
         assert res.tokens == refs[0]
         assert sum(engine.last_budget["k_hist"].values()) == len(res.accepted)
+
+
+# ----------------------------------------------------------------------------- GPU (opt-in: -m gpu)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("head_dim", [8, 16])  # 8: the compiled per-layer math; 16: the Triton kernels
+def test_gpu_drafted_ahead_is_the_same_decode(head_dim, monkeypatch):
+    """On CUDA, graphs and the pinned reads, drafting ahead by default: every row of a batch and a solo decode
+    equals the target alone's, with the accepts of the loop that reads each step first (SPEC_AHEAD off), through
+    ragged acceptance (a drafter nudged at the positions the device gives it)."""
+    from tests.decoding.test_static_kv import graft
+
+    target, adapter, head = graft("dflash", "qwen3", seed=2, extra=(f"target.random.head_dim={head_dim}",))
+    for module in (target.model, adapter, head):
+        module.to("cuda")
+    stops = stop_token_ids(target)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 90) for _ in range(n)] for n in (5, 1, 17, 9)]
+    plain = Engine(target, adapter, head, stop_ids=stops)
+    want = [r.tokens for r in plain.target_only_batch(prompts, max_new_tokens=40)]
+    oracle = Oracle(adapter, [p + w for p, w in zip(prompts, want)], [0, 1, 2, 3], 0.8, 0, target.shape.vocab_size)
+    engine = Engine(target, oracle, head, stop_ids=stops)
+    monkeypatch.setattr(batched, "TokenReader", LoggedReader)
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(batched, "SPEC_AHEAD", on)
+        for _ in range(2):  # the second replays the graphs the first captured
+            oracle.log.clear()
+            LoggedReader.log = oracle.log
+            got[on] = engine.speculative_batch(prompts, max_new_tokens=40)
+        assert [r.tokens for r in got[on]] == want and bool(_ahead(oracle.log)) == on
+    assert [r.accepted for r in got[True]] == [r.accepted for r in got[False]]
+    assert len({a for r in got[True] for a in r.accepted}) > 2  # ragged accepts
+    solo = _solo(target, oracle, head, 2)
+    for on in (False, True):
+        monkeypatch.setattr(batched, "SPEC_AHEAD", on)
+        res = solo.speculative(prompts[2], max_new_tokens=40)
+        assert res.tokens == want[2] and res.kv_path == "static"
