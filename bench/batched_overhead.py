@@ -27,6 +27,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import sys
 import time
@@ -232,7 +233,8 @@ def main(argv=None) -> int:
         rows[f"{b}@T{args.temperature:g}" if args.temperature else str(b)] = row
         Path(args.out).write_text(json.dumps({"command": " ".join(["bench/batched_overhead.py", *(argv or sys.argv[1:])]),
                                               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                              "rows": rows}, indent=1))
+                                              "git_sha": os.environ.get("DG_GIT_SHA"),
+                                              "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
     return 0
 
 
