@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 
+from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
 from domino_graft.decoding import Engine, Sampling, batched, chain, stop_token_ids
 from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
 from domino_graft.decoding.common import TokenReader
@@ -201,6 +202,35 @@ def test_solo_auto_budget_drafted_ahead_counts_only_verified_steps(monkeypatch):
         res = engine.speculative(prompts[0], max_new_tokens=budget, stop_ids=extra, budget=plan)
         assert res.tokens == refs[0]
         assert sum(engine.last_budget["k_hist"].values()) == len(res.accepted)
+
+
+def test_batched_sampling_drafted_ahead_follows_the_target_distribution(monkeypatch):
+    """Lossless in distribution when drafted ahead, rows that end in a step drafted ahead of included (the step
+    after is drafted for every row, `_all_may_end` off): test_batched_sampling.py's exact joint law of three tokens
+    per prompt, chi-square at ALPHA, and its control (the base drafter's q handed to the verifier) rejected."""
+    from tests.decoding.test_batched_sampling import PROMPTS, exact_joints, peaked, row_pvalues, wrong_q
+    from tests.decoding.test_sampling import ALPHA
+
+    target, adapter, head = peaked(0)
+    warp_ = dict(temperature=1.0, top_k=0, top_p=1.0)
+    sampling = Sampling(seed=0, **warp_)
+    joints = exact_joints(target, warp_)
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(len(PROMPTS) * 3000)]
+    engine = Engine(target, adapter, head)
+    log: list[str] = []
+    _force(monkeypatch, True)
+    monkeypatch.setattr(batched, "_all_may_end", lambda rows, live, kk: False)
+    LoggedReader.log = log
+    propose = StaticDFlashDrafter.propose
+    monkeypatch.setattr(StaticDFlashDrafter, "propose", lambda *a, **kw: log.append("propose") or propose(*a, **kw))
+    results = engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling)
+    assert engine.batch_drafter_path == "static" and len({r.target_forwards for r in results}) > 1
+    right = row_pvalues(results, joints)
+    engine.rollout = wrong_q
+    wrong = row_pvalues(engine.speculative_batch(batch, max_new_tokens=3, sampling=sampling), joints)
+    assert _ahead(log) >= 2  # drafted ahead, in both decodes
+    assert min(right) > ALPHA, f"a row drafted ahead deviates from the target: {right}"
+    assert max(wrong) < ALPHA, f"the test cannot tell a wrong q from the right one: {wrong}"
 
 
 # ----------------------------------------------------------------------------- GPU (opt-in: -m gpu)
