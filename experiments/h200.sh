@@ -23,6 +23,9 @@
 #          same command again resumed from the step-750 checkpoint and finished in 174 s)
 #          $OUT: the shipped folder (model.safetensors in 15 MB pieces: cat model.safetensors.part-* >
 #          model.safetensors), the responses (train.regen.jsonl.gz) and the logs.
+# The responses setup/concurrency graft on are committed: mkdir -p bench/work/ship && cp
+# bench/results/shipped_drafter_h200/train.regen.jsonl.gz bench/work/ship/ (bench/work/ is not, so a fresh checkout
+# lacks it); the gsm8k asset: domino-graft fetch gsm8k, then the tar line above with gsm8k alone.
 #   e2e:   call 1 (carry .stage/a):        bash experiments/h200.sh stage
 #          call 2 (carry .stage/b, .whl, bench/work/ship/train.regen.jsonl.gz):  bash experiments/h200.sh setup
 #          call 3 (models/ back in place):  DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh e2e
