@@ -8,9 +8,11 @@ set -u
 source experiments/gpu_env.sh
 export DG_GIT_SHA=${DG_GIT_SHA:-unknown}
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout "${AHEAD_S:-300}" python3 bench/batched_overhead.py --batches "${BATCHES:-1,2,4,8,16,64}" --ahead "${KS:-3,7,15}" \
-  --max-new-tokens 96 --no-cprofile --out "$OUT/drafted_ahead.json" 2>&1 | grep -v -i warn | tail -24
+timeout "${AHEAD_S:-300}" python3 bench/batched_overhead.py --batches "${BATCHES:-1,2,4,8,16,64}" \
+  --ahead "${KS:-3,7,15}" --max-new-tokens 96 --no-cprofile --out "$OUT/drafted_ahead.json" 2>&1 \
+  | grep -v -i warn | tail -24
 cp -r tests recipes pyproject.toml models /tmp/dg/
-(cd /tmp/dg && timeout "${TESTS_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/decoding/test_spec_ahead.py \
-  tests/decoding/test_batched_static.py > "$OUT/gpu_tests_spec_ahead.log" 2>&1; echo "tests rc $?")
+(cd /tmp/dg && timeout "${TESTS_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+  tests/decoding/test_spec_ahead.py tests/decoding/test_batched_static.py > "$OUT/gpu_tests_spec_ahead.log" 2>&1
+  echo "tests rc $?")
 tail -2 "$OUT/gpu_tests_spec_ahead.log"

@@ -19,8 +19,9 @@ tensors too and proposes through one CUDA graph per block (one that reads tokens
 also gets the prompt's and each verified block's ids); the others observe/propose eagerly.
 
 On CUDA, beside the static cache and a static drafter that takes its positions on the device, the next block is
-drafted while the device verifies this one (`batched.drafts_ahead`; decoding/batched.py, "Drafted ahead"): its anchor and position are the verify's
-outputs on the device, so the host reads a step after launching the next one's propose and rollout.
+drafted while the device verifies this one (`batched.drafts_ahead`; decoding/batched.py, "Drafted ahead"): its
+anchor and position are the verify's outputs on the device, so the host reads a step after launching the next
+one's propose and rollout.
 
 A verify budget (`budget=`, decoding/budget.py, its auto mode) chooses each step how many drafts
 it verifies, K' of the candidates (1, 4, 8, 16 tokens a verify: budget.py), from the running
@@ -143,8 +144,8 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         if moved:
             drafter.observe_block(feats, pos)
             kk_next = k if run is None else run.choose()
-            drafted = (kk_next, *draft(kk_next, nxt, n_acc + (pos + 1), pos + kk + 1)) if kk_next else (0, None,
-                                                                                                       None, None)
+            # (K' = 0: the decode commits at the next step, from the anchor and position the read gives)
+            drafted = (kk_next, *draft(kk_next, nxt, n_acc + (pos + 1), pos + kk + 1)) if kk_next else (0, *[None] * 3)
         host = read()
         a, nxt_id, draft_ids = host[0], host[1], host[2:]
         if run is not None:
