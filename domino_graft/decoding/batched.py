@@ -79,6 +79,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -87,7 +88,7 @@ from ..sampling import Sampling, pick
 from .acceptance import slot_counts
 from .budget import VerifyBudget
 from .common import (DecodeResult, LiveMask, Output, TokenReader, check_kv, check_prompts, cuda_median_ms,
-                     first_slots, propose_timer, stop_set, whole_decode)
+                     draft_step, stop_set, whole_decode)
 from .session import DynamicSession, StaticSession, TargetSession
 from .verify import verify_chain
 
@@ -404,25 +405,19 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     reader = TokenReader(dev, pinned=ahead)
     drafted = None  # the next step's (K', drafts, q, timer), drafted before this step was read ("Drafted ahead")
 
-    def draft(kk: int, anchor, at, at_h: list[int]):
-        """The drafts [B, K'] and q of a step from the anchors at positions `at` (on the device; `at_h` on the host,
-        or bounds on them when drafted ahead), and the ProposeTimer that timed them."""
-        timer = propose_timer(run, dev)
-        if drafter is None:
-            block = adapter.propose(anchor, at)
-        else:  # the positions as the device holds them: no host->device copy of them
-            block = drafter.propose(anchor, at_h, at) if on_device else drafter.propose(anchor, at_h)
-        if timer is not None:
-            timer.proposed()
-        if kk < k:  # only the first K' slots are rolled out
-            block = first_slots(block, kk)
-        drafts, q = engine.rollout(engine.head, block, anchor, adapter.embed, temperature=sampling.temperature,
-                                   top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
-        if timer is not None:
-            timer.rolled_out()
-        return drafts, q, timer
-
     on_device = _on_device(drafter)
+
+    def draft(kk: int, anchor, at, at_h: list[int]):
+        """(drafts, q, timer) of a step from the anchors at positions `at` (on the device; `at_h` on the host, or
+        bounds on them when drafted ahead)."""
+        if drafter is None:
+            propose = partial(adapter.propose, anchor, at)
+        elif on_device:  # the positions as the device holds them: no host->device copy of them
+            propose = partial(drafter.propose, anchor, at_h, at)
+        else:
+            propose = partial(drafter.propose, anchor, at_h)
+        return draft_step(engine, propose, anchor, kk, sampling, gen, use_head, run, dev)
+
     while any(live):
         if drafted is None and run is not None and run.committed():  # plain from here on: the target alone's loop
             _target_steps(target, anchor, pos, pos_h, live, rows, sampling, gen, t0, run, shrink=tail_shrinks)
@@ -447,10 +442,10 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         n = len(rows)
         read = reader.send(torch.cat([n_acc, nxt, drafts.flatten()]))  # one device->host sync per step
         stepped = live  # the rows this step decoded
-        # the next position of each row, at most: drafted ahead, a row that ends in this step moves on once more
-        upper = [p + (kk + 1 if on else 0) for p, on in zip(pos_h, live)]
-        moved = ahead and kk > 0 and max(upper) + k + 1 <= length and not _all_may_end(rows, live, kk)
+        moved = ahead and kk > 0 and not _all_may_end(rows, live, kk)
         if moved:  # the next step drafted now, while the device verifies this one ("Drafted ahead")
+            # each row's next position, at most (`chain_room` holds them: a row that ends in this step moves on once)
+            upper = [p + (kk + 1 if on else 0) for p, on in zip(pos_h, live)]
             kept = torch.where(mask.of(live).on, n_acc + 1, 0)
             anchor, pos = torch.where(kept > 0, nxt, anchor), pos + kept
             drafter.observe_block(feats, pos_h)

@@ -270,6 +270,7 @@ class BudgetRun:
         self.decodes = 0  # decodes before this one at this batch size (or key)
         self.plain_streak = 0
         self.chosen: dict[int, int] = {}
+        self._before_choice = (0, False)  # the streak and committed_whole before the last `choose` (`withdraw`)
         self.propose_samples: list[float] = []  # ms of this decode's proposes (measured on CUDA)
         self.rollout_samples: list[float] = []  # ms per slot of their rollouts
         self.wall_clock = wall_clock  # add each step kind's measured wall-clock excess (module docstring)
@@ -505,7 +506,7 @@ class BudgetRun:
             kk = self.cycle[self.decode_steps % len(self.cycle)]
         else:
             kk = self._choice(rows, remaining)
-        self._before_choice = (self.plain_streak, self.committed_whole)  # what `withdraw` puts back
+        self._before_choice = (self.plain_streak, self.committed_whole)
         self.chosen[kk] = self.chosen.get(kk, 0) + 1
         self.decode_steps += 1
         self.plain_streak = self.plain_streak + 1 if kk == 0 else 0

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Iterable, Optional
 
 import torch
@@ -46,8 +47,8 @@ import torch
 from ..sampling import Sampling, pick
 from .batched import chain_room, drafts_ahead
 from .budget import VerifyBudget
-from .common import (DecodeResult, OnTokens, Output, TokenReader, check_prompt, cuda_median_ms, first_slots,
-                     positions, propose_timer, stop_set, whole_decode)
+from .common import (DecodeResult, OnTokens, Output, TokenReader, check_prompt, cuda_median_ms, draft_step,
+                     positions, stop_set, whole_decode)
 from .verify import verify_chain
 
 
@@ -105,19 +106,9 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
     def draft(kk: int, anchor, at=None, bound: Optional[int] = None):
         """(drafts, q, timer) of a step verifying kk drafts: from `anchor` at `pos`, or drafted ahead at the device's
         position `at` ([1]), `bound` on the host bounding it from above."""
-        timer = propose_timer(run, dev)
-        block = (drafter or adapter).propose(anchor, pos) if at is None else drafter.propose(anchor, bound, at)
-        if timer is not None:
-            timer.proposed()
-        if kk < k:  # only the first K' slots are rolled out and verified
-            block = first_slots(block, kk)
-        drafts, q = engine.rollout(
-            engine.head, block, anchor, adapter.embed, temperature=sampling.temperature, top_k=sampling.top_k,
-            top_p=sampling.top_p, generator=gen, use_head=use_head,
-        )
-        if timer is not None:
-            timer.rolled_out()
-        return drafts, q, timer
+        propose = partial((drafter or adapter).propose, anchor, pos) if at is None else partial(
+            drafter.propose, anchor, bound, at)
+        return draft_step(engine, propose, anchor, kk, sampling, gen, use_head, run, dev)
 
     while not done:
         if drafted is not None:
@@ -140,7 +131,7 @@ def chain_speculative(engine, prompt_ids, *, max_new_tokens: int, sampling: Samp
         read = reader.send(torch.cat([n_acc, nxt, drafts[0]]))  # one device->host sync per step
         # drafted ahead (batched.py "Drafted ahead"), unless this step may be the decode's last: the next block from
         # the anchor and position the device holds, while the device verifies this step
-        moved = ahead and out.left() > kk + 1 and pos + kk + 1 + k + 1 <= length
+        moved = ahead and out.left() > kk + 1  # (`chain_room` holds the block drafted at pos + kk + 1 at most)
         if moved:
             drafter.observe_block(feats, pos)
             kk_next = k if run is None else run.choose()

@@ -188,6 +188,23 @@ def propose_timer(run, dev) -> Optional[ProposeTimer]:
     return ProposeTimer()
 
 
+def draft_step(engine, propose: Callable[[], object], anchor: torch.Tensor, kk: int, sampling, gen, use_head: bool,
+               run, dev):
+    """A chain step's drafts: `propose()` (the drafter's block), cut to its first kk slots where kk < K, rolled out by
+    the engine's head. -> (drafts [B, kk], q or None, the ProposeTimer that timed them or None: `propose_timer`)."""
+    timer = propose_timer(run, dev)
+    block = propose()
+    if timer is not None:
+        timer.proposed()
+    if kk < engine.adapter.num_slots:  # only the first K' slots are rolled out and verified
+        block = first_slots(block, kk)
+    drafts, q = engine.rollout(engine.head, block, anchor, engine.adapter.embed, temperature=sampling.temperature,
+                               top_k=sampling.top_k, top_p=sampling.top_p, generator=gen, use_head=use_head)
+    if timer is not None:
+        timer.rolled_out()
+    return drafts, q, timer
+
+
 def whole_decode(tokens: int, started: float, captured: bool) -> tuple[int, float]:
     """(tokens, seconds since `started`) of a whole decode for the verify budget's outcomes (budget.py,
     "Whole decodes"); (0, 0.0), no sample, where the decode `captured` a CUDA graph: its wall holds the
