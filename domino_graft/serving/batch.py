@@ -45,9 +45,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..decoding.batched import first_slots, measure_step_costs, ragged_target, static_batch_drafter
+from ..decoding.batched import measure_step_costs, ragged_target, static_batch_drafter
 from ..decoding.budget import BudgetRun, VerifyBudget
-from ..decoding.common import LiveMask, propose_timer
+from ..decoding.common import LiveMask, first_slots, propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
 
