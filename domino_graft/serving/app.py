@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..sampling import Sampling
+from .mailbox import sender
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ChatRequest, CompletionRequest, describe_validation, error_body
 from .scheduler import Job, QueueFull, Scheduler, ShuttingDown, describe
@@ -169,7 +170,7 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
               sampling=Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed),
               stop=body.stop_strings(), stop_ids=served.engine.stop_ids,
               detokenize=lambda toks: decode_text(target, toks),
-              send=_sender(loop, events))
+              send=sender(loop, events))
     try:
         served.scheduler.submit(job)
     except QueueFull as e:
@@ -211,17 +212,17 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
             "model": served.model_name, "choices": [choice], "usage": _usage(job)}
 
 
-def _sender(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
-    """The worker's way to hand a job's events to its handler. After shutdown the loop is closed
-    and nobody listens: the event is dropped rather than failing the worker."""
-
-    def send(event: tuple) -> None:
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed
-            pass
-
-    return send
+def _merged_deltas(text: str, events: asyncio.Queue) -> tuple[str, Optional[tuple]]:
+    """A delta's text with the deltas queued behind it, and the first other event queued (None if none): when
+    the client's stream falls behind the worker, one chunk carries what several would (each chunk is a JSON
+    encoding and a write on the event loop, which the other streams wait for). The text is the same."""
+    parts = [text]
+    while not events.empty():
+        ev = events.get_nowait()
+        if ev[0] != "delta":
+            return "".join(parts), ev
+        parts.append(ev[1])
+    return "".join(parts), None
 
 
 def _usage(job: Job) -> dict:
@@ -252,9 +253,12 @@ async def _stream(served: Served, job: Job, events: asyncio.Queue, rid: str, cre
         while True:
             ev = await events.get()
             if ev[0] == "delta":
-                if ev[1]:
-                    yield chunk(ev[1], None)
-            elif ev[0] == "done":
+                text, ev = _merged_deltas(ev[1], events)
+                if text:
+                    yield chunk(text, None)
+                if ev is None:
+                    continue
+            if ev[0] == "done":
                 yield chunk(None, ev[1])
                 break
             else:

@@ -1,8 +1,9 @@
 """The model worker: one thread owns the engine; requests queue to it and come back as events.
 
 The ASGI event loop never runs torch: handlers `submit` a Job and await its events, which the
-worker hands over with `loop.call_soon_threadsafe`. One worker, because the engine (its caches,
-the adapter's drafter context) is one decode's state at a time.
+worker hands over through the loop's mailbox (serving/mailbox.py: one wake-up of the loop per burst of
+events). One worker, because the engine (its caches, the adapter's drafter context) is one decode's state
+at a time.
 
 Two modes, by what the drafter can do (docs/serving.md, "serve"):
 
