@@ -3,9 +3,9 @@
 A batched step pushes one text delta per row (serving/scheduler.py `Job.push`). Handing each to the
 event loop with its own `loop.call_soon_threadsafe` wakes the loop once per row and step: a write to the
 loop's self-pipe in the worker and a turn of the loop per event. A stand-in of the worker with 0.9 ms
-steps (`bench/serve_events.py`, bench/results/serve_events_cpu.json, a 2-core CPU) ran 1.31 / 2.11 ms a step
-at B = 32 / 64 that way, 1.15 / 1.04 with the events of a step delivered together (B = 1 and 8: the same,
-1.04 and 1.17). So events are posted here and delivered in order by one callback: the first event after a
+steps (`bench/serve_events.py`, bench/results/serve_events_cpu.json, a 2-core CPU) ran 1.35 / 2.30 ms a step
+at B = 32 / 64 that way, 1.11 / 1.08 with the events of a step delivered together (B = 1 and 8: the same,
+1.04 and 1.17-1.18). So events are posted here and delivered in order by one callback: the first event after a
 delivery schedules it, and every event posted before it runs goes with it.
 """
 
