@@ -6,12 +6,14 @@ loop's self-pipe in the worker and a turn of the loop per event. A stand-in of t
 steps (`bench/serve_events.py`, bench/results/serve_events_cpu.json, a 2-core CPU) ran 1.35 / 2.30 ms a step
 at B = 32 / 64 that way, 1.11 / 1.08 with the events of a step delivered together (B = 1 and 8: the same,
 1.04 and 1.17-1.18). So events are posted here and delivered in order by one callback: the first event after a
-delivery schedules it, and every event posted before it runs goes with it.
+delivery schedules it, and every event posted before it runs goes with it. DOMINO_GRAFT_SERVE_MAILBOX=0 hands
+each event over by itself, as before (an A/B switch: experiments/serve_handover_check.sh).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 
@@ -62,7 +64,15 @@ def mailbox_for(loop: asyncio.AbstractEventLoop) -> Mailbox:
 
 
 def sender(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
-    """A job's `send`: its events into `queue` through the loop's mailbox."""
+    """A job's `send`: its events into `queue` through the loop's mailbox (module docstring: the switch)."""
+    if os.environ.get("DOMINO_GRAFT_SERVE_MAILBOX", "1") == "0":
+        def each(event: tuple) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the event loop is closed
+                pass
+
+        return each
     box = mailbox_for(loop)
 
     def send(event: tuple) -> None:

@@ -62,3 +62,21 @@ def test_queued_deltas_merge_up_to_the_next_other_event():
     assert (text, nxt) == ("abc", ("done", "stop"))
     assert rest == [("delta", "late")]  # what follows the other event stays queued, in order
     assert (text2, nxt2, empty) == ("c d", None, True)
+
+
+def test_the_switch_hands_each_event_over_by_itself(monkeypatch):
+    monkeypatch.setenv("DOMINO_GRAFT_SERVE_MAILBOX", "0")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        q = asyncio.Queue()
+        send = sender(loop, q)
+        thread = threading.Thread(target=lambda: [send(("delta", str(i))) for i in range(20)] + [send(("done", "x"))])
+        thread.start()
+        got = [await q.get() for _ in range(21)]
+        thread.join()
+        return got, mailbox_for(loop).deliveries
+
+    got, deliveries = asyncio.run(main())
+    assert got == [("delta", str(i)) for i in range(20)] + [("done", "x")]
+    assert deliveries == 0  # not through the mailbox
