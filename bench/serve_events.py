@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import environment, write_json  # noqa: E402
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     step_ms = args.host_ms + args.device_ms
-    out = {"what": __doc__.splitlines()[0], **environment(" ".join(["bench/serve_events.py", *sys.argv[1:]])),
+    out = {"what": __doc__.splitlines()[0], **environment(" ".join(["bench/serve_events.py", *(sys.argv[1:] if argv is None else argv)])),
            "steps": args.steps, "host_ms": args.host_ms, "device_ms": args.device_ms, "repeats": args.repeats,
            "rows": {}}
     for b in [int(x) for x in args.rows.split(",")]:

@@ -42,6 +42,9 @@
 #          The call returns the grafted head as conc.tgz.part-* (15 MB each): cat them into bench/work/conc.tgz, and on
 #          a later machine run `bash experiments/h200.sh stage-graft` (carry bench/work/conc.tgz, models/ out) after
 #          `stage`: its concurrency calls then skip the ~3 min graft.
+#   rollouts  bench/rollouts.py: GSM8K prompts at 1..64 rows in flight, rows refilled as they end (serve's worker,
+#          no HTTP), target alone / + Domino, after `concurrency` in the same warm machine (its graft), e.g.
+#          ROLL_ARGS="--num-prompts 256 --concurrency 1,8,16,32,64 --temperatures 0,1" bash experiments/h200.sh rollouts
 #   serve  bench/serve_sweep.py (issue #40) on the head `concurrency` grafted, in the next call of the same warm
 #          machine; first, here: bash experiments/serve_wheels.sh, and carry .whl:
 #          SERVE_ARGS="--num-prompts 48 --max-tokens 192 --max-batch 32" bash experiments/h200.sh serve
@@ -63,7 +66,7 @@
 #          shape), whose winners the engine's *_linears variant uses.
 #          One call, carry .whl:  DG_GIT_SHA=$(git rev-parse HEAD) bash experiments/h200.sh engine
 set -euo pipefail
-PHASE=${1:?usage: h200.sh stage|stage-graft|setup|ship|e2e|concurrency|serve|families|families-driver|profile|drafter|engine}
+PHASE=${1:?usage: h200.sh stage|stage-graft|setup|ship|e2e|concurrency|rollouts|serve|families|families-driver|profile|drafter|engine}
 SRC=$(cd "$(dirname "$0")/.." && pwd)   # the code (the checkout, or a snapshot of it)
 HERE=$PWD                                 # the checkout root: .stage/ and .whl/ travel there
 WORK=/tmp/work
@@ -186,6 +189,14 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
       if [ "$(stat -c %s /tmp/conc.tgz)" -lt 60000000 ]; then split -b 15000000 -d /tmp/conc.tgz "$OUTDIR/conc.tgz.part-"
       else echo "conc.tgz over 60 MB: not returned"; fi
     fi
+    ;;
+  rollouts)  # bench/rollouts.py (many prompts, B rows at a time refilled as they end, through serve's worker: no
+             # HTTP, no serve wheels) on the head `concurrency` grafted in this warm machine; ROLL_ARGS adds arguments
+    restore_graft
+    RUN_DIR="$WORK/conc/graft"; [ -d "$WORK/e2e/graft" ] && RUN_DIR="$WORK/e2e/graft"
+    (cd /tmp && timeout "${ROLL_S:-560}" python3 "$SRC/bench/rollouts.py" --run "$RUN_DIR" \
+      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/rollouts_$(gpu_tag).json" \
+      ${ROLL_ARGS:-}) 2>&1 | grep -v "Loading weights" | tail -20
     ;;
   serve)  # bench/serve_sweep.py on the head `concurrency` grafted in this warm machine (needs the serve wheels in
           # .whl/: bash experiments/serve_wheels.sh here first; SERVE_ARGS adds arguments)

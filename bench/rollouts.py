@@ -1,0 +1,137 @@
+"""Many prompts at a fixed concurrency, rows refilled as they end: the target alone against + Domino.
+
+bench/concurrency.py decodes static batches: a batch runs until its slowest row ends, and speculation, which
+spreads the rows' ends, loses there past B = 8 (docs/results.md §0c, session 44). Serving and RL rollouts keep
+B rows busy instead: an ended row takes the next prompt. This drives `serve`'s worker (serving/scheduler.py:
+continuous batching, admission in place, the verify budget) directly, with no HTTP and no detokenising: all
+--num-prompts prompts are queued at once and at most B decode at a time. Each mode (`--target-only`, and the
+drafter + the Domino head) in turn gets its own scheduler per B, warm-started over every batch size it builds
+(serving/warmup.py), then decodes the prompts once untimed (the verify budget learns its costs and acceptance)
+and --rounds times timed. tokens/s = generated tokens / the wall from the first
+submission to the last completion. Greedy: each prompt's tokens under + Domino equal the target alone's
+(`identical_to_target`).
+
+    python3 bench/rollouts.py --run RUN --prompts …/gsm8k/prompts.jsonl --num-prompts 256 \
+        --concurrency 1,8,16,32,64 --temperatures 0,1 --out bench/results/rollouts_<gpu>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+from concurrency import load, read_items  # noqa: E402
+
+MODES = ("target", "domino")
+
+
+def decode_all(scheduler, items: list[list[int]], max_new: int, sampling, stop_ids) -> tuple[list[list[int]], float]:
+    """Every prompt through the scheduler at once -> (each prompt's tokens, wall seconds)."""
+    from domino_graft.serving.scheduler import Job
+
+    done = threading.Semaphore(0)
+    failed: list[str] = []
+
+    def send(event: tuple) -> None:
+        if event[0] == "error":
+            failed.append(event[1])
+        if event[0] in ("done", "error"):
+            done.release()
+
+    jobs = [Job(ids, max_tokens=max_new, sampling=sampling, stop=[], stop_ids=stop_ids, detokenize=lambda t: "",
+                send=send) for ids in items]
+    t0 = time.perf_counter()
+    for job in jobs:
+        scheduler.submit(job)
+    for _ in jobs:
+        done.acquire()
+    wall = time.perf_counter() - t0
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed; the first: {failed[0]}")
+    return [list(job.tokens) for job in jobs], wall
+
+
+def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> dict:
+    """One concurrency at one temperature: each mode in turn its own scheduler (warm-started before any prompt;
+    two workers on one engine never run at once), an untimed pass, then the timed rounds."""
+    from domino_graft.sampling import Sampling
+    from domino_graft.serving.scheduler import Scheduler
+
+    positions = max(len(x) for x in items) + args.max_new_tokens
+    sampling = Sampling(temperature=temperature, seed=0 if temperature > 0 else None)
+    row = {"concurrency": b, "temperature": temperature, "num_prompts": len(items), "walls_s": {}}
+    tokens = {}
+    for mode in MODES:
+        s = Scheduler(engine, max_batch=b, max_queue=len(items), target_only=mode == "target",
+                      budget=budgets.get(mode), warm_start=positions if args.device == "cuda" else None)
+        s.start()
+        try:
+            while s.warming and s.alive:
+                time.sleep(0.05)
+            if not s.alive:
+                raise RuntimeError(f"the {mode} scheduler's worker ended: {s.error}")
+            decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed: the budget learns
+            walls = []
+            for _ in range(args.rounds):
+                toks, wall = decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+                walls.append(round(wall, 5))
+                tokens.setdefault(mode, toks)
+        finally:
+            s.stop(timeout=60, abandon=True)
+        n = sum(len(t) for t in tokens[mode])
+        row["walls_s"][mode] = walls
+        row[f"{mode}_tokens"] = n
+        row[f"{mode}_tokens_per_s"] = round(n / statistics.median(walls), 1)
+        row[f"{mode}_rebuilds"], row[f"{mode}_admitted_in_place"] = s.rebuilds, s.admitted_in_place
+    row["speedup"] = round(row["domino_tokens_per_s"] / row["target_tokens_per_s"], 4)
+    if temperature == 0:
+        same = [a == t for a, t in zip(tokens["domino"], tokens["target"])]
+        row["identical_to_target"], row["not_identical"] = all(same), same.count(False)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="a run dir or bundle (the graft)")
+    p.add_argument("--prompts", type=Path, help="a prompts JSONL (default: the GSM8K test questions)")
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--concurrency", default="1,8,16,32,64", help="rows decoding at once (comma-separated)")
+    p.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy (identity checked)")
+    p.add_argument("--verify-budget", default="auto", help="+ Domino's: full, auto or N (decoding/budget.py)")
+    p.add_argument("--verify-costs", default=None, help="a cost table for auto (off CUDA)")
+    p.add_argument("--rounds", type=int, default=2, help="timed passes a mode (medians)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (numbers meaningless)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    from domino_graft.decoding.budget import budget_option
+
+    loaded, engine = load(args.run, args.dtype, args.device, "auto")
+    items = read_items(loaded, args.prompts, args.num_prompts)
+    report = {"what": __doc__.splitlines()[0], "run": args.run, "max_new_tokens": args.max_new_tokens,
+              "verify_budget": args.verify_budget, "dtype": args.dtype, "rounds": args.rounds,
+              **harness.environment(" ".join(["bench/rollouts.py", *(sys.argv[1:] if argv is None else argv)])), "by_concurrency": []}
+    for temperature in [float(x) for x in args.temperatures.split(",")]:
+        # + Domino's budget goes on from one concurrency to the next, as one server's would
+        budget = budget_option(args.verify_budget, args.verify_costs, 2)
+        for b in [int(x) for x in args.concurrency.split(",")]:
+            row = measure(engine, items, b, temperature, args, {"domino": budget})
+            report["by_concurrency"].append(row)
+            print(f"B = {b} T = {temperature:g}: target {row['target_tokens_per_s']:,.0f}, + Domino "
+                  f"{row['domino_tokens_per_s']:,.0f} tok/s ({row['speedup']:.3f}x); identical "
+                  f"{row.get('identical_to_target')}", flush=True)
+            harness.write_json(args.out, report)  # after every row: a cut-off run keeps what it measured
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
