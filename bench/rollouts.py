@@ -116,12 +116,13 @@ def main(argv=None) -> int:
 
     loaded, engine = load(args.run, args.dtype, args.device, "auto")
     items = read_items(loaded, args.prompts, args.num_prompts)
+    command = " ".join(["bench/rollouts.py", *(sys.argv[1:] if argv is None else argv)])
     report = {"what": __doc__.splitlines()[0], "run": args.run, "max_new_tokens": args.max_new_tokens,
               "verify_budget": args.verify_budget, "dtype": args.dtype, "rounds": args.rounds,
-              **harness.environment(" ".join(["bench/rollouts.py", *(sys.argv[1:] if argv is None else argv)])), "by_concurrency": []}
+              **harness.environment(command), "by_concurrency": []}
     for temperature in [float(x) for x in args.temperatures.split(",")]:
         # + Domino's budget goes on from one concurrency to the next, as one server's would
-        budget = budget_option(args.verify_budget, args.verify_costs, 2)
+        budget = budget_option(args.verify_budget, args.verify_costs, 2)  # (2: any batched size; it gates fixed N)
         for b in [int(x) for x in args.concurrency.split(",")]:
             row = measure(engine, items, b, temperature, args, {"domino": budget})
             report["by_concurrency"].append(row)

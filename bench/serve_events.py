@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import environment, write_json  # noqa: E402
 
 from domino_graft.serving.app import _merged_deltas  # noqa: E402
-from domino_graft.serving.mailbox import sender  # noqa: E402
+from domino_graft.serving.mailbox import direct_sender, sender  # noqa: E402
 
 
 def _chunk(text: str) -> str:  # the size of serve's completion chunk
@@ -44,10 +44,7 @@ async def _run(mode: str, rows: int, steps: int, host_ms: float, device_ms: floa
     """(ms per step, chunks per stream) of one run."""
     loop = asyncio.get_running_loop()
     queues = [asyncio.Queue() for _ in range(rows)]
-    if mode == "mailbox":
-        sends = [sender(loop, q) for q in queues]
-    else:
-        sends = [lambda ev, q=q: loop.call_soon_threadsafe(q.put_nowait, ev) for q in queues]
+    sends = [(sender if mode == "mailbox" else direct_sender)(loop, q) for q in queues]
 
     def worker():
         for _ in range(steps):
@@ -91,7 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     step_ms = args.host_ms + args.device_ms
-    out = {"what": __doc__.splitlines()[0], **environment(" ".join(["bench/serve_events.py", *(sys.argv[1:] if argv is None else argv)])),
+    command = " ".join(["bench/serve_events.py", *(sys.argv[1:] if argv is None else argv)])
+    out = {"what": __doc__.splitlines()[0], **environment(command),
            "steps": args.steps, "host_ms": args.host_ms, "device_ms": args.device_ms, "repeats": args.repeats,
            "rows": {}}
     for b in [int(x) for x in args.rows.split(",")]:
