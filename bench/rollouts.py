@@ -32,8 +32,9 @@ from concurrency import load, read_items  # noqa: E402
 MODES = ("target", "domino")
 
 
-def decode_all(scheduler, items: list[list[int]], max_new: int, sampling, stop_ids) -> tuple[list[list[int]], float]:
-    """Every prompt through the scheduler at once -> (each prompt's tokens, wall seconds)."""
+def run_jobs(scheduler, specs: list[dict], timeout_s: float = None) -> list[list[int]]:
+    """Jobs (each spec: Job's keyword arguments bar `detokenize` and `send`) submitted at once; -> each one's
+    tokens once all have ended (RuntimeError if any failed or, with `timeout_s`, did not end in time)."""
     from domino_graft.serving.scheduler import Job
 
     done = threading.Semaphore(0)
@@ -45,17 +46,24 @@ def decode_all(scheduler, items: list[list[int]], max_new: int, sampling, stop_i
         if event[0] in ("done", "error"):
             done.release()
 
-    jobs = [Job(ids, max_tokens=max_new, sampling=sampling, stop=[], stop_ids=stop_ids, detokenize=lambda t: "",
-                send=send) for ids in items]
-    t0 = time.perf_counter()
+    jobs = [Job(**spec, detokenize=lambda t: "", send=send) for spec in specs]
     for job in jobs:
         scheduler.submit(job)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     for _ in jobs:
-        done.acquire()
-    wall = time.perf_counter() - t0
+        if not done.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(f"requests still running after {timeout_s} s")
     if failed:
         raise RuntimeError(f"{len(failed)} requests failed; the first: {failed[0]}")
-    return [list(job.tokens) for job in jobs], wall
+    return [list(job.tokens) for job in jobs]
+
+
+def decode_all(scheduler, items: list[list[int]], max_new: int, sampling, stop_ids) -> tuple[list[list[int]], float]:
+    """Every prompt through the scheduler at once -> (each prompt's tokens, wall seconds)."""
+    t0 = time.perf_counter()
+    tokens = run_jobs(scheduler, [dict(prompt_ids=ids, max_tokens=max_new, sampling=sampling, stop=[],
+                                       stop_ids=stop_ids) for ids in items])
+    return tokens, time.perf_counter() - t0
 
 
 def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> dict:

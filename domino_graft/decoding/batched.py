@@ -181,10 +181,10 @@ def drafts_ahead(target, drafter, device) -> bool:
     """Whether a speculative loop drafts step n + 1 before reading step n (CUDA, the static cache, a static drafter
     that takes its positions on the device, the switch)."""
     return (SPEC_AHEAD and torch.device(device).type == "cuda" and isinstance(target, StaticSession)
-            and _on_device(drafter))
+            and takes_device_positions(drafter))
 
 
-def _on_device(drafter) -> bool:
+def takes_device_positions(drafter) -> bool:
     """The static drafter's propose takes its positions as a device tensor (`at=`): looked up on its class, as
     `static_batch_drafter` is, so a wrapper that forwards attributes to one (the tests' oracles) is not bypassed."""
     return getattr(type(drafter), "positions_on_device", False)
@@ -405,7 +405,7 @@ def batched_chain(engine, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     reader = TokenReader(dev, pinned=ahead)
     drafted = None  # the next step's (K', drafts, q, timer), drafted before this step was read ("Drafted ahead")
 
-    on_device = _on_device(drafter)
+    on_device = takes_device_positions(drafter)
 
     def draft(kk: int, anchor, at, at_h: list[int]):
         """(drafts, q, timer) of a step from the anchors at positions `at` (on the device; `at_h` on the host, or

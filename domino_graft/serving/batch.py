@@ -31,6 +31,18 @@ drafts (K' = 0: a plain target step), the same K' for every row, chosen before t
 a rebuilt batch carries the acceptance estimate of the batch it replaces, and the costs (measured
 once per batch size on CUDA) live in the server's one `VerifyBudget`.
 
+Drafted ahead (ChainBatch, where `decoding.batched.drafts_ahead` holds: CUDA, the static cache, a static drafter
+that takes its positions on the device): as in `batched_chain`, block n + 1 is proposed and rolled out from what
+block n's verify left on the device, before the host reads block n, so the host's read, its pushes (each row's
+text) and the scheduler's turn overlap the device's drafting. What the read then changes leaves the block valid,
+because a verify is lossless whatever drafted its tokens: a row that ended in block n moved once more on the
+device (`chain_room` leaves the room; its tokens are dropped), and a row admitted into a freed slot (its anchor
+and position set from the host's, exact after the read) is verified against the drafts of the row it replaced:
+its first block accepts little, but what it emits is the target's (greedy: its argmax; T > 0: speculative
+sampling is exact for any q the drafts were drawn from). Only a changed sampling setting in a slot drops the
+block (its rows are verified by the groups that drafted them); so do a warm-start step and a batch's end
+(`drop_drafted`: the budget's choice is withdrawn).
+
 Each row has its own sampling setting. The library's rollout and verifier take one setting per
 call, so a step runs them once per setting present, on that setting's rows (both work row by row:
 a row's drafts and verdict read only its own block, logits and q), while the drafter's propose
@@ -45,9 +57,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..decoding.batched import measure_step_costs, ragged_target, static_batch_drafter
+from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, ragged_target, static_batch_drafter,
+                                takes_device_positions)
 from ..decoding.budget import BudgetRun, VerifyBudget
-from ..decoding.common import LiveMask, first_slots, propose_timer
+from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
 
@@ -91,12 +104,16 @@ class _Chunked:
         return torch.stack([torch.nn.functional.pad(f, (0, 0, 0, n - f.shape[0])) for f in whole])
 
 
+def _setting(s: Sampling) -> tuple:
+    """What groups a row with others (greedy ignores top_k / top_p; the seed is the batch's, `_generator`)."""
+    return ("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p)
+
+
 def _groups(rows: list[BatchRow], dev) -> list[tuple[torch.Tensor, Sampling]]:
-    """The rows of each sampling setting (greedy ignores top_k / top_p): [(rows' indices, setting)]."""
+    """The rows of each sampling setting, in order of their first row: [(rows' indices, setting)]."""
     by_key: dict[tuple, list[int]] = {}
     for b, r in enumerate(rows):
-        s = r.sampling
-        by_key.setdefault(("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p), []).append(b)
+        by_key.setdefault(_setting(r.sampling), []).append(b)
     return [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
 
 
@@ -216,6 +233,9 @@ class _Rows:
         self.anchor = torch.where(live_t, nxt, self.anchor)
         self.pos = self.pos + mask.long
         self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+
+    def drop_drafted(self) -> None:
+        """Nothing is drafted ahead here (ChainBatch's)."""
 
     def free_slots(self) -> list[int]:
         """Rows whose request ended (finished, cancelled, or an idle pad): a prompt may be admitted there."""
@@ -367,11 +387,15 @@ class ChainBatch(_Rows):
         adapter = self.adapter = engine.adapter
         self.use_head, self.on_step = use_head, on_step
         self.k = k = adapter.num_slots
-        self.extra = k + 1
-        ids = self._start(engine, rows, k + 1, seed)
+        self.extra = chain_room(k)  # a verify past a row's last token, and a block drafted ahead of its end
+        ids = self._start(engine, rows, self.extra, seed)
         self.capture = adapter.capture_layers()
-        length = max(r.positions_needed for r in rows) + k + 1  # the target's, as _start made it
+        length = max(r.positions_needed for r in rows) + self.extra  # the target's, as _start made it
         self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
+        self.on_device = takes_device_positions(self.drafter)
+        self.ahead = drafts_ahead(self.target, self.drafter, self.dev)  # "Drafted ahead", module docstring
+        self.reader = TokenReader(self.dev, pinned=self.ahead)
+        self.drafted = None  # the next block (K', drafts, qs, timer, the rows' settings), drafted before a read
         adapter.reset(len(rows))
         logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
         if self.drafter is not None:
@@ -421,66 +445,107 @@ class ChainBatch(_Rows):
         run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
                                             run.lengths_to_measure()))
 
-    def _choose(self) -> int:
-        """K' for this block (all K without a budget); the budget's wall clock starts its step."""
-        if self.run is None:
-            return self.k
-        kk = self.run.choose()
-        self.run.tick(kk)
-        return kk
+    def _settings(self) -> list[tuple]:
+        """Each row's setting: equal lists give equal groups (`_groups`), and a block drafted ahead is verified by
+        the groups that drafted it."""
+        return [_setting(r.sampling) for r in self.rows]
+
+    def _draft(self, kk: int, anchor: torch.Tensor, at: torch.Tensor, at_h: list[int]):
+        """(drafts, each group's q, timer) of a block of K' = kk from the anchors at positions `at` (on the device;
+        `at_h` on the host: exact, or bounds on them when drafted ahead)."""
+        timer = propose_timer(self.run, self.dev)
+        if self.drafter is None:
+            block = self.adapter.propose(anchor, at)
+        elif self.on_device:  # the positions as the device holds them: no host->device copy of them
+            block = self.drafter.propose(anchor, at_h, at)
+        else:
+            block = self.drafter.propose(anchor, at_h)
+        if timer is not None:
+            timer.proposed()
+        if kk < self.k:  # only the first K' slots are rolled out
+            block = first_slots(block, kk)
+        drafts, qs = self._rollout(block, anchor)
+        if timer is not None:
+            timer.rolled_out()
+        return drafts, qs, timer
+
+    def drop_drafted(self) -> None:
+        """A block drafted ahead that will not be verified (the batch ends or is replaced, a warm-start step, or
+        an admitted row's sampling setting differs from what drafted its row): it leaves no count in the budget."""
+        if self.drafted is not None and self.run is not None:
+            self.run.withdraw(self.drafted[0])
+        self.drafted = None
+
+    def _may_all_end(self, kk: int) -> bool:
+        """Every live row may reach its token budget in a block of kk + 1 tokens: nothing is drafted ahead of it."""
+        return all(r.positions_needed - len(r.context) - 1 <= kk + 1 for r, on in zip(self.rows, self.live) if on)
 
     @torch.inference_mode()
     def step(self, verify: Optional[int] = None) -> None:
         """One block for every live row: propose, roll out, verify (K' drafts; K' = 0 a plain
         target step), push each row's tokens. verify: K' for this block (the warm start's shapes),
-        else the budget's choice."""
+        else the budget's choice (module docstring "Drafted ahead": the block may have been drafted already)."""
         if not self._retire_cancelled():
+            self.drop_drafted()
             return
-        if verify is None and self.run is not None and self.run.committed():  # the target alone's step until a rebuild
-            rows = sum(self.live)
+        if verify is not None or (self.drafted is not None and self.drafted[4] != self._settings()):
+            self.drop_drafted()
+        if self.drafted is None and verify is None and self.run is not None and self.run.committed():
+            rows = sum(self.live)  # the target alone's step until a rebuild
             self.run.tick(0, lean=True)
             self.plain_step()
             self.run.count_plain()
             if self.on_step is not None:
                 self.on_step([0] * rows, 0)
             return
-        adapter, k = self.adapter, self.k
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
-        kk = self._choose() if verify is None else verify
-        timer = None
+        if self.drafted is not None:
+            kk, drafts, qs, timer, _ = self.drafted
+            self.drafted = None
+        else:
+            kk = verify if verify is not None else self.k if self.run is None else self.run.choose()
+            drafts, qs, timer = self._draft(kk, anchor, pos, pos_h) if kk else (None, None, None)
         if kk == 0:  # the anchor alone; the next token each row's own pick
             seq = anchor[:, None]
             logits, feats = self.target.step(seq, pos, self.capture, pos_h)
             nxt = self._pick(logits[:, 0])
             n_acc, drafts = torch.zeros_like(nxt), seq[:, :0]
         else:
-            timer = propose_timer(self.run, self.dev)
-            block = adapter.propose(anchor, pos) if self.drafter is None else self.drafter.propose(anchor, pos_h)
-            if timer is not None:
-                timer.proposed()
-            if kk < k:  # only the first K' slots are rolled out
-                block = first_slots(block, kk)
-            drafts, qs = self._rollout(block, anchor)
-            if timer is not None:
-                timer.rolled_out()
             seq = torch.cat([anchor[:, None], drafts], dim=1)
             logits, feats = self.target.step(seq, pos, self.capture, pos_h)
             n_acc, nxt = self._verify(logits, drafts, qs)
-        host = torch.cat([n_acc, nxt, drafts.flatten()]).tolist()  # the step's one device->host sync
+        if self.run is not None and verify is None:  # the step's wall-clock sample, while the device runs it
+            self.run.tick(kk)
+        read = self.reader.send(torch.cat([n_acc, nxt, drafts.flatten()]))  # the step's one device->host sync
+        stepped = list(self.live)
+        moved = self.ahead and verify is None and kk > 0 and not self._may_all_end(kk)
+        if moved:  # the next block drafted now, while the device verifies this one
+            kept = torch.where(self._mask.of(stepped).on, n_acc + 1, 0)
+            self.anchor, self.pos = torch.where(kept > 0, nxt, anchor), pos + kept
+            self.drafter.observe_block(feats, pos_h)
+            upper = [p + (kk + 1 if on else 0) for p, on in zip(pos_h, stepped)]
+            kk_next = self.k if self.run is None else self.run.choose()  # (not committed: this K' > 0)
+            block = self._draft(kk_next, self.anchor, self.pos, upper) if kk_next else (None, None, None)
+            self.drafted = (kk_next, *block, self._settings())
+        host = read()
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         if timer is not None:
             self.run.add_propose(*timer.read(), slots=kk)
-        live_acc = [n_acc_h[r] for r in range(b) if self.live[r]]
+        live_acc = [n_acc_h[r] for r in range(b) if stepped[r]]
         if self.run is not None:
             self.run.observe(kk, live_acc)
         if self.on_step is not None:
             self.on_step(live_acc, kk)
         for r in range(b):
-            if self.live[r]:
+            if stepped[r]:
                 a = n_acc_h[r]
                 self._advance(r, drafts_h[r * kk: r * kk + a] + [nxt_h[r]])
         if not any(self.live):
+            self.drop_drafted()
+            return
+        if moved:  # the anchors and positions moved on the device already, by the rows this block decoded
+            self.pos_h = [p + (a + 1 if on else 0) for p, a, on in zip(pos_h, n_acc_h, stepped)]
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(self._mask.of(self.live).on, n_acc + 1, 0)
@@ -490,8 +555,8 @@ class ChainBatch(_Rows):
             self.drafter.observe_block(feats, pos_h)
         else:  # the kept entries at their positions, -1 elsewhere
             new = self.offs[None, :longest] < kept[:, None]
-            adapter.observe(None if feats is None else feats[:, :longest],
-                            torch.where(new, pos[:, None] + self.offs[:longest], -1), ids=seq[:, :longest])
+            self.adapter.observe(None if feats is None else feats[:, :longest],
+                                 torch.where(new, pos[:, None] + self.offs[:longest], -1), ids=seq[:, :longest])
         self.anchor = torch.where(kept > 0, nxt, anchor)
         self.pos = pos + kept
         self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]

@@ -350,6 +350,7 @@ class Scheduler:
         while True:
             running = batch.running() if batch is not None else []
             if batch is not None and not running:  # every row finished or cancelled: retire them all
+                batch.drop_drafted()
                 for row in batch.rows:
                     if row in jobs:  # not an idle row
                         self._retire(jobs.pop(row))
@@ -391,6 +392,8 @@ class Scheduler:
                 self.rebuilds += 1
                 try:
                     carry = getattr(batch, "run", None)  # the replaced batch's acceptance estimate goes on
+                    if batch is not None:
+                        batch.drop_drafted()
                     batch = (TargetBatch(self.engine, rows) if self.target_only else
                              ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step,
                                         budget=self.budget, carry=carry))

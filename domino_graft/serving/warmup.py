@@ -15,7 +15,8 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
 
   1. reserves the target's static cache, and the family's static drafter where it has one, at full
      size: the largest batch x the positions a request may reach (the server's max_model_len, which
-     bounds prompt + max_tokens, plus the K + 1 a batch leaves), so no batch ever re-creates them;
+     bounds prompt + max_tokens, plus the room a ChainBatch leaves: decoding/batched.py `chain_room`), so
+     no batch ever re-creates them;
   2. per batch size the loop can build (Scheduler.batch_sizes), builds a batch of placeholder rows and
      visits every shape: a prefill at each padded prompt length a rebuild can meet, then, at a position
      in each kv bucket, a step of every verify length the budget may choose (and each one followed by a
@@ -44,6 +45,7 @@ from typing import Optional
 
 import torch
 
+from ..decoding.batched import chain_room
 from ..fast import KV_BLOCK, prefill_length
 from ..sampling import Sampling
 from .batch import BatchRow, ChainBatch, TargetBatch, batch_target
@@ -137,8 +139,8 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
     cuda = engine.target.device.type == "cuda"
     sweep = cuda if sweep is None else sweep
     adapter = None if target_only else engine.adapter
-    k = getattr(engine.adapter, "num_slots", 0)  # both batches leave K + 1 positions past the longest row
-    length = positions + k + 1
+    k = getattr(engine.adapter, "num_slots", 0)
+    length = positions + chain_room(k)  # the room a ChainBatch leaves past its longest row (TargetBatch: less)
     target = batch_target(engine, max(batch_sizes), length)
     report = {"batch_sizes": list(batch_sizes), "positions": positions, "cache": _cache(target)}
     runners_before = _captures(target)

@@ -87,7 +87,7 @@ class Oracle(RowOracle):
 
 def _force(monkeypatch, on: bool) -> None:
     def ahead(target, drafter, device):
-        return on and isinstance(target, StaticSession) and batched._on_device(drafter)
+        return on and isinstance(target, StaticSession) and batched.takes_device_positions(drafter)
 
     monkeypatch.setattr(batched, "drafts_ahead", ahead)
     monkeypatch.setattr(chain, "drafts_ahead", ahead)
