@@ -43,6 +43,12 @@ sampling is exact for any q the drafts were drawn from). Only a changed sampling
 block (its rows are verified by the groups that drafted them); so do a warm-start step and a batch's end
 (`drop_drafted`: the budget's choice is withdrawn).
 
+A plain step ahead (`plain_step`, where `decoding.batched.reads_ahead` holds: CUDA, the static cache;
+DOMINO_GRAFT_PLAIN_AHEAD=0 turns it off): as in the target alone's batched loop, step n + 1 is launched before step
+n is read, since a plain step needs nothing the read gives. A row that ended on a stop token in step n takes part in
+step n + 1 (its token dropped); a row certain to reach its budget in the step under way is not launched again; a
+row admitted into a slot while a step is under way gets none of that step's token (it was the row before's).
+
 Each row has its own sampling setting. The library's rollout and verifier take one setting per
 call, so a step runs them once per setting present, on that setting's rows (both work row by row:
 a row's drafts and verdict read only its own block, logits and q), while the drafter's propose
@@ -57,8 +63,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, ragged_target, static_batch_drafter,
-                                takes_device_positions)
+from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, ragged_target, reads_ahead,
+                                static_batch_drafter, takes_device_positions)
 from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
 from ..decoding.verify import verify_chain
@@ -155,6 +161,9 @@ class _Rows:
         self.gen = _generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
         self.target = batch_target(engine, len(rows), max(r.positions_needed for r in rows) + extra)
+        self.plain_ahead = reads_ahead(self.target, dev)  # "A plain step ahead", module docstring
+        self.plain_reader = TokenReader(dev, pinned=self.plain_ahead)
+        self.in_flight = None  # a plain step launched and not yet read: (its read, its rows, which it stepped)
         return ids
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -219,20 +228,42 @@ class _Rows:
 
     def plain_step(self) -> None:
         """One token per live row from the target alone: no features, no drafter (TargetBatch's
-        step, and a ChainBatch's once its verify budget committed to plain steps)."""
-        live = list(self.live)
-        logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
-        mask = self._mask.of(live)
-        live_t = mask.on
-        self.target.keep(mask.long, 1)  # each live row keeps its one new entry
-        nxt = self._pick(logits[:, -1])
-        host = nxt.tolist()  # the step's one sync
-        for r in range(len(self.rows)):
-            if live[r]:
+        step, and a ChainBatch's once its verify budget committed to plain steps). A step ahead
+        (`plain_ahead`): this step is launched before the one before it is read."""
+        # rows this step decodes: the live ones, less those the step under way steps and that are certain to end in it
+        step_rows = [on and not (self._under_way(b) and self._left(r) <= 1) for b, (r, on) in
+                     enumerate(zip(self.rows, self.live))]
+        launched = None
+        if any(step_rows):
+            logits, _ = self.target.step(self.anchor[:, None], self.pos, (), self.pos_h)
+            mask = self._mask.of(step_rows)
+            self.target.keep(mask.long, 1)  # each stepped row keeps its one new entry
+            self.anchor = torch.where(mask.on, self._pick(logits[:, -1]), self.anchor)
+            self.pos = self.pos + mask.long
+            self.pos_h = [p + on for p, on in zip(self.pos_h, step_rows)]
+            launched = (self.plain_reader.send(self.anchor), list(self.rows), step_rows)
+        if self.plain_ahead:
+            launched, self.in_flight = self.in_flight, launched  # read the step before, while this one runs
+        if launched is None:
+            return
+        read, rows, stepped = launched
+        host = read()  # the step's one sync
+        for r, (row, on) in enumerate(zip(rows, stepped)):
+            # a row that ended (read) or was replaced since its step was launched: that step's token is dropped
+            if on and self.rows[r] is row and self.live[r]:
                 self._advance(r, [host[r]])
-        self.anchor = torch.where(live_t, nxt, self.anchor)
-        self.pos = self.pos + mask.long
-        self.pos_h = [p + on for p, on in zip(self.pos_h, live)]
+
+    def _under_way(self, b: int) -> bool:
+        """Whether the plain step under way (launched, not yet read) steps the row now in slot b."""
+        if self.in_flight is None:
+            return False
+        _, rows, stepped = self.in_flight
+        return stepped[b] and rows[b] is self.rows[b]
+
+    @staticmethod
+    def _left(row: BatchRow) -> int:
+        """The most tokens the row may still emit (its budget less what it emitted; a step under way not counted)."""
+        return row.positions_needed - len(row.context) - 1
 
     def drop_drafted(self) -> None:
         """Nothing is drafted ahead here (ChainBatch's)."""
@@ -478,7 +509,7 @@ class ChainBatch(_Rows):
 
     def _may_all_end(self, kk: int) -> bool:
         """Every live row may reach its token budget in a block of kk + 1 tokens: nothing is drafted ahead of it."""
-        return all(r.positions_needed - len(r.context) - 1 <= kk + 1 for r, on in zip(self.rows, self.live) if on)
+        return all(self._left(r) <= kk + 1 for r, on in zip(self.rows, self.live) if on)
 
     @torch.inference_mode()
     def step(self, verify: Optional[int] = None) -> None:

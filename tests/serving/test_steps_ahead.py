@@ -1,16 +1,22 @@
-"""serve's ChainBatch drafting block n + 1 before it reads block n (serving/batch.py "Drafted ahead"), forced on
-here (CPU, the static cache, a static DFlash drafter that takes device positions, nudged toward each row's
-greedy continuation so that blocks accept several tokens): prompts through the scheduler, more than its rows,
-so that rows end and new ones are admitted into freed slots while a block drafted for the row before them is
-pending. Every greedy request's tokens must be the target alone's, with blocks drafted ahead exactly when forced
-on; and sampled rows beside greedy ones (a slot whose setting changes drops its block) must leave the greedy rows
-exact."""
+"""serve's batches stepping ahead of their reads, forced on here (CPU, the static cache):
+
+- ChainBatch drafting block n + 1 before it reads block n (serving/batch.py "Drafted ahead"; a static DFlash
+  drafter that takes device positions, nudged toward each row's greedy continuation so that blocks accept several
+  tokens): prompts through the scheduler, more than its rows, so that rows end and new ones are admitted into
+  freed slots while a block drafted for the row before them is pending. Every greedy request's tokens must be the
+  target alone's, with blocks drafted ahead exactly when forced on; sampled rows beside greedy ones (a slot whose
+  setting changes drops its block) must leave the greedy rows exact.
+- the plain step launched before the one before it is read (serving/batch.py "A plain step ahead"): `serve
+  --target-only`'s batch, and a ChainBatch whose verify budget committed to plain steps, give every request the
+  target alone's tokens, rows admitted while a step is under way included.
+"""
 
 from __future__ import annotations
 
 import random
 
 from domino_graft.decoding import Engine, Sampling, batched, stop_token_ids
+from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
 from domino_graft.decoding.session import StaticSession
 from domino_graft.serving import batch as batch_module
 from domino_graft.serving.scheduler import Scheduler
@@ -19,11 +25,12 @@ from tests.decoding.test_spec_ahead import LoggedReader, Oracle, _ahead
 from tests.test_concurrency_bench import load_module
 
 
-def _force(monkeypatch, on: bool) -> None:
+def _force(monkeypatch, on: bool, plain: bool = False) -> None:
     def ahead(target, drafter, device):
         return on and isinstance(target, StaticSession) and batched.takes_device_positions(drafter)
 
     monkeypatch.setattr(batch_module, "drafts_ahead", ahead)
+    monkeypatch.setattr(batch_module, "reads_ahead", lambda target, device: plain and isinstance(target, StaticSession))
     monkeypatch.setattr(batch_module, "TokenReader", LoggedReader)
 
 
@@ -45,9 +52,9 @@ def _setup(seed: int, n: int = 9):
     return Engine(target, oracle, head, stop_ids=()), oracle, prompts, budgets, stops, refs
 
 
-def _serve(engine, prompts, budgets, stops, samplings, rows: int) -> tuple[list[list[int]], Scheduler]:
+def _serve(engine, prompts, budgets, stops, samplings, rows: int, **kw) -> tuple[list[list[int]], Scheduler]:
     """Every prompt submitted at once to a scheduler of `rows` rows -> (each request's tokens, the scheduler)."""
-    s = Scheduler(engine, max_batch=rows, max_queue=len(prompts))
+    s = Scheduler(engine, max_batch=rows, max_queue=len(prompts), **kw)
     s.start()
     try:
         specs = [dict(prompt_ids=p, max_tokens=m, sampling=smp, stop=[], stop_ids=frozenset(x))
@@ -94,3 +101,26 @@ def test_sampled_rows_beside_greedy_ones_leave_the_greedy_rows_exact(monkeypatch
         else:
             assert 1 <= len(tokens) <= budgets[i]
     assert _ahead(oracle.log) > 0
+
+
+def _plain_sends_ahead(log: list) -> bool:
+    """Two sends in a row somewhere: a step launched before the one before it was read."""
+    return any(a == b == "send" for a, b in zip(log, log[1:]))
+
+
+def test_served_plain_steps_a_step_ahead_are_the_target_alone(monkeypatch):
+    for seed in range(4):
+        engine, oracle, prompts, budgets, stops, refs = _setup(seed)
+        costs = VerifyCosts.from_dict({"step_ms": {"3": {"1": 1.0, "4": 50.0, "8": 50.0, "16": 50.0}},
+                                       "propose_ms": {"3": 5.0}, "rollout_ms": {"3": 1.0}})
+        for target_only, budget in ((True, None), (False, VerifyBudget("auto", costs=costs))):
+            for plain in (False, True):
+                _force(monkeypatch, False, plain=plain)
+                oracle.log.clear()
+                LoggedReader.log = oracle.log
+                got, s = _serve(engine, prompts, budgets, stops, [Sampling()] * len(prompts), rows=3,
+                                target_only=target_only, budget=budget)
+                where = f"seed {seed} target_only {target_only} ahead {plain} prompts {prompts} budgets {budgets}"
+                assert got == refs, where
+                assert s.admitted_in_place > 0, where
+                assert _plain_sends_ahead(oracle.log) == plain, where
