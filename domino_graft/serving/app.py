@@ -27,6 +27,7 @@ from .mailbox import sender
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ChatRequest, CompletionRequest, describe_validation, error_body
 from .scheduler import Job, QueueFull, Scheduler, ShuttingDown, describe
+from .text import text_so_far
 
 # how often a non-streamed request checks whether its client is still there
 _POLL_S = 0.25
@@ -169,7 +170,7 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
     job = Job(ids, max_tokens=max_tokens,
               sampling=Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed),
               stop=body.stop_strings(), stop_ids=served.engine.stop_ids,
-              detokenize=lambda toks: decode_text(target, toks),
+              detokenize=lambda toks: decode_text(target, toks), text=text_so_far(target),
               send=sender(loop, events))
     try:
         served.scheduler.submit(job)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from ..decoding.common import Output
 from ..sampling import Sampling
+from .text import TextSoFar, WindowText
 
 log = logging.getLogger("domino_graft.serve")
 # a prompt admitted in place longer than this is prefilled this many tokens a block (serve --prefill-chunk)
@@ -53,13 +54,13 @@ class _Cancelled(Exception):
 class Job:
     """One request inside the worker: its prompt, settings, output so far, and its way back to
     the client (`send(event)`, thread-safe). Events: ("delta", text, ids), ("done", finish_reason),
-    ("error", message)."""
+    ("error", message). text: how its tokens become text (serving/text.py; default: `detokenize`'s window)."""
 
     _ids = itertools.count(1)
 
     def __init__(self, prompt_ids: list[int], *, max_tokens: int, sampling: Sampling, stop: list[str],
                  stop_ids: frozenset[int], detokenize: Callable[[list[int]], str],
-                 send: Callable[[tuple], None]):
+                 send: Callable[[tuple], None], text: Optional[TextSoFar] = None):
         self.id = next(self._ids)
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
@@ -72,8 +73,7 @@ class Job:
         self.stopped_by_string = False  # the decoder itself would go on: a solo decode must be stopped
         self.finish_reason: Optional[str] = None
         self.text = ""  # the text sent so far
-        self.decoded = ""  # the text of the tokens so far, complete characters only
-        self._prefix_at = self._read_at = 0  # _decode's window (vLLM's prefix and read offsets)
+        self._so_far = text or WindowText(detokenize)  # the tokens' text so far (serving/text.py)
         self.arrived = time.perf_counter()
         self.first_token: Optional[float] = None
         self.last_token: Optional[float] = None
@@ -122,18 +122,8 @@ class Job:
         return done
 
     def _decode(self, final: bool) -> str:
-        """The text of every token so far, decoded incrementally: each call decodes the tokens since
-        the last complete character plus the few before them (the context a tokenizer needs for the
-        spaces it puts between tokens), not the whole answer, which over a long answer would be
-        quadratic work in the model's thread. An incomplete UTF-8 character (U+FFFD at the end)
-        waits for its next token."""
-        toks = self.out.tokens
-        prefix = self.detokenize(toks[self._prefix_at: self._read_at])
-        new = self.detokenize(toks[self._prefix_at:])
-        if len(new) > len(prefix) and (final or not new.endswith("\ufffd")):
-            self.decoded += new[len(prefix):]
-            self._prefix_at, self._read_at = self._read_at, len(toks)
-        return self.decoded
+        """The text of every token so far, complete characters only until the last push (serving/text.py)."""
+        return self._so_far.text(self.out.tokens, final)
 
     def finish(self, reason: str) -> None:
         if self.finish_reason is None:
