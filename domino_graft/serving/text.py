@@ -7,9 +7,9 @@ Two ways, the same text:
   `clean_up_tokenization_spaces`): tokenizers' `DecodeStream`, one Rust step per new token, which holds back an
   incomplete UTF-8 character until its last byte. The whole answer is decoded once, at its end, so the text
   finishes exactly as a decode of every token does (an incomplete last character shows as U+FFFD there).
-  On this 2-core CPU with SmolLM2's tokenizer a whole `Job.push` of 1 / 2 / 4 tokens took 2.5 / 3.9 / 6.5 µs
-  against the window's 6.7 / 7.9 / 9.6 (bench/results/detokenize_cpu.json): at 64 rows, 0.2-0.27 ms a step less
-  of host work.
+  On this 2-core CPU with SmolLM2's tokenizer a whole `Job.push` of 1 / 2 / 4 tokens took 2.7 / 5.2 / 6.2 µs
+  against the window's 7.0 / 10.7 / 8.9 (bench/results/detokenize_cpu.json; a noisy machine: 2.6-5.5 µs saved a
+  push): at 64 rows, 0.17-0.35 ms a step less of host work.
 - `WindowText` otherwise (a slow tokenizer, one that cleans up spaces, a tokenizer-less target): each push decodes
   the tokens since the last complete character plus the few before them (the context a tokenizer needs for the
   spaces it puts between tokens; vLLM's prefix and read offsets), two decodes a push, never the whole answer, which
