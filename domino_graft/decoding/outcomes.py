@@ -28,7 +28,10 @@ verdict,
 a size runs the arm whose recent decodes' median is the faster (plain on a tie), and a probe decode is
 the step model's to choose, so a change in either arm is seen again. Probes come PROBE_EVERY decided
 decodes apart, the gap doubling (to PROBE_MAX) each time a probe leaves the verdict as it was and back to
-PROBE_EVERY when the verdict turns: where the step model disagrees with a settled verdict, its probes are the
+PROBE_EVERY when the verdict turns; a first verdict's gap, and a kept one's, is never under the arms' margin
+over PROBE_COST (a probe against the verdict costs about that margin of one decode: at 924e452's greedy B = 32
+on the H100 the arms lay 14% apart and one probe in 16 timed batches left + Domino 0.981x the target alone).
+Where the step model disagrees with a settled verdict, its probes are the
 loss (at T = 1, B = 1 on the H100 at `41c3e2d`, the 4 probes of 64 decodes speculated at ~7% under the
 plain arm and left + Domino 0.993x the target alone), and a long run of decodes (RL rollouts) pays for
 fewer of them.
@@ -36,6 +39,7 @@ fewer of them.
 
 from __future__ import annotations
 
+import math
 from statistics import median_high
 from typing import Optional
 
@@ -52,6 +56,10 @@ SPREAD_MARGIN = 2.0
 # doubling up to PROBE_MAX while probes leave the verdict as it was (module docstring)
 PROBE_EVERY = 16
 PROBE_MAX = 256
+# a probe the step model runs against the verdict costs about the arms' margin of one decode: probes come at least
+# margin / PROBE_COST decided decodes apart, so they cost at most ~PROBE_COST of the throughput (16 apart up to a
+# 10% margin; at 924e452's greedy B = 32 on the H100, 14% apart, one probe in 16 batches cost 1.7%)
+PROBE_COST = 0.00625
 
 
 class Outcomes:
@@ -126,10 +134,13 @@ class Outcomes:
         if not self.settled(batch):
             return
         verdict = self._verdict(seen)
-        if seen["pending"] is not None:  # the probe's decode: the verdict it left
-            seen["gap"] = min(2 * seen["gap"], PROBE_MAX) if verdict == seen["pending"] else PROBE_EVERY
+        if seen["pending"] is not None:  # the probe's decode: the verdict it left (kept: further apart)
+            kept = verdict == seen["pending"]
+            seen["gap"] = max(min(2 * seen["gap"], PROBE_MAX), _least_gap(seen)) if kept else PROBE_EVERY
             seen["pending"] = None
-        elif verdict != seen["verdict"]:  # the verdict's own arm turned it (its decodes grew slower)
+        elif seen["verdict"] is None:  # a first verdict
+            seen["gap"] = _least_gap(seen)
+        elif verdict != seen["verdict"]:  # the verdict's own arm turned it (its decodes grew slower): probe soon
             seen["gap"] = PROBE_EVERY
         seen["verdict"] = verdict
 
@@ -155,6 +166,12 @@ class Outcomes:
                       "median_tokens_per_s": round(median_high(seen[arm]), 1) if seen[arm] else None} for arm in ARMS}
         return {**arms, "mixed": seen["mixed"], "verdict": seen["verdict"], "probe_gap": seen["gap"],
                 "model": seen["model"]}
+
+
+def _least_gap(seen: dict) -> int:
+    """The fewest decided decodes between probes at the arms' margin now (PROBE_COST)."""
+    fast, slow = sorted((median_high(seen["spec"]), median_high(seen["plain"])), reverse=True)
+    return min(PROBE_MAX, max(PROBE_EVERY, math.ceil((1 - slow / fast) / PROBE_COST - 1e-9)))  # (below 1 / PROBE_COST)
 
 
 def apart(spec: list[float], plain: list[float]) -> bool:

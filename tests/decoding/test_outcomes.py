@@ -181,3 +181,25 @@ def test_a_first_verdict_against_the_step_models_choice_waits_for_both_windows()
 def test_the_model_said_is_one_of_the_arms():
     with pytest.raises(ValueError, match="outcome model: 'lean'"):
         Outcomes().add(1, "plain", 10, 1.0, model="lean")
+
+
+@pytest.mark.parametrize("spec_rate, gap", [(90, PROBE_EVERY), (80, 32), (50, 80), (2, 157)])
+def test_probes_are_spaced_by_how_far_apart_the_arms_lie(spec_rate, gap):
+    """A probe the step model runs against the verdict costs about the arms' margin of one decode: the first probe
+    comes margin / PROBE_COST decided decodes after the verdict (PROBE_EVERY up to a 10% margin), and one that
+    confirms the verdict doubles the gap from there (at most PROBE_MAX)."""
+    from domino_graft.decoding.outcomes import PROBE_COST
+
+    assert round(0.1 / PROBE_COST) == PROBE_EVERY
+    seen = Outcomes()
+    for _ in range(OUTCOME_WINDOW):  # both windows full: a verdict whatever the spread
+        seen.add(8, "spec", spec_rate, 1.0)
+        seen.add(8, "plain", 100, 1.0)
+    arms = []
+    while len(arms) < 3 * gap + 2 and arms.count(None) < 2:
+        arm = seen.arm_for(8)
+        arms.append(arm)
+        seen.add(8, "spec" if arm is None else arm, spec_rate if arm is None else 100, 1.0)
+    probes = [i for i, a in enumerate(arms) if a is None]
+    assert probes == [gap - 1, gap + min(2 * gap, PROBE_MAX) - 1], (spec_rate, probes)
+    assert {a for a in arms if a is not None} == {"plain"}
