@@ -9,7 +9,8 @@ drafter + the Domino head) in turn gets its own scheduler per B, warm-started ov
 (serving/warmup.py), then decodes the prompts once untimed (the verify budget learns its costs and acceptance)
 and --rounds times timed. tokens/s = generated tokens / the wall from the first
 submission to the last completion. Greedy: each prompt's tokens under + Domino equal the target alone's
-(`identical_to_target`).
+(`identical_to_target`). + Domino's timed blocks by the K' they verified (0: a plain step through the chain;
+a batch committed to plain steps counts one block a step) and its accepted drafts per row-step.
 
     python3 bench/rollouts.py --run RUN --prompts …/gsm8k/prompts.jsonl --num-prompts 256 \
         --concurrency 1,8,16,32,64 --temperatures 0,1 --out bench/results/rollouts_<gpu>.json
@@ -18,6 +19,7 @@ submission to the last completion. Greedy: each prompt's tokens under + Domino e
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import threading
@@ -66,6 +68,28 @@ def decode_all(scheduler, items: list[list[int]], max_new: int, sampling, stop_i
     return tokens, time.perf_counter() - t0
 
 
+class StepTally:
+    """The scheduler's metrics hooks (serving/metrics.py's names), keeping only what the report reads: the row-steps
+    of speculative and plain blocks, their accepted drafts, and the blocks by the K' they verified."""
+
+    class _Gauge:
+        def set(self, value) -> None:
+            pass
+
+    queue_depth = batch_size = _Gauge()
+
+    def __init__(self):
+        self.row_steps, self.accepted, self.blocks_by_k = 0, 0, collections.Counter()
+
+    def observe_steps(self, accepted: list[int], k: int) -> None:
+        self.row_steps += len(accepted)
+        self.accepted += sum(accepted)
+        self.blocks_by_k[k] += 1
+
+    def observe_job(self, job) -> None:
+        pass
+
+
 def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> dict:
     """One concurrency at one temperature: each mode in turn its own scheduler (warm-started before any prompt;
     two workers on one engine never run at once), an untimed pass, then the timed rounds."""
@@ -77,7 +101,8 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
     row = {"concurrency": b, "temperature": temperature, "num_prompts": len(items), "walls_s": {}}
     tokens = {}
     for mode in MODES:
-        s = Scheduler(engine, max_batch=b, max_queue=len(items), target_only=mode == "target",
+        tally = StepTally()
+        s = Scheduler(engine, max_batch=b, max_queue=len(items), target_only=mode == "target", metrics=tally,
                       budget=budgets.get(mode), warm_start=positions if args.device == "cuda" else None)
         s.start()
         try:
@@ -86,6 +111,7 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
             if not s.alive:
                 raise RuntimeError(f"the {mode} scheduler's worker ended: {s.error}")
             decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed: the budget learns
+            tally.__init__()  # the timed passes' blocks only
             walls = []
             for _ in range(args.rounds):
                 toks, wall = decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
@@ -98,6 +124,9 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
         row[f"{mode}_tokens"] = n
         row[f"{mode}_tokens_per_s"] = round(n / statistics.median(walls), 1)
         row[f"{mode}_rebuilds"], row[f"{mode}_admitted_in_place"] = s.rebuilds, s.admitted_in_place
+        if mode == "domino":  # (the target alone's batch reports no blocks)
+            row["domino_blocks_by_k"] = {str(k): n for k, n in sorted(tally.blocks_by_k.items())}
+            row["domino_accepted_per_row_step"] = round(tally.accepted / max(tally.row_steps, 1), 4)
     row["speedup"] = round(row["domino_tokens_per_s"] / row["target_tokens_per_s"], 4)
     if temperature == 0:
         same = [a == t for a, t in zip(tokens["domino"], tokens["target"])]
