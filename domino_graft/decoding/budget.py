@@ -523,6 +523,13 @@ class BudgetRun:
         self.decode_steps -= 1
         self.plain_streak, self.committed_whole = self._before_choice
 
+    def adopt(self, kk: int) -> None:
+        """A step the run before this one chose (and drafted ahead) runs in this one: it counts here, as a choice."""
+        self._before_choice = (self.plain_streak, self.committed_whole)
+        self.chosen[kk] = self.chosen.get(kk, 0) + 1
+        self.decode_steps += 1
+        self.plain_streak = self.plain_streak + 1 if kk == 0 else 0
+
     def _choice(self, rows: int, remaining: int) -> int:
         """auto's K': the shared estimate against this batch size's costs; all K for the estimate's
         first WARMUP_STEPS steps (every slot gets seen before it decides anything)."""

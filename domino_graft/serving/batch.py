@@ -26,28 +26,21 @@ context its solo decode would hold. The cost is the running rows' prefill at eac
 Rows that finish or are cancelled stay in the batch, masked, until the next rebuild drops them
 (batched_chain's rule: their outputs are dropped and the others never wait for them).
 
-A verify budget (decoding/budget.py) works here as in `batched_chain`: each block verifies K' <= K
-drafts (K' = 0: a plain target step), the same K' for every row, chosen before the block's draws;
-a rebuilt batch carries the acceptance estimate of the batch it replaces, and the costs (measured
-once per batch size on CUDA) live in the server's one `VerifyBudget`.
+A verify budget (decoding/budget.py) works here as in `batched_chain`: each block verifies K' <= K drafts (K' = 0:
+a plain target step), the same K' for every row, chosen before the block's draws; a rebuilt batch carries the
+acceptance estimate of the batch it replaces, and the costs live in the server's one `VerifyBudget`.
 
-Drafted ahead (ChainBatch, where `decoding.batched.drafts_ahead` holds: CUDA, the static cache, a static drafter
-that takes its positions on the device): as in `batched_chain`, block n + 1 is proposed and rolled out from what
-block n's verify left on the device, before the host reads block n, so the host's read, its pushes (each row's
-text) and the scheduler's turn overlap the device's drafting. What the read then changes leaves the block valid,
-because a verify is lossless whatever drafted its tokens: a row that ended in block n moved once more on the
-device (`chain_room` leaves the room; its tokens are dropped), and a row admitted into a freed slot (its anchor
-and position set from the host's, exact after the read) is verified against the drafts of the row it replaced:
-its first block accepts little, but what it emits is the target's (greedy: its argmax; T > 0: speculative
-sampling is exact for any q the drafts were drawn from). Only a changed sampling setting in a slot drops the
-block (its rows are verified by the groups that drafted them); so do a warm-start step and a batch's end
-(`drop_drafted`: the budget's choice is withdrawn).
+Steps ahead of their reads (docs/serving.md): where `decoding.batched.drafts_ahead` holds (CUDA, the static cache,
+a static drafter on device positions) ChainBatch drafts block n + 1 from what block n's verify left on the device
+before it reads block n, as `batched_chain` does; where `reads_ahead` holds, a plain step is launched before the
+one before it is read. A row that ended moves once more on the device (`chain_room`; its tokens dropped). A row
+admitted into a freed slot is verified against the block drafted for the row before it: lossless whatever drafted
+the tokens (greedy: the target's argmax; T > 0: speculative sampling is exact for any q); a plain step under way
+gives it nothing (the token was the row before's). A slot whose sampling setting changed drops the block; so do a
+warm-start step and a batch's end (`drop_drafted`: the budget's choice is withdrawn).
 
-A plain step ahead (`plain_step`, where `decoding.batched.reads_ahead` holds: CUDA, the static cache;
-DOMINO_GRAFT_PLAIN_AHEAD=0 turns it off): as in the target alone's batched loop, step n + 1 is launched before step
-n is read, since a plain step needs nothing the read gives. A row that ended on a stop token in step n takes part in
-step n + 1 (its token dropped); a row certain to reach its budget in the step under way is not launched again; a
-row admitted into a slot while a step is under way gets none of that step's token (it was the row before's).
+Measured arms (serving/windows.py, CUDA under auto): the budget runs in windows, each a run whose arm its batch
+size's outcomes choose, each reporting its tokens/s there.
 
 Each row has its own sampling setting. The library's rollout and verifier take one setting per
 call, so a step runs them once per setting present, on that setting's rows (both work row by row:
@@ -69,6 +62,7 @@ from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import Sampling, pick
+from .windows import Windows, windows_on
 
 
 class BatchRow:
@@ -161,9 +155,10 @@ class _Rows:
         self.gen = _generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
         self.target = batch_target(engine, len(rows), max(r.positions_needed for r in rows) + extra)
-        self.plain_ahead = reads_ahead(self.target, dev)  # "A plain step ahead", module docstring
+        self.plain_ahead = reads_ahead(self.target, dev)  # "Steps ahead of their reads", module docstring
         self.plain_reader = TokenReader(dev, pinned=self.plain_ahead)
         self.in_flight = None  # a plain step launched and not yet read: (its read, its rows, which it stepped)
+        self.emitted = 0  # tokens the rows' steps emitted (each prompt's first, the prefill's, not counted)
         return ids
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -194,6 +189,7 @@ class _Rows:
         """Row r emitted `chunk`: push it; its anchor joins its context, the chunk's last token is
         its next anchor."""
         row = self.rows[r]
+        self.emitted += len(chunk)
         self.live[r] = not row.push(chunk)
         row.context.append(row.anchor)
         row.context.extend(chunk[:-1])
@@ -244,6 +240,14 @@ class _Rows:
             launched = (self.plain_reader.send(self.anchor), list(self.rows), step_rows)
         if self.plain_ahead:
             launched, self.in_flight = self.in_flight, launched  # read the step before, while this one runs
+        self._read_plain(launched)
+
+    def flush_plain(self) -> None:
+        """Read the plain step under way, if any (before a speculative block: its rows' tokens come first)."""
+        launched, self.in_flight = self.in_flight, None
+        self._read_plain(launched)
+
+    def _read_plain(self, launched) -> None:
         if launched is None:
             return
         read, rows, stepped = launched
@@ -424,7 +428,7 @@ class ChainBatch(_Rows):
         length = max(r.positions_needed for r in rows) + self.extra  # the target's, as _start made it
         self.drafter = static_batch_drafter(adapter, self.target, length, len(rows))
         self.on_device = takes_device_positions(self.drafter)
-        self.ahead = drafts_ahead(self.target, self.drafter, self.dev)  # "Drafted ahead", module docstring
+        self.ahead = drafts_ahead(self.target, self.drafter, self.dev)  # "Steps ahead of their reads", module docstring
         self.reader = TokenReader(self.dev, pinned=self.ahead)
         self.drafted = None  # the next block (K', drafts, qs, timer, the rows' settings), drafted before a read
         adapter.reset(len(rows))
@@ -435,7 +439,12 @@ class ChainBatch(_Rows):
             adapter.observe(feats, prompt_pos, ids=prompt_ids)
         self._anchor(logits)
         self.offs = torch.arange(k + 1, device=self.dev)
-        self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
+        # measured arms (serving/windows.py): each window's run from its batch size's outcomes, not the replaced batch's
+        self.windows = Windows(budget, k, len(rows), self.emitted) if windows_on(budget, self.dev) else None
+        if self.windows is not None:
+            self.run = self.windows.run()
+        else:
+            self.run = None if budget is None else budget.start(k, len(rows), self.dev.type, carry)
         if self.run is not None and self.dev.type == "cuda":
             self.measure_costs(self.run)
 
@@ -515,19 +524,23 @@ class ChainBatch(_Rows):
     def step(self, verify: Optional[int] = None) -> None:
         """One block for every live row: propose, roll out, verify (K' drafts; K' = 0 a plain
         target step), push each row's tokens. verify: K' for this block (the warm start's shapes),
-        else the budget's choice (module docstring "Drafted ahead": the block may have been drafted already)."""
+        else the budget's choice (the block may have been drafted already: "Steps ahead of their reads")."""
         if not self._retire_cancelled():
             self.drop_drafted()
             return
         if verify is not None or (self.drafted is not None and self.drafted[4] != self._settings()):
             self.drop_drafted()
         if self.drafted is None and verify is None and self.run is not None and self.run.committed():
-            rows = sum(self.live)  # the target alone's step until a rebuild
+            rows = sum(self.live)  # the target alone's step until a rebuild (or, measured arms, the window's end)
             self.run.tick(0, lean=True)
             self.plain_step()
             self.run.count_plain()
             if self.on_step is not None:
                 self.on_step([0] * rows, 0)
+            self._turn_window()
+            return
+        self.flush_plain()  # (a window of plain steps before this one: its last step's tokens)
+        if not any(self.live):
             return
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
@@ -577,6 +590,7 @@ class ChainBatch(_Rows):
             return
         if moved:  # the anchors and positions moved on the device already, by the rows this block decoded
             self.pos_h = [p + (a + 1 if on else 0) for p, a, on in zip(pos_h, n_acc_h, stepped)]
+            self._turn_window()
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(self._mask.of(self.live).on, n_acc + 1, 0)
@@ -591,6 +605,20 @@ class ChainBatch(_Rows):
         self.anchor = torch.where(kept > 0, nxt, anchor)
         self.pos = pos + kept
         self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
+        self._turn_window()
+
+    def _turn_window(self) -> None:
+        """At a block boundary, a window that has run its time ends (serving/windows.py); a block drafted ahead for
+        the next goes on into it unless the next window runs plain steps."""
+        if self.windows is None or not self.windows.due():
+            return
+        pending = None if self.drafted is None else self.drafted[0]
+        self.run = self.windows.turn(self.run, self.emitted, pending)
+        if pending is not None:
+            if self.run.committed() or pending == 0:
+                self.drafted = None
+            else:
+                self.run.adopt(pending)
 
     def _rollout(self, block, anchor: torch.Tensor):
         """-> (drafts [B, K], each group's q): the rollout once per sampling setting."""
