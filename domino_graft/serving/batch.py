@@ -6,8 +6,8 @@ blocks and rebuild the batch to admit new ones.
 Admission in place (`admit`): where the target's session is the fast engine's static cache and the
 drafter (if any) takes rows in flight (`admits_rows`: a family's static drafter that fills single rows, or
 an adapter whose eager ragged context drops and refills rows, adapters/base.py), new prompts are
-prefilled into freed rows of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the other rows park past their ends,
-decoding/session.py), then the static drafter's `prefill(features, n, rows=slots)` or the adapter's
+prefilled into freed rows of the batch in flight: `TargetSession.prefill(prompts, capture, rows=slots)` (the
+other rows park past their ends, decoding/session.py), then the static drafter's `prefill(features, n, rows=slots)` or the adapter's
 `observe_prompts` (the rows' old context dropped, adapters/base.py). The rows in flight
 keep their caches, their anchors and the verify budget's run; nothing of theirs is recomputed. When the
 freed rows are too few, a new row would not fit the caches, or a row in flight has no room left to park,
@@ -52,91 +52,18 @@ at T > 0 a row's samples depend on its batch (its distribution does not; batched
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 
-from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, ragged_target, reads_ahead,
-                                static_batch_drafter, takes_device_positions)
+from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, reads_ahead, static_batch_drafter,
+                                takes_device_positions)
 from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
 from ..decoding.verify import verify_chain
-from ..sampling import Sampling, pick
+from ..sampling import pick
+from .rows import BatchRow, Chunked, batch_generator, batch_target, sampling_groups, setting_key
 from .windows import Windows, windows_on
-
-
-class BatchRow:
-    """What the batch needs of a request: its verified context, the anchor when it already has
-    one, its token budget, and where its tokens go (`push(ids) -> finished`)."""
-
-    def __init__(self, context: Sequence[int], anchor: Optional[int], positions_needed: int, sampling: Sampling,
-                 push: Callable[[list[int]], bool], alive: Callable[[], bool]):
-        self.context = list(context)
-        self.sampling = sampling
-        self.anchor = anchor
-        self.positions_needed = positions_needed  # the most positions this row can reach
-        self.push = push  # -> True when the row is done (stop token, length or stop string)
-        self.alive = alive  # False once the client has gone
-
-
-class _Chunked:
-    """A prompt admitted in chunks (`_Rows.admit`): how much of it is in the target's cache, and the
-    captured features of those chunks (the drafter's context is written whole after the last)."""
-
-    def __init__(self, row: BatchRow):
-        self.row, self.done, self.feats = row, 0, []
-
-    def next_ids(self, chunk: int, dev) -> torch.Tensor:
-        return torch.tensor(self.row.context[self.done: self.done + chunk], dtype=torch.long, device=dev)
-
-    def add(self, n: int, feats) -> None:
-        self.done += n
-        if feats is not None:
-            self.feats.append(feats)
-
-    @staticmethod
-    def features(chunked: list["_Chunked"]):
-        """[P, n_max, F] of the prompts' features, right-padded with zeros (None without features)."""
-        if not chunked[0].feats:
-            return None
-        whole = [torch.cat(c.feats, dim=0) for c in chunked]
-        n = max(f.shape[0] for f in whole)
-        return torch.stack([torch.nn.functional.pad(f, (0, 0, 0, n - f.shape[0])) for f in whole])
-
-
-def _setting(s: Sampling) -> tuple:
-    """What groups a row with others (greedy ignores top_k / top_p; the seed is the batch's, `_generator`)."""
-    return ("greedy",) if s.greedy else (s.temperature, s.top_k, s.top_p)
-
-
-def _groups(rows: list[BatchRow], dev) -> list[tuple[torch.Tensor, Sampling]]:
-    """The rows of each sampling setting, in order of their first row: [(rows' indices, setting)]."""
-    by_key: dict[tuple, list[int]] = {}
-    for b, r in enumerate(rows):
-        by_key.setdefault(_setting(r.sampling), []).append(b)
-    return [(torch.tensor(idx, device=dev), rows[idx[0]].sampling) for idx in by_key.values()]
-
-
-def _generator(groups, dev, seed: Optional[int]) -> Optional[torch.Generator]:
-    """One generator per batch (None if every row is greedy): a request's seed is not used here
-    (module docstring); `seed` fixes the batch's (tests), else fresh entropy."""
-    if all(s.greedy for _, s in groups):
-        return None
-    gen = torch.Generator(device=dev)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen
-
-
-def batch_target(engine, rows: int, length: int):
-    """The target for a batch of `rows` rows reaching `length` positions: the engine's static ragged
-    cache, kept while it has room (`ragged_target`; the warm start reserves it at full size once),
-    or a DynamicCache. kv as Engine.speculative_batch."""
-    kv = "dynamic" if engine.kv_requested == "dynamic" else "auto"
-    dev = engine.target.device
-    return ragged_target(engine, [torch.zeros(1, dtype=torch.long, device=dev)] * rows, length, kv)
 
 
 class _Rows:
@@ -147,12 +74,12 @@ class _Rows:
         """Groups, generator and target (room for `extra` positions past the longest row's budget);
         -> the rows' contexts as tensors, for the prefill."""
         self.engine, self.rows = engine, rows
-        self.pending: dict[int, _Chunked] = {}  # slot -> a prompt admitted in chunks, not yet all prefilled
+        self.pending: dict[int, Chunked] = {}  # slot -> a prompt admitted in chunks, not yet all prefilled
         self.chunk: Optional[int] = None  # tokens per chunk of those (admit's `chunk`)
         self.dev = dev = engine.target.device
         self._mask = LiveMask(dev)  # the live rows on the device, copied again only when they change
-        self.groups = _groups(rows, dev)
-        self.gen = _generator(self.groups, dev, seed)
+        self.groups = sampling_groups(rows, dev)
+        self.gen = batch_generator(self.groups, dev, seed)
         ids = [torch.tensor(r.context, dtype=torch.long, device=dev) for r in rows]
         self.target = batch_target(engine, len(rows), max(r.positions_needed for r in rows) + extra)
         self.plain_ahead = reads_ahead(self.target, dev)  # "Steps ahead of their reads", module docstring
@@ -320,16 +247,16 @@ class _Rows:
         for slot, row in zip(slots, rows):
             self.rows[slot] = row
             self.live[slot] = False
-        self.groups = _groups(self.rows, self.dev)
+        self.groups = sampling_groups(self.rows, self.dev)
         if self.gen is None:  # the first sampled row of an all-greedy batch
-            self.gen = _generator(self.groups, self.dev, None)
+            self.gen = batch_generator(self.groups, self.dev, None)
         if whole:
             self._begin([s for s, _ in whole], [r for _, r in whole], logits, feats)
         if len(whole) < len(rows):  # their chunks come one a block, before each (`_retire_cancelled`)
             self.chunk = chunk
             for slot, row in zip(slots, rows):
                 if len(row.context) > chunk:
-                    self.pending[slot] = _Chunked(row)
+                    self.pending[slot] = Chunked(row)
         return slots
 
     @torch.inference_mode()
@@ -352,7 +279,7 @@ class _Rows:
         if done:
             ended = [slots[i] for i in done]
             chunked = [self.pending.pop(s) for s in ended]
-            self._begin(ended, [c.row for c in chunked], logits[done], _Chunked.features(chunked))
+            self._begin(ended, [c.row for c in chunked], logits[done], Chunked.features(chunked))
         self.pos = torch.tensor(self.pos_h, device=self.dev)
 
     def _begin(self, slots: list[int], rows: list[BatchRow], logits: torch.Tensor, feats) -> None:
@@ -370,7 +297,7 @@ class _Rows:
     def _pick_rows(self, logits: torch.Tensor, rows: list[BatchRow]) -> torch.Tensor:
         """logits [P, V] of `rows` -> [P]: each by its own setting, as `_pick` does for the batch."""
         out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        for idx, s in _groups(rows, logits.device):
+        for idx, s in sampling_groups(rows, logits.device):
             out[idx] = pick(logits[idx], s, self.gen)
         return out
 
@@ -486,9 +413,9 @@ class ChainBatch(_Rows):
                                             run.lengths_to_measure()))
 
     def _settings(self) -> list[tuple]:
-        """Each row's setting: equal lists give equal groups (`_groups`), and a block drafted ahead is verified by
-        the groups that drafted it."""
-        return [_setting(r.sampling) for r in self.rows]
+        """Each row's setting: equal lists give equal groups (`sampling_groups`), and a block drafted ahead is
+        verified by the groups that drafted it."""
+        return [setting_key(r.sampling) for r in self.rows]
 
     def _draft(self, kk: int, anchor: torch.Tensor, at: torch.Tensor, at_h: list[int]):
         """(drafts, each group's q, timer) of a block of K' = kk from the anchors at positions `at` (on the device;

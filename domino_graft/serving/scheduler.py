@@ -333,7 +333,8 @@ class Scheduler:
             self._gauges()
 
     def _loop_batched(self) -> None:
-        from .batch import BatchRow, ChainBatch, TargetBatch
+        from .batch import ChainBatch, TargetBatch
+        from .rows import BatchRow
 
         batch: Optional[ChainBatch | TargetBatch] = None
         jobs: dict[BatchRow, Job] = {}  # each row of the batch -> its job
@@ -448,7 +449,7 @@ class Scheduler:
 def idle_row(like):
     """A row that pads a batch: one token of context, its anchor given, no client (masked from its
     first block on, nothing pushed); `like`'s sampling, so it adds no sampling group."""
-    from .batch import BatchRow
+    from .rows import BatchRow
 
     return BatchRow([0], 0, 2, like.sampling, lambda ids: True, lambda: False)
 

@@ -48,7 +48,8 @@ import torch
 from ..decoding.batched import chain_room
 from ..fast import KV_BLOCK, prefill_length
 from ..sampling import Sampling
-from .batch import BatchRow, ChainBatch, TargetBatch, batch_target
+from .batch import ChainBatch, TargetBatch
+from .rows import BatchRow, batch_target
 
 
 def block_script(budgets: list[int]) -> list[int]:
