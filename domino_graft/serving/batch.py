@@ -199,6 +199,12 @@ class _Rows:
     def drop_drafted(self) -> None:
         """Nothing is drafted ahead here (ChainBatch's)."""
 
+    def _off_the_clock(self) -> None:
+        """An admission's prefill is no step's time: the verify budget does not sample the step it falls in."""
+        run = getattr(self, "run", None)
+        if run is not None:
+            run.restart_clock()
+
     def free_slots(self) -> list[int]:
         """Rows whose request ended (finished, cancelled, or an idle pad): a prompt may be admitted there."""
         return [b for b, (r, on) in enumerate(zip(self.rows, self.live)) if not (on and r.alive())
@@ -244,6 +250,7 @@ class _Rows:
         if whole:  # first: a park that does not fit raises before the batch changes (the caller rebuilds)
             ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
             logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
+        self._off_the_clock()
         for slot, row in zip(slots, rows):
             self.rows[slot] = row
             self.live[slot] = False
@@ -265,6 +272,7 @@ class _Rows:
         park); a prompt whose last chunk this was starts decoding (`_begin`)."""
         if not self.pending:
             return
+        self._off_the_clock()
         slots = sorted(self.pending)
         parts = [self.pending[s].next_ids(self.chunk, self.dev) for s in slots]
         starts = [self.pending[s].done for s in slots]

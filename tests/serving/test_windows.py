@@ -43,3 +43,33 @@ def test_windows_taking_turns_keep_every_request_the_target_alone(monkeypatch):
             got, _ = _serve(engine, prompts, budgets, stops, [Sampling()] * len(prompts), rows=3, budget=budget)
             assert got == refs, f"seed {seed} ahead {ahead}"
     assert {arm for _, arm in added} >= {"plain", "spec"}  # windows of each arm reported their tokens/s
+
+
+def test_an_admission_is_no_step_of_the_budgets_clock(monkeypatch):
+    """A prompt's admission into a batch in flight (its prefill: a request's cost) falls between two ticks of the
+    verify budget's wall clock; that interval is not sampled as a step (BudgetRun.restart_clock), and the scheduler's
+    admissions in place call it."""
+    import time
+
+    from domino_graft.decoding.budget import BudgetRun
+
+    # device costs far over the sleep: a slow machine's wall stays under the outlier bound (budget.py OUTLIER)
+    slow = {"step_ms": {"3": {"1": 50.0, "4": 60.0, "8": 70.0, "16": 80.0}}, "propose_ms": {"3": 10.0}}
+    budget = VerifyBudget("auto", costs=VerifyCosts.from_dict(slow))
+    for restart in (False, True):
+        run = budget.start(3, 3, "cuda")
+        run.choose(), run.choose()  # past a decode's first step, which is never sampled
+        run.tick(3)
+        time.sleep(0.002)
+        if restart:
+            run.restart_clock()
+        run.tick(3)
+        assert len(run.excess.get("spec", [])) == (0 if restart else 1)
+
+    restarts = []
+    restart_clock = BudgetRun.restart_clock
+    monkeypatch.setattr(BudgetRun, "restart_clock", lambda self: (restarts.append(1), restart_clock(self)))
+    engine, oracle, prompts, budgets, stops, refs = _setup(1)
+    got, s = _serve(engine, prompts, budgets, stops, [Sampling()] * len(prompts), rows=3,
+                    budget=VerifyBudget("auto", costs=VerifyCosts.from_dict(COSTS)))
+    assert got == refs and s.admitted_in_place > 0 and len(restarts) >= 1
