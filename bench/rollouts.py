@@ -6,8 +6,9 @@ B rows busy instead: an ended row takes the next prompt. This drives `serve`'s w
 continuous batching, admission in place, the verify budget) directly, with no HTTP and no detokenising: all
 --num-prompts prompts are queued at once and at most B decode at a time. Each mode (`--target-only`, and the
 drafter + the Domino head) in turn gets its own scheduler per B, warm-started over every batch size it builds
-(serving/warmup.py), then decodes the prompts once untimed (the verify budget learns its costs and acceptance)
-and --rounds times timed. tokens/s = generated tokens / the wall from the first
+(serving/warmup.py), then decodes the prompts once untimed (the verify budget learns its costs and acceptance;
++ Domino's on CUDA until its measured arms settle, serving/windows.py, at most --settle-passes) and --rounds times
+timed. tokens/s = generated tokens / the wall from the first
 submission to the last completion. Greedy: each prompt's tokens under + Domino equal the target alone's
 (`identical_to_target`). + Domino's timed blocks by the K' they verified (0: a plain step through the chain;
 a batch committed to plain steps counts one block a step) and its accepted drafts per row-step.
@@ -110,7 +111,16 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
                 time.sleep(0.05)
             if not s.alive:
                 raise RuntimeError(f"the {mode} scheduler's worker ended: {s.error}")
-            decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed: the budget learns
+            # untimed: the budget learns; + Domino's on CUDA until its measured arms have a verdict at this size
+            # (serving/windows.py: windows of 0.1 s, both arms measured), at most --settle-passes
+            budget, passes = budgets.get(mode), 0
+            while True:
+                decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+                passes += 1
+                if (budget is None or args.device != "cuda" or passes >= args.settle_passes
+                        or budget.outcomes.settled(b)):
+                    break
+            row[f"{mode}_untimed_passes"] = passes
             tally.__init__()  # the timed passes' blocks only
             walls = []
             for _ in range(args.rounds):
@@ -124,6 +134,8 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
         row[f"{mode}_tokens"] = n
         row[f"{mode}_tokens_per_s"] = round(n / statistics.median(walls), 1)
         row[f"{mode}_rebuilds"], row[f"{mode}_admitted_in_place"] = s.rebuilds, s.admitted_in_place
+        if mode == "domino" and budgets.get(mode) is not None:  # the measured arms at this size, if any
+            row["domino_outcomes"] = budgets[mode].outcomes.summary(b)
         if mode == "domino":  # (the target alone's batch reports no blocks)
             row["domino_blocks_by_k"] = {str(k): n for k, n in sorted(tally.blocks_by_k.items())}
             row["domino_accepted_per_row_step"] = round(tally.accepted / max(tally.row_steps, 1), 4)
@@ -144,6 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--verify-budget", default="auto", help="+ Domino's: full, auto or N (decoding/budget.py)")
     p.add_argument("--verify-costs", default=None, help="a cost table for auto (off CUDA)")
     p.add_argument("--rounds", type=int, default=2, help="timed passes a mode (medians)")
+    p.add_argument("--settle-passes", type=int, default=6,
+                   help="+ Domino's untimed passes at most, on CUDA, until its measured arms settle")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (numbers meaningless)")
