@@ -31,7 +31,7 @@ def test_rollouts_bench_smoke(tiny_run, tmp_path, monkeypatch):
         assert len(r["walls_s"]["target"]) == len(r["walls_s"]["domino"]) == 1
         (k, blocks), = r["domino_blocks_by_k"].items()  # --verify-budget full: every timed block verifies all K
         assert r["target_untimed_passes"] == r["domino_untimed_passes"] == 1  # (measured arms settle on CUDA only)
-        assert r["domino_outcomes"] is None  # no windows off CUDA, nothing measured
+        assert r.get("domino_outcomes") is None  # no windows off CUDA (and no auto budget here): nothing measured
         assert int(k) > 0 and blocks > 0 and 0 <= r["domino_accepted_per_row_step"] <= int(k)
         if r["temperature"] == 0:
             assert r["identical_to_target"] is True and r["not_identical"] == 0
