@@ -86,6 +86,7 @@ class _Rows:
         self.plain_reader = TokenReader(dev, pinned=self.plain_ahead)
         self.in_flight = None  # a plain step launched and not yet read: (its read, its rows, which it stepped)
         self.emitted = 0  # tokens the rows' steps emitted (each prompt's first, the prefill's, not counted)
+        self.run: Optional[BudgetRun] = None  # the verify budget's (ChainBatch's)
         return ids
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -201,9 +202,8 @@ class _Rows:
 
     def _off_the_clock(self) -> None:
         """An admission's prefill is no step's time: the verify budget does not sample the step it falls in."""
-        run = getattr(self, "run", None)
-        if run is not None:
-            run.restart_clock()
+        if self.run is not None:
+            self.run.restart_clock()
 
     def free_slots(self) -> list[int]:
         """Rows whose request ended (finished, cancelled, or an idle pad): a prompt may be admitted there."""
@@ -251,6 +251,8 @@ class _Rows:
             ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
             logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
         self._off_the_clock()
+        if any(setting_key(self.rows[s].sampling) != setting_key(r.sampling) for s, r in zip(slots, rows)):
+            self.drop_drafted()  # a block drafted ahead is verified by the groups that drafted it
         for slot, row in zip(slots, rows):
             self.rows[slot] = row
             self.live[slot] = False
@@ -365,7 +367,7 @@ class ChainBatch(_Rows):
         self.on_device = takes_device_positions(self.drafter)
         self.ahead = drafts_ahead(self.target, self.drafter, self.dev)  # "Steps ahead of their reads", module docstring
         self.reader = TokenReader(self.dev, pinned=self.ahead)
-        self.drafted = None  # the next block (K', drafts, qs, timer, the rows' settings), drafted before a read
+        self.drafted = None  # the next block (K', drafts, each group's q, timer), drafted before a read
         adapter.reset(len(rows))
         logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
         if self.drafter is not None:
@@ -420,11 +422,6 @@ class ChainBatch(_Rows):
         run.add_measured(measure_step_costs(self.target, self.anchor, self.pos, self.pos_h, self.capture,
                                             run.lengths_to_measure()))
 
-    def _settings(self) -> list[tuple]:
-        """Each row's setting: equal lists give equal groups (`sampling_groups`), and a block drafted ahead is
-        verified by the groups that drafted it."""
-        return [setting_key(r.sampling) for r in self.rows]
-
     def _draft(self, kk: int, anchor: torch.Tensor, at: torch.Tensor, at_h: list[int]):
         """(drafts, each group's q, timer) of a block of K' = kk from the anchors at positions `at` (on the device;
         `at_h` on the host: exact, or bounds on them when drafted ahead)."""
@@ -446,7 +443,8 @@ class ChainBatch(_Rows):
 
     def drop_drafted(self) -> None:
         """A block drafted ahead that will not be verified (the batch ends or is replaced, a warm-start step, or
-        an admitted row's sampling setting differs from what drafted its row): it leaves no count in the budget."""
+        a row admitted with another sampling setting than the row it replaces: `admit`): it leaves no count in the
+        budget."""
         if self.drafted is not None and self.run is not None:
             self.run.withdraw(self.drafted[0])
         self.drafted = None
@@ -463,7 +461,7 @@ class ChainBatch(_Rows):
         if not self._retire_cancelled():
             self.drop_drafted()
             return
-        if verify is not None or (self.drafted is not None and self.drafted[4] != self._settings()):
+        if verify is not None:
             self.drop_drafted()
         if self.drafted is None and verify is None and self.run is not None and self.run.committed():
             rows = sum(self.live)  # the target alone's step until a rebuild (or, measured arms, the window's end)
@@ -480,7 +478,7 @@ class ChainBatch(_Rows):
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
         if self.drafted is not None:
-            kk, drafts, qs, timer, _ = self.drafted
+            kk, drafts, qs, timer = self.drafted
             self.drafted = None
         else:
             kk = verify if verify is not None else self.k if self.run is None else self.run.choose()
@@ -506,7 +504,7 @@ class ChainBatch(_Rows):
             upper = [p + (kk + 1 if on else 0) for p, on in zip(pos_h, stepped)]
             kk_next = self.k if self.run is None else self.run.choose()  # (not committed: this K' > 0)
             block = self._draft(kk_next, self.anchor, self.pos, upper) if kk_next else (None, None, None)
-            self.drafted = (kk_next, *block, self._settings())
+            self.drafted = (kk_next, *block)
         host = read()
         n_acc_h, nxt_h, drafts_h = host[:b], host[b: 2 * b], host[2 * b:]
         if timer is not None:
