@@ -36,7 +36,7 @@ def run(tokenizer, answers: list[list[int]], chunk: int, way: str) -> tuple[floa
         sent = []
         text = StreamText(tokenizer) if way == "stream" else WindowText(
             lambda t: tokenizer.decode(t, skip_special_tokens=True))
-        job = Job([1], max_tokens=len(ids), sampling=Sampling(), stop=[], stop_ids=frozenset(), detokenize=None,
+        job = Job([1], max_tokens=len(ids), sampling=Sampling(), stop=[], stop_ids=frozenset(),
                   send=sent.append, text=text)
         t0 = time.perf_counter()
         for at in range(0, len(ids), chunk):

@@ -164,13 +164,9 @@ async def _respond(served: Served, request: Request, body, ids: list[int], *, ch
     max_tokens = _budget(served, body, len(ids), chat)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    target = served.loaded.target
-    from ..decoding import decode_text
-
     job = Job(ids, max_tokens=max_tokens,
               sampling=Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed),
-              stop=body.stop_strings(), stop_ids=served.engine.stop_ids,
-              detokenize=lambda toks: decode_text(target, toks), text=text_so_far(target),
+              stop=body.stop_strings(), stop_ids=served.engine.stop_ids, text=text_so_far(served.loaded.target),
               send=sender(loop, events))
     try:
         served.scheduler.submit(job)

@@ -54,25 +54,27 @@ class _Cancelled(Exception):
 class Job:
     """One request inside the worker: its prompt, settings, output so far, and its way back to
     the client (`send(event)`, thread-safe). Events: ("delta", text, ids), ("done", finish_reason),
-    ("error", message). text: how its tokens become text (serving/text.py; default: `detokenize`'s window)."""
+    ("error", message). text: how its tokens become text (serving/text.py), or `detokenize` (ids -> text) in a
+    window of them."""
 
     _ids = itertools.count(1)
 
     def __init__(self, prompt_ids: list[int], *, max_tokens: int, sampling: Sampling, stop: list[str],
-                 stop_ids: frozenset[int], detokenize: Callable[[list[int]], str],
-                 send: Callable[[tuple], None], text: Optional[TextSoFar] = None):
+                 stop_ids: frozenset[int], send: Callable[[tuple], None],
+                 detokenize: Optional[Callable[[list[int]], str]] = None, text: Optional[TextSoFar] = None):
         self.id = next(self._ids)
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.stop = stop
-        self.detokenize = detokenize
         self.send = send
         self.out = Output(max_tokens, stop_ids, None)
         self.cancelled = False
         self.stopped_by_string = False  # the decoder itself would go on: a solo decode must be stopped
         self.finish_reason: Optional[str] = None
         self.text = ""  # the text sent so far
+        if text is None and detokenize is None:
+            raise ValueError("a Job needs `text` (serving/text.py) or `detokenize` (ids -> text)")
         self._so_far = text or WindowText(detokenize)  # the tokens' text so far (serving/text.py)
         self.arrived = time.perf_counter()
         self.first_token: Optional[float] = None

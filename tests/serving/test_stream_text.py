@@ -60,7 +60,7 @@ def test_stream_text_adds_up_to_the_whole_decode(tokenizer):
     for ids in _sequences(tokenizer, rng):
         whole = tokenizer.decode(ids, skip_special_tokens=True)
         sent = []
-        job = Job([1], max_tokens=len(ids), sampling=Sampling(), stop=[], stop_ids=frozenset(), detokenize=None,
+        job = Job([1], max_tokens=len(ids), sampling=Sampling(), stop=[], stop_ids=frozenset(),
                   send=sent.append, text=StreamText(tokenizer))
         at = 0
         while at < len(ids):
