@@ -39,8 +39,9 @@ the tokens (greedy: the target's argmax; T > 0: speculative sampling is exact fo
 gives it nothing (the token was the row before's). A slot whose sampling setting changed drops the block; so do a
 warm-start step and a batch's end (`drop_drafted`: the budget's choice is withdrawn).
 
-Measured arms (serving/windows.py, CUDA under auto): the budget runs in windows, each a run whose arm its batch
-size's outcomes choose, each reporting its tokens/s there.
+Measured arms (serving/windows.py, CUDA under auto, the static cache): the budget runs in windows, each a run whose
+arm its batch size's outcomes choose, each reporting its tokens/s there. A speculative block after a stretch of lean
+plain steps first gives the drafter what they decoded (serving/lag.py, `_catch_up`).
 
 Each row has its own sampling setting. The library's rollout and verifier take one setting per
 call, so a step runs them once per setting present, on that setting's rows (both work row by row:
@@ -51,6 +52,7 @@ at T > 0 a row's samples depend on its batch (its distribution does not; batched
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable, Optional
 
@@ -62,6 +64,7 @@ from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
 from ..decoding.verify import verify_chain
 from ..sampling import pick
+from .lag import DrafterLag, chunks
 from .rows import BatchRow, Chunked, batch_generator, batch_target, sampling_groups, setting_key
 from .windows import Windows, windows_on
 
@@ -368,6 +371,7 @@ class ChainBatch(_Rows):
         self.ahead = drafts_ahead(self.target, self.drafter, self.dev)  # "Steps ahead of their reads", module docstring
         self.reader = TokenReader(self.dev, pinned=self.ahead)
         self.drafted = None  # the next block (K', drafts, each group's q, timer), drafted before a read
+        self.lag = DrafterLag()  # where lean plain steps left the drafter behind (serving/lag.py)
         adapter.reset(len(rows))
         logits, feats, prompt_ids, prompt_pos = self.target.prefill(ids, self.capture)
         if self.drafter is not None:
@@ -377,7 +381,8 @@ class ChainBatch(_Rows):
         self._anchor(logits)
         self.offs = torch.arange(k + 1, device=self.dev)
         # measured arms (serving/windows.py): each window's run from its batch size's outcomes, not the replaced batch's
-        self.windows = Windows(budget, k, len(rows), self.emitted) if windows_on(budget, self.dev) else None
+        on = windows_on(budget, self.dev) and self.target.kv_path == "static"  # (`_catch_up` rewrites the cache)
+        self.windows = Windows(budget, k, len(rows), self.emitted) if on else None
         if self.windows is not None:
             self.run = self.windows.run()
         else:
@@ -399,6 +404,7 @@ class ChainBatch(_Rows):
         return tuple(self.capture)
 
     def _prefill_drafter(self, feats, slots: list[int], rows: list[BatchRow]) -> None:
+        self.lag.admitted(slots, [len(r.context) for r in rows])
         if self.drafter is not None:
             self.drafter.prefill(feats, feats.shape[1], rows=slots)
             return
@@ -465,6 +471,7 @@ class ChainBatch(_Rows):
             self.drop_drafted()
         if self.drafted is None and verify is None and self.run is not None and self.run.committed():
             rows = sum(self.live)  # the target alone's step until a rebuild (or, measured arms, the window's end)
+            self.lag.begin(self.pos_h, self.live)
             self.run.tick(0, lean=True)
             self.plain_step()
             self.run.count_plain()
@@ -475,6 +482,8 @@ class ChainBatch(_Rows):
         self.flush_plain()  # (a window of plain steps before this one: its last step's tokens)
         if not any(self.live):
             return
+        if self.lag:
+            self._catch_up()
         b = len(self.rows)
         anchor, pos, pos_h = self.anchor, self.pos, self.pos_h
         if self.drafted is not None:
@@ -539,6 +548,31 @@ class ChainBatch(_Rows):
         self.pos = pos + kept
         self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
         self._turn_window()
+
+    def _catch_up(self) -> None:
+        """The first speculative block after lean plain steps: the drafter gets the features of what they decoded
+        (serving/lag.py), recomputed by forwards of the full verify's shape. Off the budget's clock and out of the
+        window's wall: a cost of changing arms, not of either arm."""
+        holes = self.lag.holes(self.pos_h, self.live)
+        if not holes or self.target.kv_path != "static":  # (a dynamic cache keeps the hole: lossless, worse drafts)
+            return
+        began = time.perf_counter()
+        contexts = [r.context for r in self.rows]
+        anchors = self.anchor.tolist()
+        for starts, seqs, owned in chunks(holes, contexts, self.pos_h, anchors, self.k + 1):
+            seq = torch.tensor(seqs, dtype=torch.long, device=self.dev)
+            at = torch.tensor(starts, device=self.dev)
+            _, feats = self.target.step(seq, at, self.capture, starts)
+            if self.drafter is not None:  # every entry, as a verify's block (placeholders are never read)
+                self.drafter.observe_block(feats, starts)
+            else:  # the eager contract: the hole's positions only, -1 elsewhere
+                mine = torch.tensor(owned, device=self.dev)
+                self.adapter.observe(feats, torch.where(mine, at[:, None] + self.offs, -1), ids=seq)
+        self._off_the_clock()
+        if self.windows is not None:
+            if self.dev.type == "cuda":
+                torch.cuda.synchronize(self.dev)
+            self.windows.skip(time.perf_counter() - began)
 
     def _turn_window(self) -> None:
         """At a block boundary, a window that has run its time ends (serving/windows.py); a block drafted ahead for

@@ -43,6 +43,7 @@ class Windows:
     def __init__(self, budget: VerifyBudget, k: int, batch: int, emitted: int):
         self.budget, self.k, self.batch = budget, k, batch
         self.began, self.emitted = time.perf_counter(), emitted
+        self.skipped = 0.0  # seconds of this window that are no arm's (`skip`)
 
     def run(self) -> BudgetRun:
         """The next window's run: its arm from the outcomes of this batch size (what the last window learned is
@@ -50,13 +51,19 @@ class Windows:
         return self.budget.start(self.k, self.batch, "cuda")
 
     def due(self) -> bool:
-        return time.perf_counter() - self.began >= WINDOW_S
+        return time.perf_counter() - self.began - self.skipped >= WINDOW_S
+
+    def skip(self, seconds: float) -> None:
+        """Leave `seconds` of this window out of its wall: the drafter's catch-up after plain steps (serving/lag.py),
+        a cost of changing arms that the windows' alternation while the arms are measured would charge to
+        speculation."""
+        self.skipped += seconds
 
     def turn(self, run: BudgetRun, emitted: int, pending: Optional[int]) -> BudgetRun:
         """End the window `run` ran: its outcome (a block chosen and drafted ahead, `pending` drafts, is withdrawn
         from it); -> the next window's run."""
         if pending is not None:
             run.withdraw(pending)
-        run.finish(emitted - self.emitted, time.perf_counter() - self.began)
-        self.began, self.emitted = time.perf_counter(), emitted
+        run.finish(emitted - self.emitted, time.perf_counter() - self.began - self.skipped)
+        self.began, self.emitted, self.skipped = time.perf_counter(), emitted, 0.0
         return self.run()
