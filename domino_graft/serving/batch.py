@@ -477,7 +477,7 @@ class ChainBatch(_Rows):
             self.run.count_plain()
             if self.on_step is not None:
                 self.on_step([0] * rows, 0)
-            self._turn_window()
+            self._turn_window(rows)
             return
         self.flush_plain()  # (a window of plain steps before this one: its last step's tokens)
         if not any(self.live):
@@ -532,7 +532,7 @@ class ChainBatch(_Rows):
             return
         if moved:  # the anchors and positions moved on the device already, by the rows this block decoded
             self.pos_h = [p + (a + 1 if on else 0) for p, a, on in zip(pos_h, n_acc_h, stepped)]
-            self._turn_window()
+            self._turn_window(len(live_acc))
             return
         # rows that just ended keep nothing more; the others x_0 and their accepted drafts
         kept = torch.where(self._mask.of(self.live).on, n_acc + 1, 0)
@@ -547,7 +547,7 @@ class ChainBatch(_Rows):
         self.anchor = torch.where(kept > 0, nxt, anchor)
         self.pos = pos + kept
         self.pos_h = [p + (n + 1 if on else 0) for p, n, on in zip(pos_h, n_acc_h, self.live)]
-        self._turn_window()
+        self._turn_window(len(live_acc))
 
     def _catch_up(self) -> None:
         """The first speculative block after lean plain steps: the drafter gets the features of what they decoded
@@ -574,10 +574,14 @@ class ChainBatch(_Rows):
                 torch.cuda.synchronize(self.dev)
             self.windows.skip(time.perf_counter() - began)
 
-    def _turn_window(self) -> None:
-        """At a block boundary, a window that has run its time ends (serving/windows.py); a block drafted ahead for
-        the next goes on into it unless the next window runs plain steps."""
-        if self.windows is None or not self.windows.due():
+    def _turn_window(self, rows: int) -> None:
+        """At a block boundary (a block or plain step of `rows` live rows), a window that has run its time ends
+        (serving/windows.py); a block drafted ahead for the next goes on into it unless the next window runs plain
+        steps."""
+        if self.windows is None:
+            return
+        self.windows.count(rows)
+        if not self.windows.due():
             return
         pending = None if self.drafted is None else self.drafted[0]
         self.run = self.windows.turn(self.run, self.emitted, pending)

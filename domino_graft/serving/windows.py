@@ -14,6 +14,12 @@ block, None the step model's probe), and at its end its tokens/s (every token th
 wall time; admissions and pushes, which both arms pay per token, included) joins its batch size's outcomes. The
 outcomes' rules then apply unchanged: each arm measured, a verdict once they lie apart, probes spaced out.
 On CUDA under `--verify-budget auto`; DOMINO_GRAFT_SERVE_ARMS=0 turns it off (the step model alone, as before).
+
+A window's tokens/s is scaled to a full batch: divided by the share of the batch's rows that were live in its steps
+(`count`). A batch runs at its padded size whatever its live rows (ended rows stay masked until a rebuild), so both
+arms' cost per step is the full batch's and their tokens scale with the live rows. Where the queue drains (the end of
+a pass of RL rollouts, a lull in traffic) the rows end one by one and a window there emits a fraction of a full
+window's tokens; unscaled, whichever arm ran it would be measured that much slower.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Windows:
         self.budget, self.k, self.batch = budget, k, batch
         self.began, self.emitted = time.perf_counter(), emitted
         self.skipped = 0.0  # seconds of this window that are no arm's (`skip`)
+        self.row_steps, self.steps = 0, 0  # this window's steps and their live rows (`count`)
 
     def run(self) -> BudgetRun:
         """The next window's run: its arm from the outcomes of this batch size (what the last window learned is
@@ -52,6 +59,11 @@ class Windows:
 
     def due(self) -> bool:
         return time.perf_counter() - self.began - self.skipped >= WINDOW_S
+
+    def count(self, rows: int) -> None:
+        """A step (a block, or a plain step) of `rows` live rows ran in this window."""
+        self.row_steps += rows
+        self.steps += 1
 
     def skip(self, seconds: float) -> None:
         """Leave `seconds` of this window out of its wall: the drafter's catch-up after plain steps (serving/lag.py),
@@ -64,6 +76,8 @@ class Windows:
         from it); -> the next window's run."""
         if pending is not None:
             run.withdraw(pending)
-        run.finish(emitted - self.emitted, time.perf_counter() - self.began - self.skipped)
+        live = self.row_steps / (self.steps * self.batch) if self.steps else 1.0  # (module docstring)
+        run.finish(emitted - self.emitted, (time.perf_counter() - self.began - self.skipped) * live)
         self.began, self.emitted, self.skipped = time.perf_counter(), emitted, 0.0
+        self.row_steps, self.steps = 0, 0
         return self.run()

@@ -162,3 +162,22 @@ def test_every_family_catches_up_after_plain_windows_and_stays_the_target_alone(
                     budget=VerifyBudget("auto", costs=costs))
     assert got == refs
     assert any(caught)  # speculative blocks came after plain steps with holes to fill
+
+
+def test_a_windows_tokens_per_s_is_scaled_to_a_full_batch(monkeypatch):
+    """Where rows end and none is admitted (the queue drains) a window emits a fraction of a full one's tokens at the
+    same cost per step (the batch runs at its size): its rate is scaled by its live rows, so the arm that ran it is not
+    measured slower for it (serving/windows.py)."""
+    clock = [0.0]
+    monkeypatch.setattr(windows.time, "perf_counter", lambda: clock[0])
+    rates = []
+    monkeypatch.setattr(Outcomes, "add", lambda self, b, arm, tokens, seconds, model=None:
+                        rates.append(tokens / seconds))
+    w = windows.Windows(VerifyBudget("auto", costs=VerifyCosts.from_dict(COSTS)), 3, 4, emitted=0)
+    run = w.run()
+    for live, emitted in ((4, 40), (1, 50), (2, 70)):  # 10 steps of a window, one token a live row each
+        for _ in range(10):
+            w.count(live)
+        clock[0] += 0.1
+        run = w.turn(run, emitted, None)
+    assert rates == pytest.approx([400.0] * 3)
