@@ -1,0 +1,119 @@
+"""serve's measured arms end to end on this CPU (serving/windows.py, which runs on CUDA only, forced on here).
+
+On a CPU speculation cannot speed decoding up, so the target alone's lean steps are the faster arm at every batch
+size: what the arms must find, as they must at B = 32 on the H100, where the served step model kept speculating and
++ Domino ran 0.48x the target alone (bench/results/rollouts_h100/). The real SmolLM2-135M-Instruct and a graft of the
+shipped DFlash drafter (`apply smollm2_graft`, untrained: the drafter's drafts), fp32, GSM8K prompts through serve's
+worker (rows refilled as they end), greedy, `--verify-budget auto` over a flat cost table (the step model verifies
+all K, as it did there). Three modes, each its own scheduler:
+
+    target      the target alone (`serve --target-only`)
+    arms        + Domino, windows of --window-s whose arms the outcomes choose (the real Outcomes: both arms
+                measured, a verdict, probes); untimed passes until the verdict (at most --settle-passes)
+    step_model  + Domino, the step model alone (DOMINO_GRAFT_SERVE_ARMS=0)
+
+Reports tokens/s (median of --rounds timed passes), blocks by K', the arms' outcomes at the batch size and whether
+every prompt's tokens equal the target alone's. CPU walls: what they show is which arm the windows settle on and
+what + Domino then costs against the target alone, not GPU speed.
+
+    python experiments/served_arms_check.py --run RUN --prompts …/gsm8k/prompts.jsonl --out bench/results/served_arms_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "experiments"))
+
+import harness  # noqa: E402
+import rollouts  # noqa: E402
+from concurrency import load, read_items  # noqa: E402
+from drafter_lag_check import Tally, flat_costs  # noqa: E402
+
+
+def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
+    from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
+    from domino_graft.sampling import Sampling
+    from domino_graft.serving import batch as batch_module
+    from domino_graft.serving import windows
+    from domino_graft.serving.scheduler import Scheduler
+
+    saved = (batch_module.windows_on, windows.WINDOW_S)
+    budget = None if mode == "target" else VerifyBudget(
+        "auto", costs=VerifyCosts.from_dict(flat_costs(range(1, args.concurrency + 1))))
+    try:
+        if mode == "arms":
+            batch_module.windows_on = lambda b, device: b is not None and b.mode == "auto"
+            windows.WINDOW_S = args.window_s
+        tally = Tally()
+        s = Scheduler(engine, max_batch=args.concurrency, max_queue=len(items), target_only=mode == "target",
+                      metrics=tally, budget=budget, pad_batches=True)  # (as on a GPU)
+        s.start()
+        try:
+            sampling = Sampling()
+            passes = 0
+            while True:  # untimed: the arms' verdict (arms), the budget's estimate (step_model)
+                rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+                passes += 1
+                if mode != "arms" or passes >= args.settle_passes or budget.outcomes.settled(args.concurrency):
+                    break
+            tally.__init__()
+            walls, tokens = [], None
+            for _ in range(args.rounds):
+                tokens, wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+                walls.append(round(wall, 2))
+        finally:
+            s.stop(timeout=60, abandon=True)
+    finally:
+        batch_module.windows_on, windows.WINDOW_S = saved
+    n = sum(map(len, tokens))
+    row = {"untimed_passes": passes, "walls_s": walls, "tokens": n,
+           "tokens_per_s": round(n / statistics.median(walls), 2)}
+    if mode != "target":
+        row.update(blocks_by_k={str(k): c for k, c in sorted(tally.blocks_by_k.items())},
+                   accepted_per_spec_row_step=round(tally.spec_accepted / max(tally.spec_row_steps, 1), 3))
+    if mode == "arms":
+        row["outcomes"] = budget.outcomes.summary(args.concurrency)
+    return row, tokens
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="a run dir (apply smollm2_graft on the shipped drafter)")
+    p.add_argument("--prompts", type=Path, help="a prompts JSONL (default: the GSM8K test questions)")
+    p.add_argument("--num-prompts", type=int, default=12)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--window-s", type=float, default=0.25, help="the windows' wall time (serve's: 0.1 s on a GPU)")
+    p.add_argument("--settle-passes", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.manual_seed(0)
+    loaded, engine = load(args.run, "fp32", "cpu", "auto")
+    items = read_items(loaded, args.prompts, args.num_prompts)
+    report = {**harness.environment(), "run": args.run, "num_prompts": len(items), "concurrency": args.concurrency,
+              "max_new_tokens": args.max_new_tokens, "window_s": args.window_s, "modes": {}}
+    ref = None
+    for mode in ("target", "arms", "step_model"):
+        row, tokens = run_mode(engine, items, mode, args)
+        if mode == "target":
+            ref = tokens
+        else:
+            row["identical_to_target"] = tokens == ref
+            row["x_target"] = round(row["tokens_per_s"] / report["modes"]["target"]["tokens_per_s"], 3)
+        report["modes"][mode] = row
+        print(mode, row, flush=True)
+    harness.write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
