@@ -12,11 +12,14 @@ all K, as it did there). Three modes, each its own scheduler:
                 measured, a verdict, probes); untimed passes until the verdict (at most --settle-passes)
     step_model  + Domino, the step model alone (DOMINO_GRAFT_SERVE_ARMS=0)
 
-Reports tokens/s (median of --rounds timed passes), blocks by K', the arms' outcomes at the batch size and whether
-every prompt's tokens equal the target alone's. CPU walls: what they show is which arm the windows settle on and
+Reports tokens/s (median of --rounds timed passes), blocks by K', the arms' outcomes at the batch size, whether
+every prompt's tokens equal the target alone's, and where the timed passes' wall went apart from the steps: the
+admissions in place, the rebuilds and (+ Domino) the drafter's catch-ups after plain windows, each's seconds and
+calls (`timed_calls`). CPU walls: what they show is which arm the windows settle on and
 what + Domino then costs against the target alone, not GPU speed.
 
-    python experiments/served_arms_check.py --run RUN --prompts …/gsm8k/prompts.jsonl --out bench/results/served_arms_cpu.json
+    python experiments/served_arms_check.py --run RUN --prompts …/gsm8k/prompts.jsonl \
+        --out bench/results/served_arms_cpu.json
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +40,42 @@ from concurrency import load, read_items  # noqa: E402
 from drafter_lag_check import Tally, flat_costs  # noqa: E402
 
 
+class Timed:
+    """Seconds and calls of a few batch methods while `on` (the timed passes): wraps them on their classes."""
+
+    NAMES = ("admit", "__init__", "_catch_up")
+
+    def __init__(self):
+        from domino_graft.serving import batch as batch_module
+
+        self.on, self.seconds, self.calls, self.saved = False, {}, {}, []
+        for cls in (batch_module.ChainBatch, batch_module.TargetBatch):
+            for name in self.NAMES:
+                if name in vars(cls):
+                    self.saved.append((cls, name, vars(cls)[name]))
+                    setattr(cls, name, self._timed(name, vars(cls)[name]))
+
+    def _timed(self, name, fn):
+        key = {"__init__": "rebuild", "_catch_up": "catch_up"}.get(name, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                if self.on:
+                    self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+                    self.calls[key] = self.calls.get(key, 0) + 1
+        return timed
+
+    def restore(self) -> None:
+        for cls, name, fn in self.saved:
+            setattr(cls, name, fn)
+
+    def report(self) -> dict:
+        return {k: {"seconds": round(v, 2), "calls": self.calls[k]} for k, v in sorted(self.seconds.items())}
+
+
 def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
     from domino_graft.decoding.budget import VerifyBudget, VerifyCosts
     from domino_graft.sampling import Sampling
@@ -44,6 +84,7 @@ def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
     from domino_graft.serving.scheduler import Scheduler
 
     saved = (batch_module.windows_on, windows.WINDOW_S)
+    timed = Timed()
     budget = None if mode == "target" else VerifyBudget(
         "auto", costs=VerifyCosts.from_dict(flat_costs(range(1, args.concurrency + 1))))
     try:
@@ -63,6 +104,7 @@ def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
                 if mode != "arms" or passes >= args.settle_passes or budget.outcomes.settled(args.concurrency):
                     break
             tally.__init__()
+            timed.on = True
             walls, tokens = [], None
             for _ in range(args.rounds):
                 tokens, wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
@@ -71,9 +113,10 @@ def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
             s.stop(timeout=60, abandon=True)
     finally:
         batch_module.windows_on, windows.WINDOW_S = saved
+        timed.restore()
     n = sum(map(len, tokens))
     row = {"untimed_passes": passes, "walls_s": walls, "tokens": n,
-           "tokens_per_s": round(n / statistics.median(walls), 2)}
+           "tokens_per_s": round(n / statistics.median(walls), 2), "timed_calls": timed.report()}
     if mode != "target":
         row.update(blocks_by_k={str(k): c for k, c in sorted(tally.blocks_by_k.items())},
                    accepted_per_spec_row_step=round(tally.spec_accepted / max(tally.spec_row_steps, 1), 3))

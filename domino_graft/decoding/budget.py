@@ -357,11 +357,12 @@ class BudgetRun:
         return (self.budget.mode == "auto" and device_type == "cuda" and len(self.propose_samples) < 8
                 and (costs is None or self.batch not in costs.propose_ms))
 
-    def finish(self, tokens: int = 0, seconds: float = 0.0) -> "BudgetRun":
+    def finish(self, tokens: int = 0, seconds: float = 0.0, switch: float = 0.0) -> "BudgetRun":
         """The decode's end: its propose measurements go into the budget's table (as its target costs
         did) and its estimate into the budget's memory, so the next decode at this batch size starts
         with them. tokens, seconds: the whole decode's (a static batch's, on CUDA: its tokens/s joins
-        the budget's outcomes at its first batch size). -> the run, whose `report()` is built when read
+        the budget's outcomes at its first batch size); switch: seconds that changing arms cost before it (a
+        served window's, decoding/outcomes.py). -> the run, whose `report()` is built when read
         (`Engine.last_budget`), after the decode's time: built in the decode (medians, every candidate's
         cost) it was host time inside the wall the outcomes compare (on the H100 the plain arm ran 0.2% under
         the target alone's same loop, before and after this: docs/results.md §0c)."""
@@ -369,7 +370,7 @@ class BudgetRun:
         if self.wall_clock and self.budget.mode == "auto" and tokens:
             outcomes = self.budget.outcomes
             model = self.model_arm() if outcomes.wants_model(self.key) else None
-            outcomes.add(self.key, self.measured_arm(), tokens, seconds, model=model)
+            outcomes.add(self.key, self.measured_arm(), tokens, seconds, model=model, switch=switch)
         self.budget.memory[self.key] = self
         self._final_alphas = self.pool.alphas()  # the shared estimate moves on with the next decode
         return self

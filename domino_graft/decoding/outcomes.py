@@ -31,6 +31,11 @@ decodes apart, the gap doubling (to PROBE_MAX) each time a probe leaves the verd
 PROBE_EVERY when the verdict turns; a first verdict's gap, and a kept one's, is never under the arms' margin
 over PROBE_COST (a probe against the verdict costs about that margin of one decode: at 924e452's greedy B = 32
 on the H100 the arms lay 14% apart and one probe in 16 timed batches left + Domino 0.981x the target alone).
+A served batch's windows (serving/windows.py) pay one more cost at a probe: changing arms. A
+speculative window after plain ones first recomputes what they decoded for the drafter (serving/lag.py), out of the
+window's wall, so each window reports that switch's seconds (`add`'s `switch`, as a share of its own wall) and the
+gap counts them too: at 4f90443 on the CPU (bench/results/served_arms_cpu.json) a probe's catch-up took 2.4 windows
+of 0.25 s, the arms lay 38% apart, and probes 61 windows apart cost + Domino ~5% against PROBE_COST's 0.6%.
 Where the step model disagrees with a settled verdict, its probes are the
 loss (at T = 1, B = 1 on the H100 at `41c3e2d`, the 4 probes of 64 decodes speculated at ~7% under the
 plain arm and left + Domino 0.993x the target alone), and a long run of decodes (RL rollouts) pays for
@@ -58,8 +63,11 @@ PROBE_EVERY = 16
 PROBE_MAX = 256
 # a probe the step model runs against the verdict costs about the arms' margin of one decode: probes come at least
 # margin / PROBE_COST decided decodes apart, so they cost at most ~PROBE_COST of the throughput (16 apart up to a
-# 10% margin; at 924e452's greedy B = 32 on the H100, 14% apart, one probe in 16 batches cost 1.7%)
+# 10% margin; at 924e452's greedy B = 32 on the H100, 14% apart, one probe in 16 batches cost 1.7%); a served window's
+# switch of arms counts too (module docstring)
 PROBE_COST = 0.00625
+# the switches a size's gap is judged by: the median of the last few a served batch reported
+SWITCH_WINDOW = 8
 
 
 class Outcomes:
@@ -75,7 +83,7 @@ class Outcomes:
     def _seen(self, batch: int) -> dict:
         return self.by_batch.setdefault(batch, {"spec": [], "plain": [], "mixed": 0, "decided": 0,
                                                 "gap": PROBE_EVERY, "probe_at": 0, "pending": None, "verdict": None,
-                                                "model": None})
+                                                "model": None, "switch": []})
 
     def wants_model(self, batch: int) -> bool:
         """Whether `add` should be told the step model's choice at this size: only before its first verdict
@@ -110,10 +118,12 @@ class Outcomes:
             return None
         return seen["verdict"]
 
-    def add(self, batch: int, arm: str, tokens: int, seconds: float, model: Optional[str] = None) -> None:
+    def add(self, batch: int, arm: str, tokens: int, seconds: float, model: Optional[str] = None,
+            switch: float = 0.0) -> None:
         """A whole decode of `batch` rows that ran `arm`: its tokens/s (no sample without tokens or time;
         a MIXED decode is counted, never compared). model: the arm the step model alone would choose at this
-        size now (None: it cannot say yet); the latest one said is kept (module docstring)."""
+        size now (None: it cannot say yet); the latest one said is kept (module docstring). switch: seconds that
+        changing arms cost before it, left out of `seconds` (a served window's drafter catch-up)."""
         if arm not in ARMS + (MIXED,):
             raise ValueError(f"outcome arm: {arm!r}; valid: {', '.join(ARMS + (MIXED,))}")
         if model not in ARMS + (None,):
@@ -123,6 +133,8 @@ class Outcomes:
         seen = self._seen(batch)
         if model is not None:
             seen["model"] = model
+        if switch > 0:
+            seen["switch"] = (seen["switch"] + [switch / seconds])[-SWITCH_WINDOW:]
         if arm == MIXED:
             seen["mixed"] += 1
             if seen["pending"] is not None:  # a probe the step model ran mixed: nothing against the verdict
@@ -169,9 +181,11 @@ class Outcomes:
 
 
 def _least_gap(seen: dict) -> int:
-    """The fewest decided decodes between probes at the arms' margin now (PROBE_COST)."""
+    """The fewest decided decodes between probes at the arms' margin now and what a switch of arms costs, in
+    decodes (PROBE_COST)."""
     fast, slow = sorted((median_high(seen["spec"]), median_high(seen["plain"])), reverse=True)
-    return min(PROBE_MAX, max(PROBE_EVERY, math.ceil((1 - slow / fast) / PROBE_COST - 1e-9)))  # (below 1 / PROBE_COST)
+    switch = median_high(seen["switch"]) if seen["switch"] else 0.0
+    return min(PROBE_MAX, max(PROBE_EVERY, math.ceil((1 - slow / fast + switch) / PROBE_COST - 1e-9)))
 
 
 def apart(spec: list[float], plain: list[float]) -> bool:

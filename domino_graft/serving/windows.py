@@ -77,7 +77,8 @@ class Windows:
         if pending is not None:
             run.withdraw(pending)
         live = self.row_steps / (self.steps * self.batch) if self.steps else 1.0  # (module docstring)
-        run.finish(emitted - self.emitted, (time.perf_counter() - self.began - self.skipped) * live)
+        run.finish(emitted - self.emitted, (time.perf_counter() - self.began - self.skipped) * live,
+                   switch=self.skipped * live)  # (its probes' gap counts it: decoding/outcomes.py)
         self.began, self.emitted, self.skipped = time.perf_counter(), emitted, 0.0
         self.row_steps, self.steps = 0, 0
         return self.run()

@@ -203,3 +203,16 @@ def test_probes_are_spaced_by_how_far_apart_the_arms_lie(spec_rate, gap):
     probes = [i for i, a in enumerate(arms) if a is None]
     assert probes == [gap - 1, gap + min(2 * gap, PROBE_MAX) - 1], (spec_rate, probes)
     assert {a for a in arms if a is not None} == {"plain"}
+
+
+@pytest.mark.parametrize("switch, gap", [(0.0, 80), (0.5, 160), (2.4, 256)])
+def test_a_served_windows_switch_of_arms_spaces_its_probes_too(switch, gap):
+    """A served window pays a switch of arms before it (the drafter's catch-up after plain windows, left out of its
+    wall): a probe then costs the margin and the switch, in windows, and its gap is their sum over PROBE_COST (at most
+    PROBE_MAX). The switches are a share of the window's own wall (`add`'s `switch` over its `seconds`)."""
+    seen = Outcomes()
+    for i in range(OUTCOME_WINDOW):  # both windows full: a verdict (plain, 50% apart)
+        seen.add(8, "spec", 50, 1.0, switch=switch if i else 0.0)  # (the first speculative window had no switch)
+        seen.add(8, "plain", 100, 1.0)
+    arms = [seen.arm_for(8) for _ in range(gap)]
+    assert arms.index(None) == gap - 1 and set(arms[:-1]) == {"plain"}

@@ -171,7 +171,7 @@ def test_a_windows_tokens_per_s_is_scaled_to_a_full_batch(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(windows.time, "perf_counter", lambda: clock[0])
     rates = []
-    monkeypatch.setattr(Outcomes, "add", lambda self, b, arm, tokens, seconds, model=None:
+    monkeypatch.setattr(Outcomes, "add", lambda self, b, arm, tokens, seconds, **kw:
                         rates.append(tokens / seconds))
     w = windows.Windows(VerifyBudget("auto", costs=VerifyCosts.from_dict(COSTS)), 3, 4, emitted=0)
     run = w.run()
