@@ -14,9 +14,10 @@ all K, as it did there). Three modes, each its own scheduler:
 
 Reports tokens/s (median of --rounds timed passes), blocks by K', the arms' outcomes at the batch size, whether
 every prompt's tokens equal the target alone's, and where the timed passes' wall went apart from the steps: the
-admissions in place, the rebuilds and (+ Domino) the drafter's catch-ups after plain windows, each's seconds and
-calls (`timed_calls`). CPU walls: what they show is which arm the windows settle on and
-what + Domino then costs against the target alone, not GPU speed.
+admissions in place (`admit`, and `prefill_chunks`: a long prompt's chunks, one before each step), the rebuilds and
+(+ Domino) the drafter's catch-ups after plain windows, each's seconds and calls (`timed_calls`; an admit that found
+no room to park fails at once, and a rebuild follows). CPU walls: what they show is which arm the windows settle on
+and what + Domino then costs against the target alone, not GPU speed.
 
     python experiments/served_arms_check.py --run RUN --prompts …/gsm8k/prompts.jsonl \
         --out bench/results/served_arms_cpu.json
@@ -43,7 +44,7 @@ from drafter_lag_check import Tally, flat_costs  # noqa: E402
 class Timed:
     """Seconds and calls of a few batch methods while `on` (the timed passes): wraps them on their classes."""
 
-    NAMES = ("admit", "__init__", "_catch_up")
+    NAMES = ("admit", "prefill_chunks", "__init__", "_catch_up")
 
     def __init__(self):
         from domino_graft.serving import batch as batch_module
@@ -51,26 +52,30 @@ class Timed:
         self.on, self.seconds, self.calls, self.saved = False, {}, {}, []
         for cls in (batch_module.ChainBatch, batch_module.TargetBatch):
             for name in self.NAMES:
-                if name in vars(cls):
-                    self.saved.append((cls, name, vars(cls)[name]))
-                    setattr(cls, name, self._timed(name, vars(cls)[name]))
+                if hasattr(cls, name):  # (its own, or inherited: shadowed on the class until `restore`)
+                    self.saved.append((cls, name, vars(cls).get(name)))
+                    setattr(cls, name, self._timed(name, getattr(cls, name)))
 
     def _timed(self, name, fn):
         key = {"__init__": "rebuild", "_catch_up": "catch_up"}.get(name, name)
 
         def timed(*a, **kw):
             t0 = time.perf_counter()
+            busy = name != "prefill_chunks" or bool(a[0].pending)  # (called before every step: counted with chunks)
             try:
                 return fn(*a, **kw)
             finally:
-                if self.on:
+                if self.on and busy:
                     self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
                     self.calls[key] = self.calls.get(key, 0) + 1
         return timed
 
     def restore(self) -> None:
         for cls, name, fn in self.saved:
-            setattr(cls, name, fn)
+            if fn is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, fn)
 
     def report(self) -> dict:
         return {k: {"seconds": round(v, 2), "calls": self.calls[k]} for k, v in sorted(self.seconds.items())}
@@ -134,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--window-s", type=float, default=0.25, help="the windows' wall time (serve's: 0.1 s on a GPU)")
     p.add_argument("--settle-passes", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="timed passes a mode (this CPU's walls vary: median)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import torch

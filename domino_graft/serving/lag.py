@@ -1,13 +1,14 @@
 """What a served ChainBatch's drafter missed while its verify budget ran the target alone's lean steps, and the
-chunks that give it back (serving/batch.py `_catch_up`; docs/serving.md "Plain windows and the drafter").
+chunks that give it back (serving/batch.py `_catch_up`; docs/serving.md "Measured arms", docs/design.md §5).
 
 A batch committed to plain steps (decoding/budget.py `committed`) runs the target alone's loop: no features
 captured, nothing written to the drafter. A static decode stays committed to its end. A served batch under measured
 arms (serving/windows.py) goes back to drafting at the next speculative window, and its drafter then reads a
 context with a hole where the plain steps went: stale entries at those positions (lossless, since a verify accepts
-only the target's tokens, but the drafts are worse). On this CPU (the real SmolLM2 and the shipped drafter, 8 GSM8K
-prompts through 4 rows, windows of 0.25 s taking turns) a speculative block accepted 1.90 drafts a row where every
-window speculated and 1.03 where plain windows came between: the speculative arm measured at half its worth.
+only the target's tokens, but the drafts are worse). On this CPU (bench/results/drafter_lag_cpu.json: the real SmolLM2
+and the shipped drafter, 8 GSM8K prompts through 4 rows, windows of 0.25 s taking turns) a speculative block accepted
+1.90 drafts a row where every window speculated and 1.04 where plain windows came between (2.32 with the catch-up):
+the speculative arm measured at about half its worth.
 
 So the plain stretch records where each row's hole begins (`begin`: the live rows' positions at its first step; a
 prompt admitted during it: its first token's), and the next speculative block first recomputes the hole: target

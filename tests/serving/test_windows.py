@@ -108,7 +108,7 @@ def test_a_plain_stretch_leaves_the_drafter_no_hole(monkeypatch):
     """After lean plain steps, the next speculative block gives the drafter what they decoded (serving/lag.py): its
     context at every position before that block's anchor is what a batch prefilled with the same tokens holds. Without
     the catch-up the plain steps' positions keep stale entries (on the real SmolLM2 a speculative block accepted
-    1.03 drafts a row after plain windows against 1.90 without them: bench/results/drafter_lag_cpu.json)."""
+    1.04 drafts a row after plain windows against 1.90 without them: bench/results/drafter_lag_cpu.json)."""
     from domino_graft.decoding import Engine
     from domino_graft.serving.batch import ChainBatch
     from domino_graft.serving.rows import BatchRow
