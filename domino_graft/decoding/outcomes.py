@@ -34,8 +34,8 @@ on the H100 the arms lay 14% apart and one probe in 16 timed batches left + Domi
 A served batch's windows (serving/windows.py) pay one more cost at a probe: changing arms. A
 speculative window after plain ones first recomputes what they decoded for the drafter (serving/lag.py), out of the
 window's wall, so each window reports that switch's seconds (`add`'s `switch`, as a share of its own wall) and the
-gap counts them too: at 4f90443 on the CPU (bench/results/served_arms_cpu.json) a probe's catch-up took 2.4 windows
-of 0.25 s, the arms lay 38% apart, and probes 61 windows apart cost + Domino ~5% against PROBE_COST's 0.6%.
+gap counts them too: on the CPU at 7a3e4d9 (bench/results/served_arms_cpu.json, windows of 0.25 s) one catch-up took
+0.26 s, the arms lay 53% apart, and the gap reached PROBE_MAX where the margin alone gives 85 windows.
 Where the step model disagrees with a settled verdict, its probes are the
 loss (at T = 1, B = 1 on the H100 at `41c3e2d`, the 4 probes of 64 decodes speculated at ~7% under the
 plain arm and left + Domino 0.993x the target alone), and a long run of decodes (RL rollouts) pays for
