@@ -9,9 +9,11 @@ drafter + the Domino head) in turn gets its own scheduler per B, warm-started ov
 (serving/warmup.py), then decodes the prompts once untimed (the verify budget learns its costs and acceptance;
 + Domino's on CUDA until its measured arms settle, serving/windows.py, at most --settle-passes) and --rounds times
 timed. tokens/s = generated tokens / the wall from the first
-submission to the last completion. Greedy: each prompt's tokens under + Domino equal the target alone's
-(`identical_to_target`). + Domino's timed blocks by the K' they verified (0: a plain step through the chain;
-a batch committed to plain steps counts one block a step) and its accepted drafts per row-step.
+submission to the last completion; each mode's timed passes also report their admission calls in place and the wall
+seconds in them and in rebuilds (an admission prefills the whole batch, however few rows it admits). Greedy: each
+prompt's tokens under + Domino equal the target alone's (`identical_to_target`). + Domino's timed blocks by the K'
+they verified (0: a plain step through the chain; a batch committed to plain steps counts one block a step) and its
+accepted drafts per row-step.
 
     python3 bench/rollouts.py --run RUN --prompts …/gsm8k/prompts.jsonl --num-prompts 256 \
         --concurrency 1,8,16,32,64 --temperatures 0,1 --out bench/results/rollouts_<gpu>.json
@@ -122,6 +124,7 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
                     break
             row[f"{mode}_untimed_passes"] = passes
             tally.__init__()  # the timed passes' blocks only
+            before = (s.admissions, s.admission_s, s.rebuild_s)
             walls = []
             for _ in range(args.rounds):
                 toks, wall = decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
@@ -134,6 +137,11 @@ def measure(engine, items, b: int, temperature: float, args, budgets: dict) -> d
         row[f"{mode}_tokens"] = n
         row[f"{mode}_tokens_per_s"] = round(n / statistics.median(walls), 1)
         row[f"{mode}_rebuilds"], row[f"{mode}_admitted_in_place"] = s.rebuilds, s.admitted_in_place
+        # the timed passes' admission calls in place and wall seconds in them and in rebuilds (serving/scheduler.py)
+        calls, admit_s, rebuild_s = (now - then for now, then in
+                                     zip((s.admissions, s.admission_s, s.rebuild_s), before))
+        row[f"{mode}_timed_admissions"] = calls
+        row[f"{mode}_timed_admission_s"], row[f"{mode}_timed_rebuild_s"] = round(admit_s, 4), round(rebuild_s, 4)
         if mode == "domino" and budgets.get(mode) is not None:  # the measured arms at this size, if any
             row["domino_outcomes"] = budgets[mode].outcomes.summary(b)
         if mode == "domino":  # (the target alone's batch reports no blocks)

@@ -29,6 +29,10 @@ def test_rollouts_bench_smoke(tiny_run, tmp_path, monkeypatch):
         assert r["num_prompts"] == 7 and r["target_tokens_per_s"] > 0 and r["domino_tokens_per_s"] > 0
         assert 7 <= r["target_tokens"] <= 70 and 7 <= r["domino_tokens"] <= 70
         assert len(r["walls_s"]["target"]) == len(r["walls_s"]["domino"]) == 1
+        for mode in ("target", "domino"):  # the timed pass's admissions: calls, and seconds only where calls ran
+            calls, secs = r[f"{mode}_timed_admissions"], r[f"{mode}_timed_admission_s"]
+            assert 0 <= calls <= r[f"{mode}_admitted_in_place"] and (secs > 0) == (calls > 0)
+            assert (r[f"{mode}_timed_rebuild_s"] > 0) == (r["concurrency"] > 1)  # each pass starts a batch (B > 1)
         (k, blocks), = r["domino_blocks_by_k"].items()  # --verify-budget full: every timed block verifies all K
         assert r["target_untimed_passes"] == r["domino_untimed_passes"] == 1  # (measured arms settle on CUDA only)
         assert r.get("domino_outcomes") is None  # no windows off CUDA (and no auto budget here): nothing measured

@@ -165,6 +165,10 @@ class Scheduler:
         self.pad_batches = cuda if pad_batches is None else pad_batches
         self.rebuilds = 0  # batches built (the first of each busy spell included): each re-prefills its rows
         self.admitted_in_place = 0  # requests prefilled into freed rows of the batch in flight
+        # the calls that admitted them and the wall seconds in those calls and in the rebuilds (bench/rollouts.py's
+        # report): an admission in place is a forward of the whole batch however few rows it admits (every other
+        # row parks, decoding/session.py), and rows that end apart are admitted apart
+        self.admissions, self.admission_s, self.rebuild_s = 0, 0.0, 0.0
         self.budget = budget  # the batched chains' verify budget (decoding/budget.py; None: all K)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.target_only = target_only
@@ -383,6 +387,7 @@ class Scheduler:
                 if self.pad_batches:
                     rows = rows + [idle_row(rows[0]) for _ in range(self._padded(len(rows)) - len(rows))]
                 self.rebuilds += 1
+                began = time.perf_counter()
                 try:
                     carry = getattr(batch, "run", None)  # the replaced batch's acceptance estimate goes on
                     if batch is not None:
@@ -390,6 +395,7 @@ class Scheduler:
                     batch = (TargetBatch(self.engine, rows) if self.target_only else
                              ChainBatch(self.engine, rows, use_head=self.use_head, on_step=self._on_step,
                                         budget=self.budget, carry=carry))
+                    self.rebuild_s += time.perf_counter() - began
                 except Exception as e:
                     self._fail_all(jobs, e)
                     batch = None
@@ -417,11 +423,14 @@ class Scheduler:
         requests, as after a failed step."""
         if batch is None or not self.admit_in_place or not batch.can_admit(rows, self.prefill_chunk):
             return False
+        began = time.perf_counter()
         try:
             batch.admit(rows, self.prefill_chunk)
         except ValueError:  # a row in flight has no positions left to park: rebuild
             return False
         self.admitted_in_place += len(rows)
+        self.admissions += 1
+        self.admission_s += time.perf_counter() - began  # (its first tokens' read waits for the device: all of it)
         return True
 
     def _padded(self, n: int) -> int:
