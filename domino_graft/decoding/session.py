@@ -32,7 +32,11 @@ after). Positions >= pos_b hold stale entries (padding, rejected drafts, a finis
 repeats); each step overwrites the ones its queries may see before they see them, and the mask
 hides the rest. tests/decoding/test_batched_static.py checks this with garbage written past every
 row. A prefill into some rows steps the others at positions past everything they verified (their
-"parking" positions), so it leaves them as they were.
+"parking" positions), so it leaves them as they were. Where the admitted rows are few (`admission_rows`: a power
+of two of them, at most half the batch) they are moved to the front of the cache and run alone, every row going
+back to its slot after: an admission then costs its own rows' prefill, not the whole batch's. A server whose rows
+end one at a time (speculative rows end at scattered blocks) admits one at a time, and on the CPU the whole batch's
+prefills were 45% of + Domino's served wall at 8 rows (bench/results/admission_rows_cpu.json).
 
 A finished row stays in the batch at its last position: its steps rewrite the same stale positions,
 its outputs are dropped, and the other rows never wait for it; once half the rows have ended the
@@ -45,6 +49,8 @@ and keeps a non-prefix path, which this contract's causal step and prefix keep d
 """
 
 from __future__ import annotations
+
+import os
 
 from typing import Optional, Protocol, Sequence
 
@@ -82,6 +88,36 @@ def _host_pos(pos, host_pos) -> list[int]:
     if host_pos is not None:
         return list(host_pos)
     return [int(p) for p in pos.tolist()]  # a device sync: callers on hot paths pass host_pos
+
+
+# an admission in place runs only the admitted rows (moved to the front of the cache), not the whole batch
+# (`StaticSession.prefill`); DOMINO_GRAFT_ADMIT_ROWS=0: the whole batch, every other row parked, as before
+ADMIT_ROWS = os.environ.get("DOMINO_GRAFT_ADMIT_ROWS", "1") != "0"
+
+
+def admission_rows(admitted: int, batch: int) -> int:
+    """The rows an admission prefill of `admitted` prompts into a batch of `batch` rows runs: the next power of
+    two (a few graph shapes, as batch sizes are padded), the whole batch where that is not under half of it (the
+    rows' moves would cost about what they save) or ADMIT_ROWS is off."""
+    front = 1 << (admitted - 1).bit_length()
+    return front if ADMIT_ROWS and 2 * front <= batch else batch
+
+
+def _to_front(rows: list[int], batch: int) -> list[int]:
+    """A permutation of range(batch) whose first len(rows) entries are `rows` (in order): each takes the place of
+    the row it displaces."""
+    order = list(range(batch))
+    for i, r in enumerate(rows):
+        j = order.index(r)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def _inverse(order: list[int]) -> list[int]:
+    back = [0] * len(order)
+    for r, o in enumerate(order):
+        back[o] = r
+    return back
 
 
 # ------------------------------------------------------------------------- static
@@ -156,12 +192,25 @@ class StaticSession:
         n = max(p.numel() for p in prompts)
         t = prefill_length(n, self.lm.max_len)
         ids, lens, real, pos = _right_pad(prompts, t)
+        order = None
         if rows is None:
             self.rows, self._ends = len(prompts), [t] * len(prompts)
             batch, at, slots = ids, [0] * len(prompts), torch.arange(len(prompts), device=dev)
         else:
-            batch, at = self._park(t, rows, starts)
-            slots = torch.tensor(list(rows), device=dev)
+            front = admission_rows(len(rows), self.rows)
+            if front < self.rows:  # the admitted rows move to the front and only the first `front` run
+                order = _to_front(list(rows), self.rows)
+                self._permute(order)
+                placed = list(range(len(rows)))
+            else:
+                placed = list(rows)
+            try:
+                batch, at = self._park(t, placed, starts, width=front)
+            except ValueError:  # no room to park (the caller rebuilds): every row back in its slot first
+                if order is not None:
+                    self._permute(_inverse(order))
+                raise
+            slots = torch.tensor(placed, device=dev)
             batch[slots] = ids
             if starts is not None:
                 pos = torch.where(real, pos + torch.tensor(list(starts), device=dev)[:, None], -1)
@@ -174,22 +223,48 @@ class StaticSession:
         feats = self._features(hidden, capture)
         if feats is not None:
             feats = feats[:, :n] if rows is None else feats[slots, :n]
+        if order is not None:  # every row back to its slot
+            self._permute(_inverse(order))
         return last, feats, ids[:, :n], pos
 
-    def _park(self, t: int, rows: Sequence[int],
-              starts: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, list[int]]:
-        """-> (a [B, t] batch, each row's position): `rows` at their starts (0 by default), every other row's
-        `t` placeholder tokens at its end, past all it verified, so nothing of it changes. A parked row's
-        end stays where it was: what it verified still ends there, and the next park may overwrite this
-        one's placeholders (so parks in a row, a chunked admission's, need room for one of them only)."""
+    def _park(self, t: int, rows: Sequence[int], starts: Optional[Sequence[int]] = None,
+              width: Optional[int] = None) -> tuple[torch.Tensor, list[int]]:
+        """-> (a [width, t] batch, each of its rows' positions): `rows` at their starts (0 by default), every
+        other of the first `width` rows (default: all) `t` placeholder tokens at its end, past all it verified, so
+        nothing of it changes. A parked row's end stays where it was: what it verified still ends there, and the
+        next park may overwrite this one's placeholders (so parks in a row, a chunked admission's, need room for
+        one of them only)."""
+        width = self.rows if width is None else width
         first = dict(zip(rows, starts if starts is not None else [0] * len(rows)))
-        at = [first.get(r, e) for r, e in enumerate(self._ends)]
+        at = [first.get(r, e) for r, e in enumerate(self._ends[:width])]
         full = [r for r, e in enumerate(at) if e + t > self.lm.max_len]
         if full:
             raise ValueError(f"prefill into a batch in flight: row {full[0]} has no {t} positions left to park "
                              f"(cache of {self.lm.max_len}); valid: a session created with room for them")
-        self._ends = [a + t if r in first else e for r, (a, e) in enumerate(zip(at, self._ends))]
-        return torch.zeros(self.rows, t, dtype=torch.long, device=self.lm.device), at
+        self._ends[:width] = [a + t if r in first else e for r, (a, e) in enumerate(zip(at, self._ends))]
+        return torch.zeros(width, t, dtype=torch.long, device=self.lm.device), at
+
+    def _permute(self, order: list[int]) -> None:
+        """Row r of the batch becomes what row order[r] was: its K/V, its length and its parking end (only the
+        rows that move are copied)."""
+        moved = [r for r, o in enumerate(order) if o != r]
+        if not moved:
+            return
+        cache = self.lm.cache
+        dst = torch.tensor(moved, device=cache.lengths.device)
+        src = torch.tensor([order[r] for r in moved], device=cache.lengths.device)
+        for kc, vc in zip(cache.k, cache.v):
+            kc.index_copy_(0, dst, kc.index_select(0, src))  # a gathered copy first: rows swap places
+            vc.index_copy_(0, dst, vc.index_select(0, src))
+        cache.lengths.index_copy_(0, dst, cache.lengths.index_select(0, src))
+        if cache.host_lengths is not None:
+            was = list(cache.host_lengths)
+            for r in moved:
+                cache.host_lengths[r] = was[order[r]]
+        if self._ends:
+            was = list(self._ends)
+            for r in moved:
+                self._ends[r] = was[order[r]]
 
     def step(self, seq: torch.Tensor, pos: Optional[torch.Tensor], capture, host_pos: Optional[list[int]]):
         """seq [B, T] at positions pos_b..pos_b+T-1 (`host_pos`: the same positions on the host, which

@@ -62,6 +62,7 @@ from ..decoding.batched import (chain_room, drafts_ahead, measure_step_costs, re
                                 takes_device_positions)
 from ..decoding.budget import BudgetRun, VerifyBudget
 from ..decoding.common import LiveMask, TokenReader, first_slots, propose_timer
+from ..decoding.session import admission_rows
 from ..decoding.verify import verify_chain
 from ..sampling import pick
 from .lag import DrafterLag, chunks
@@ -252,7 +253,7 @@ class _Rows:
         whole = [(s, r) for s, r in zip(slots, rows) if chunk is None or len(r.context) <= chunk]
         if whole:  # first: a park that does not fit raises before the batch changes (the caller rebuilds)
             ids = [torch.tensor(r.context, dtype=torch.long, device=self.dev) for _, r in whole]
-            logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=[s for s, _ in whole])
+            logits, feats = self._prefill_admitted(ids, [s for s, _ in whole], slots)
         self._off_the_clock()
         if any(setting_key(self.rows[s].sampling) != setting_key(r.sampling) for s, r in zip(slots, rows)):
             self.drop_drafted()  # a block drafted ahead is verified by the groups that drafted it
@@ -270,6 +271,20 @@ class _Rows:
                 if len(row.context) > chunk:
                     self.pending[slot] = Chunked(row)
         return slots
+
+    def _prefill_admitted(self, ids: list[torch.Tensor], slots: list[int], taken: list[int]):
+        """The target's prefill of whole prompts into `slots` -> (their last logits, their features). The prefill
+        runs only the admitted rows where they are few (decoding/session.py `admission_rows`: a power of two of
+        them), so a count short of its power of two is made up with copies of the first prompt in other free rows
+        (their entries are stale until their own admission, which starts at position 0): a batch of that many
+        prompts at position 0, the shape the warm start visits, not the admitted rows beside parked ones."""
+        front = admission_rows(len(slots), len(self.rows))
+        spare = [s for s in self.free_slots() if s not in taken][: front - len(slots)]
+        if front < len(self.rows) and len(spare) == front - len(slots):
+            logits, feats, _, _ = self.target.prefill(ids + [ids[0]] * len(spare), self._capture(), rows=slots + spare)
+            return logits[: len(slots)], None if feats is None else feats[: len(slots)]
+        logits, feats, _, _ = self.target.prefill(ids, self._capture(), rows=slots)
+        return logits, feats
 
     @torch.inference_mode()
     def prefill_chunks(self) -> None:

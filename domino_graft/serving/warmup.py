@@ -46,6 +46,7 @@ from typing import Optional
 import torch
 
 from ..decoding.batched import chain_room
+from ..decoding.session import admission_rows
 from ..fast import KV_BLOCK, prefill_length
 from ..sampling import Sampling
 from .batch import ChainBatch, TargetBatch
@@ -99,23 +100,37 @@ def placeholder_rows(n: int, context: int, positions: int, alive: bool = True) -
             for _ in range(n)]
 
 
+def whole_admission(b: int) -> int:
+    """The fewest rows an admission into a batch of b rows prefills as the whole batch (decoding/session.py
+    `admission_rows`: fewer run alone, at the front of the cache)."""
+    return next(n for n in range(1, b + 1) if admission_rows(n, b) == b)
+
+
 def visit_admissions(warm, contexts: list[int], verify: list[Optional[int]], *, positions: int, length: int,
                      max_len: int, sweep: bool) -> int:
-    """Admission prefills into the freed first row of `warm` (its client gone), each through `admit` as
-    traffic runs it, right after a step that parks the rows in flight at an end admission_ends chose:
-    every padded prompt length at each of its buckets after a step of K' = verify[0], and at the first
-    of them one after each other K' too (the pending block the drafter writes first has its shape).
-    verify: the K' of the parking steps, largest first (None: the target alone's step). -> how many (0
-    where the batch cannot admit in place)."""
+    """Admission prefills into freed rows of `warm` (its first `whole_admission` rows' clients gone), each through
+    `admit` as traffic runs it, right after a step that parks the rows in flight at an end admission_ends chose:
+    every padded prompt length at each of its buckets after a step of K' = verify[0], and at the first of them
+    one after each other K' too (the pending block the drafter writes first has its shape). Those admit
+    `whole_admission` rows (a prefill of the whole batch, the rows in flight parked: their ends set its bucket);
+    fewer run alone at the front of the cache, a power of two of them from position 0 (batch.py pads a count
+    short of one), so each such count is visited once per prompt length. verify: the K' of the parking steps,
+    largest first (None: the target alone's step). -> how many (0 where the batch cannot admit in place)."""
     if not warm.can_admit(placeholder_rows(1, contexts[0], positions)):
         return 0  # a drafter that cannot take rows in flight: admission rebuilds
     first = verify[0]
     t_step = 1 if first is None else first + 1
+    whole = whole_admission(len(warm.rows))
     visits = []
     for context in contexts:
-        for end in admission_ends(prefill_length(context, max_len), t_step, length, max_len, sweep):
-            visits += [(context, end, kk) for kk in (verify if sweep and not visits else verify[:1])]
-    for context, end, kk in visits:
+        ends = admission_ends(prefill_length(context, max_len), t_step, length, max_len, sweep)
+        for end in ends:
+            visits += [(context, end, kk, whole) for kk in (verify if sweep and not visits else verify[:1])]
+        front = 1
+        while ends and front < whole:  # the fronts: one visit each, at the first end, after a step of verify[0]
+            visits.append((context, ends[0], first, front))
+            front *= 2
+    for context, end, kk, n in visits:
         # every parking step starts where a block of K' = verify[0] ending at `end` does, as the bucket
         # visits' blocks start (their shapes, nothing new); a shorter K' parks the rows a little earlier
         warm.seek(end - t_step)
@@ -123,7 +138,7 @@ def visit_admissions(warm, contexts: list[int], verify: list[Optional[int]], *, 
             warm.step()
         else:
             warm.step(verify=kk)
-        warm.admit(placeholder_rows(1, context, positions, alive=False))
+        warm.admit(placeholder_rows(n, context, positions, alive=False))
     return len(visits)
 
 
@@ -196,7 +211,7 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
                 warm.visit(t, end, layers)
             steps += len(blocks) + len(visits)
         if admit and b > 1:  # a batch of one row is retired when its row ends: nothing is admitted into it
-            n = visit_admissions(batch(b, contexts[0], gone=1), contexts, verify, positions=positions,
+            n = visit_admissions(batch(b, contexts[0], gone=whole_admission(b)), contexts, verify, positions=positions,
                                  length=length, max_len=target.lm.max_len, sweep=sweep)
             admitted, steps = admitted + n, steps + n
     if cuda:

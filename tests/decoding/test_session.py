@@ -73,16 +73,66 @@ def test_session_contract(kind, rows):
         step_all(target, session, contexts, 2, gen, "after the refill")
 
 
-def test_static_prefill_into_a_full_cache_is_refused():
-    """A prefill into a slot steps the other rows past everything they wrote (module docstring): with no
-    positions left for that, it says so instead of overwriting a row's verified entries."""
+def test_static_prefill_into_a_full_cache_is_refused(monkeypatch):
+    """A prefill into a slot of the whole batch steps the other rows past everything they wrote (module
+    docstring): with no positions left for that, it says so instead of overwriting a row's verified entries. One
+    that runs the admitted row alone (`admission_rows`) parks nothing, and the full row keeps its entries."""
+    from domino_graft.decoding import session as session_module
+
     target, _, _ = build(5, arch="llama", vocab=61, layers=3)
     session = open_session("static", target, 2)
     with torch.inference_mode():
         session.prefill([torch.tensor(p) for p in PROMPTS[:2]], ())
         host = [session.lm.max_len - 2, 1]
         session.step(torch.ones(2, 2, dtype=torch.long), None, (), host)
+        kept = [k[0].clone() for k in session.lm.cache.k]
+        last, _, _, _ = session.prefill([torch.tensor(NEW)], (), rows=[1])  # alone: nothing parks
+        check(last[0], alone(target, NEW)[-1], "prefill of the row alone")
+        assert all(torch.equal(k[0], was) for k, was in zip(session.lm.cache.k, kept))
+        monkeypatch.setattr(session_module, "ADMIT_ROWS", False)
         with pytest.raises(ValueError, match="row 0 has no 16 positions left"):
             session.prefill([torch.tensor(NEW)], (), rows=[1])
         last, _, _, _ = session.prefill([torch.tensor(NEW)], (), rows=[0])  # the full row itself starts anew
         check(last[0], alone(target, NEW)[-1], "prefill into the full row")
+
+
+@pytest.mark.parametrize("admit_rows", [True, False])
+def test_an_admission_runs_only_the_admitted_rows(admit_rows, monkeypatch):
+    """A prefill into freed slots of a static batch in flight runs the admitted rows alone, moved to the front of
+    the cache (a power of two of rows: decoding/session.py `admission_rows`), and every row goes back to its slot:
+    the admitted rows' logits are their prompts' alone, and every row's next step is its own context's. With
+    DOMINO_GRAFT_ADMIT_ROWS=0 the prefill runs the whole batch (the other rows parked)."""
+    from domino_graft.decoding import session as session_module
+    from domino_graft.decoding.session import _inverse, _to_front
+
+    monkeypatch.setattr(session_module, "ADMIT_ROWS", admit_rows)
+    target, _, _ = build(5, arch="llama", vocab=61, layers=3)
+    session = open_session("static", target, 8)
+    ran = []
+    runner = session._runner
+
+    def recorded(capture):
+        run = runner(capture)
+        return lambda ids, *a, **kw: (ran.append(ids.shape[0]), run(ids, *a, **kw))[1]
+
+    monkeypatch.setattr(session, "_runner", recorded)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [[2 + (7 * r + i) % 50 for i in range(3 + r)] for r in range(8)]
+    with torch.inference_mode():
+        session.prefill([torch.tensor(p) for p in prompts], ())
+        contexts = [list(p) for p in prompts]
+        seq = step_all(target, session, contexts, 2, gen, "before")
+        contexts = [c + s.tolist() for c, s in zip(contexts, seq)]
+        for slots in ([6], [5, 1], [7, 0, 3]):
+            news = [[9 + s, 4, 30 + s, 2][: 2 + s % 3] for s in slots]
+            ran.clear()
+            last, _, _, _ = session.prefill([torch.tensor(n) for n in news], (), rows=slots)
+            assert ran == [min(1 << (len(slots) - 1).bit_length(), 4) if admit_rows else 8]
+            for i, (s, n) in enumerate(zip(slots, news)):
+                check(last[i], alone(target, n)[-1], f"admitted into slot {s}")
+                contexts[s] = list(n)
+            seq = step_all(target, session, contexts, 2, gen, f"after admitting into {slots}")
+            contexts = [c + q.tolist() for c, q in zip(contexts, seq)]
+    order = _to_front([5, 1, 6], 8)
+    assert order[:3] == [5, 1, 6] and sorted(order) == list(range(8))
+    assert [order[i] for i in _inverse(order)] == list(range(8))

@@ -167,14 +167,19 @@ def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, ta
         assert job.tokens == engine.target_only(p, max_new_tokens=n).tokens, (p, n)
 
 
-@pytest.mark.parametrize("target_only", [False, True])
-def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkeypatch, target_only):
+@pytest.mark.parametrize("target_only, admit_rows", [(False, True), (True, True), (False, False)])
+def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkeypatch, target_only, admit_rows):
     """Requests admitted into freed rows while the row in flight is deep in the cache: their prefills'
-    graph keys (a larger kv bucket than a prefill at position 0, set by the parked row's end) and the
-    drafter's write of the pending block before them were all met in the warm-up, which runs them
-    because the scheduler admits in place (a default wherever the warm start sweeps)."""
+    graph keys and the drafter's write of the pending block before them were all met in the warm-up, which runs
+    them because the scheduler admits in place (a default wherever the warm start sweeps). An admission runs the
+    admitted row alone, moved to the front of the cache (decoding/session.py `admission_rows`): a batch of one at
+    its own kv bucket; with DOMINO_GRAFT_ADMIT_ROWS=0 the whole batch, at the larger bucket the parked row's end
+    sets."""
+    from domino_graft.decoding import session
     from domino_graft.fast import KV_BLOCK, kv_bucket, prefill_length
     from domino_graft.serving.scheduler import Scheduler
+
+    monkeypatch.setattr(session, "ADMIT_ROWS", admit_rows)
 
     seen = _record_keys(monkeypatch)
     positions = 600
@@ -207,7 +212,12 @@ def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkey
     # (T, bucket) of the prefills whose bucket is past a prefill at position 0's: parked rows set it
     parked = {(key[3], key[4]) for key in seen
               if key[0] == "target" and key[5] == 1 and key[4] > kv_bucket(key[3], max_len)}
-    assert {(prefill_length(6, max_len), 2 * KV_BLOCK), (prefill_length(40, max_len), 3 * KV_BLOCK)} <= parked
+    lengths = {prefill_length(6, max_len), prefill_length(40, max_len)}
+    if admit_rows:  # the admitted row alone: a batch of one, at a position-0 prefill's bucket
+        alone = {key[3] for key in seen if key[0] == "target" and key[5] == 1 and key[2] == 1}
+        assert lengths <= alone and not parked
+    else:
+        assert {(prefill_length(6, max_len), 2 * KV_BLOCK), (prefill_length(40, max_len), 3 * KV_BLOCK)} <= parked
     if not target_only:
         k = engine.adapter.num_slots
         assert ("drafter", "write", 4, k + 1) in seen  # the pending block, written before the admitted prompt
