@@ -35,8 +35,8 @@ row. A prefill into some rows steps the others at positions past everything they
 "parking" positions), so it leaves them as they were. Where the admitted rows are few (`admission_rows`: a power
 of two of them, at most half the batch) they are moved to the front of the cache and run alone, every row going
 back to its slot after: an admission then costs its own rows' prefill, not the whole batch's. A server whose rows
-end one at a time (speculative rows end at scattered blocks) admits one at a time, and on the CPU the whole batch's
-prefills were 45% of + Domino's served wall at 8 rows (bench/results/admission_rows_cpu.json).
+end one at a time (speculative rows end at scattered blocks) admits one at a time: on the CPU at 8 rows the whole
+batch's prefills took 41% of + Domino's served wall, the admitted rows alone 13% (bench/results/admission_rows_cpu/).
 
 A finished row stays in the batch at its last position: its steps rewrite the same stale positions,
 its outputs are dropped, and the other rows never wait for it; once half the rows have ended the

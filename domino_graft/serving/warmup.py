@@ -24,11 +24,13 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
      An eager drafter (a family without a static path) reads only the context it observed: its blocks
      run once where the rows are, and at each bucket the target's forwards alone;
   3. where the scheduler admits in place (serving/batch.py `admit`), per batch size of two rows or more
-     (a batch of one is retired when its row ends, never admitted into), an admission prefill through the
-     real `admit` of a placeholder batch: for each of those padded prompt lengths, one per kv bucket the
-     rows in flight can park it in (their ends, decoding/session.py `_park`, set the bucket: a larger one
-     than a prefill at position 0 meets), and, with a static drafter, one after each verify length (the
-     pending block its `prefill(rows=)` writes first: a shape of its own);
+     (a batch of one is retired when its row ends, never admitted into), admission prefills through the
+     real `admit` of a placeholder batch: of the whole batch (more than half its rows admitted) for each of
+     those padded prompt lengths, one per kv bucket the rows in flight can park it in (their ends,
+     decoding/session.py `_park`, set the bucket: a larger one than a prefill at position 0 meets), and, with a
+     static drafter, one after each verify length (the pending block its `prefill(rows=)` writes first: a shape
+     of its own); of the admitted rows alone (decoding/session.py `admission_rows`), each power of two up to half
+     the batch at each padded prompt length;
   4. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
 
 `sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
