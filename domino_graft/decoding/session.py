@@ -51,7 +51,6 @@ and keeps a non-prefix path, which this contract's causal step and prefix keep d
 from __future__ import annotations
 
 import os
-
 from typing import Optional, Protocol, Sequence
 
 import torch
@@ -97,8 +96,9 @@ ADMIT_ROWS = os.environ.get("DOMINO_GRAFT_ADMIT_ROWS", "1") != "0"
 
 def admission_rows(admitted: int, batch: int) -> int:
     """The rows an admission prefill of `admitted` prompts into a batch of `batch` rows runs: the next power of
-    two (a few graph shapes, as batch sizes are padded), the whole batch where that is not under half of it (the
-    rows' moves would cost about what they save) or ADMIT_ROWS is off."""
+    two (a few graph shapes, as batch sizes are padded), or the whole batch where that power is over half of it
+    (the rows saved are then few against the rows moved; the balance is not measured on a GPU) or ADMIT_ROWS is
+    off."""
     front = 1 << (admitted - 1).bit_length()
     return front if ADMIT_ROWS and 2 * front <= batch else batch
 
