@@ -136,3 +136,20 @@ def test_an_admission_runs_only_the_admitted_rows(admit_rows, monkeypatch):
     order = _to_front([5, 1, 6], 8)
     assert order[:3] == [5, 1, 6] and sorted(order) == list(range(8))
     assert [order[i] for i in _inverse(order)] == list(range(8))
+
+
+def test_an_admission_with_no_room_to_park_leaves_every_row_in_its_slot():
+    """Three rows admitted into a batch of 8 run as the front four, the fourth row parked past its end: where it has
+    no room the prefill says so (the caller rebuilds) and every row is back in its slot, its entries as they were."""
+    target, _, _ = build(5, arch="llama", vocab=61, layers=3)
+    session = open_session("static", target, 8)
+    with torch.inference_mode():
+        session.prefill([torch.tensor([3 + r, 4, 5 + 2 * r]) for r in range(8)], ())  # each row its own entries
+        host = [session.lm.max_len - 2 if r == 3 else 3 for r in range(8)]  # row 3: deep, no room to park
+        session.step(torch.ones(8, 2, dtype=torch.long), None, (), host)
+        cache = session.lm.cache
+        before = ([k.clone() for k in cache.k], cache.lengths.clone(), list(session._ends))
+        with pytest.raises(ValueError, match="positions left to park"):
+            session.prefill([torch.tensor(NEW)] * 3, (), rows=[5, 6, 7])
+        assert all(torch.equal(k, was) for k, was in zip(cache.k, before[0]))
+        assert torch.equal(cache.lengths, before[1]) and session._ends == before[2]
