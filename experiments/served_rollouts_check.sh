@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/rollouts.py (GSM8K prompts, B rows refilled as they end, through serve's worker) three ways in one warm
-# machine, on the shipped drafter with an untrained graft (experiments/untrained_graft.sh): the defaults (measured
-# arms, serving/windows.py; admissions of the admitted rows alone, decoding/session.py `admission_rows`), then
+# machine, on the shipped drafter with an untrained graft (experiments/untrained_graft.sh): the defaults at 2db0b62
+# (measured arms, serving/windows.py; admissions of the admitted rows alone, decoding/session.py `admission_rows`), then
 # admissions of the whole batch (DOMINO_GRAFT_ADMIT_ROWS=0), then the served step model alone
 # (DOMINO_GRAFT_SERVE_ARMS=0). Staged like rollouts_ahead_check.sh (models/ out for calls 1-2: `h200.sh stage`,
 # `h200.sh setup`), then, models/ back, call 3 (carry .whl):

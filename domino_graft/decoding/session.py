@@ -32,11 +32,12 @@ after). Positions >= pos_b hold stale entries (padding, rejected drafts, a finis
 repeats); each step overwrites the ones its queries may see before they see them, and the mask
 hides the rest. tests/decoding/test_batched_static.py checks this with garbage written past every
 row. A prefill into some rows steps the others at positions past everything they verified (their
-"parking" positions), so it leaves them as they were. Where the admitted rows are few (`admission_rows`: a power
-of two of them, at most half the batch) they are moved to the front of the cache and run alone, every row going
-back to its slot after: an admission then costs its own rows' prefill, not the whole batch's. A server whose rows
-end one at a time (speculative rows end at scattered blocks) admits one at a time: on the CPU at 8 rows the whole
-batch's prefills took 41% of + Domino's served wall, the admitted rows alone 13% (bench/results/admission_rows_cpu/).
+"parking" positions), so it leaves them as they were. With DOMINO_GRAFT_ADMIT_ROWS=1, where the admitted rows are
+few (`admission_rows`: a power of two of them, at most half the batch) they are moved to the front of the cache and
+run alone, every row going back to its slot after: an admission then costs its own rows' prefill, not the whole
+batch's. On the CPU at 8 rows the whole batch's prefills took 41% of + Domino's served wall, the admitted rows alone
+13% (bench/results/admission_rows_cpu/); on the H100 at 32 rows an admission cost about the same either way
+(bench/results/served_rollouts_h100/), so it is off by default.
 
 A finished row stays in the batch at its last position: its steps rewrite the same stale positions,
 its outputs are dropped, and the other rows never wait for it; once half the rows have ended the
@@ -89,9 +90,11 @@ def _host_pos(pos, host_pos) -> list[int]:
     return [int(p) for p in pos.tolist()]  # a device sync: callers on hot paths pass host_pos
 
 
-# an admission in place runs only the admitted rows (moved to the front of the cache), not the whole batch
-# (`StaticSession.prefill`); DOMINO_GRAFT_ADMIT_ROWS=0: the whole batch, every other row parked, as before
-ADMIT_ROWS = os.environ.get("DOMINO_GRAFT_ADMIT_ROWS", "1") != "0"
+# DOMINO_GRAFT_ADMIT_ROWS=1: an admission in place runs only the admitted rows (moved to the front of the cache),
+# not the whole batch (`StaticSession.prefill`). Off by default: on the CPU it cut + Domino's admissions 4.7x, but on
+# the H100 at 32 rows an admission cost about the same either way (7.7 against 10.6 ms, the target alone's 6.8
+# against 7.5: bench/results/served_rollouts_h100/), so the whole batch's prefill is not what an admission pays there
+ADMIT_ROWS = os.environ.get("DOMINO_GRAFT_ADMIT_ROWS", "0") == "1"
 
 
 def admission_rows(admitted: int, batch: int) -> int:

@@ -79,6 +79,7 @@ def test_static_prefill_into_a_full_cache_is_refused(monkeypatch):
     that runs the admitted row alone (`admission_rows`) parks nothing, and the full row keeps its entries."""
     from domino_graft.decoding import session as session_module
 
+    monkeypatch.setattr(session_module, "ADMIT_ROWS", True)
     target, _, _ = build(5, arch="llama", vocab=61, layers=3)
     session = open_session("static", target, 2)
     with torch.inference_mode():
@@ -138,9 +139,12 @@ def test_an_admission_runs_only_the_admitted_rows(admit_rows, monkeypatch):
     assert [order[i] for i in _inverse(order)] == list(range(8))
 
 
-def test_an_admission_with_no_room_to_park_leaves_every_row_in_its_slot():
+def test_an_admission_with_no_room_to_park_leaves_every_row_in_its_slot(monkeypatch):
     """Three rows admitted into a batch of 8 run as the front four, the fourth row parked past its end: where it has
     no room the prefill says so (the caller rebuilds) and every row is back in its slot, its entries as they were."""
+    from domino_graft.decoding import session as session_module
+
+    monkeypatch.setattr(session_module, "ADMIT_ROWS", True)
     target, _, _ = build(5, arch="llama", vocab=61, layers=3)
     session = open_session("static", target, 8)
     with torch.inference_mode():
