@@ -89,16 +89,23 @@ def run_mode(engine, items, mode: str, args) -> dict:
     return row, tokens
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def served_parser(doc: str, num_prompts: int) -> argparse.ArgumentParser:
+    """The arguments both CPU checks of serve's worker take (this one and served_arms_check.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="a run dir (apply smollm2_graft on the shipped drafter)")
     p.add_argument("--prompts", type=Path, help="a prompts JSONL (default: the GSM8K test questions)")
-    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--num-prompts", type=int, default=num_prompts)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--window-s", type=float, default=0.25, help="each forced window's wall time")
+    p.add_argument("--window-s", type=float, default=0.25, help="each forced window's wall time (serve's: 0.1 s)")
     p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+    return p
+
+
+def compare_modes(args, modes, run_mode) -> int:
+    """The target alone, then each mode, through `run_mode(engine, items, mode, args) -> (row, tokens)`: each row
+    with whether its tokens equal the target alone's and its tokens/s against it (where it reports tokens/s),
+    into one report at --out."""
     import torch
 
     torch.manual_seed(0)
@@ -107,16 +114,22 @@ def main(argv=None) -> int:
     report = {**harness.environment(), "run": args.run, "num_prompts": len(items), "concurrency": args.concurrency,
               "max_new_tokens": args.max_new_tokens, "window_s": args.window_s, "modes": {}}
     ref = None
-    for mode in ("target", *MODES):
+    for mode in ("target", *modes):
         row, tokens = run_mode(engine, items, mode, args)
         if mode == "target":
             ref = tokens
         else:
             row["identical_to_target"] = tokens == ref
+            if "tokens_per_s" in row:
+                row["x_target"] = round(row["tokens_per_s"] / report["modes"]["target"]["tokens_per_s"], 3)
         report["modes"][mode] = row
         print(mode, row, flush=True)
     harness.write_json(args.out, report)
     return 0
+
+
+def main(argv=None) -> int:
+    return compare_modes(served_parser(__doc__, 8).parse_args(argv), MODES, run_mode)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ and what + Domino then costs against the target alone, not GPU speed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -35,10 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "experiments"))
 
-import harness  # noqa: E402
 import rollouts  # noqa: E402
-from concurrency import load, read_items  # noqa: E402
-from drafter_lag_check import Tally, flat_costs  # noqa: E402
+from drafter_lag_check import Tally, compare_modes, flat_costs, served_parser  # noqa: E402
 
 
 class Timed:
@@ -131,36 +128,10 @@ def run_mode(engine, items, mode: str, args) -> tuple[dict, list]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="a run dir (apply smollm2_graft on the shipped drafter)")
-    p.add_argument("--prompts", type=Path, help="a prompts JSONL (default: the GSM8K test questions)")
-    p.add_argument("--num-prompts", type=int, default=12)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--window-s", type=float, default=0.25, help="the windows' wall time (serve's: 0.1 s on a GPU)")
+    p = served_parser(__doc__, 12)
     p.add_argument("--settle-passes", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3, help="timed passes a mode (this CPU's walls vary: median)")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    import torch
-
-    torch.manual_seed(0)
-    loaded, engine = load(args.run, "fp32", "cpu", "auto")
-    items = read_items(loaded, args.prompts, args.num_prompts)
-    report = {**harness.environment(), "run": args.run, "num_prompts": len(items), "concurrency": args.concurrency,
-              "max_new_tokens": args.max_new_tokens, "window_s": args.window_s, "modes": {}}
-    ref = None
-    for mode in ("target", "arms", "step_model"):
-        row, tokens = run_mode(engine, items, mode, args)
-        if mode == "target":
-            ref = tokens
-        else:
-            row["identical_to_target"] = tokens == ref
-            row["x_target"] = round(row["tokens_per_s"] / report["modes"]["target"]["tokens_per_s"], 3)
-        report["modes"][mode] = row
-        print(mode, row, flush=True)
-    harness.write_json(args.out, report)
-    return 0
+    return compare_modes(p.parse_args(argv), ("arms", "step_model"), run_mode)
 
 
 if __name__ == "__main__":
