@@ -279,7 +279,7 @@ class _Rows:
         (their entries are stale until their own admission, which starts at position 0): a batch of that many
         prompts at position 0, the shape the warm start visits, not the admitted rows beside parked ones."""
         front = admission_rows(len(slots), len(self.rows))
-        spare = [s for s in self.free_slots() if s not in taken][: front - len(slots)]
+        spare = [s for s in self.free_slots() if s not in taken][: front - len(slots)] if front < len(self.rows) else []
         if front < len(self.rows) and len(spare) == front - len(slots):
             logits, feats, _, _ = self.target.prefill(ids + [ids[0]] * len(spare), self._capture(), rows=slots + spare)
             return logits[: len(slots)], None if feats is None else feats[: len(slots)]
