@@ -1,0 +1,207 @@
+"""Where an admission in place goes on the GPU (serving/batch.py `admit`, through serve's worker).
+
+On the H100 at 32 rows an admission cost ~7 ms against a ~1 ms SmolLM2 step, whether it prefilled the whole batch
+or the admitted rows alone (bench/results/served_rollouts_h100/), so the prefill's rows are not what it pays. This
+runs bench/rollouts.py's setting (GSM8K prompts, B rows refilled as they end, greedy) for the target alone and for
++ Domino verifying every block in full (no verify budget: every admission a speculating row's), and during one
+timed pass times the admission's parts with a device sync on each side of each (so a part's time is its own
+launches and kernels, not its neighbours'): the wait for the work in flight when the admission starts, the target's prefill (its host-side
+padding and parking, the graph runner, the logits, the features), the drafter's prefill, the first tokens' pick,
+the sampling groups. It also records each admission's wall without the syncs (as the scheduler's `admission_s`
+does), its prefill shape, and whether a CUDA graph was captured inside it (a shape the warm start did not visit).
+
+    python experiments/admission_profile.py --run RUN --prompts …/gsm8k/prompts.jsonl --out admission_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import harness  # noqa: E402
+import rollouts  # noqa: E402
+from concurrency import load, read_items  # noqa: E402
+
+
+class Parts:
+    """Synced seconds of wrapped methods, counted only inside an admission (`admission` is the outer part)."""
+
+    def __init__(self, sync):
+        self.sync, self.inside, self.on = sync, False, False
+        self.seconds, self.calls, self.saved = {}, {}, []
+        self.admissions: list[dict] = []
+
+    def wrap(self, owner, name: str, key: str, outer: bool = False) -> None:
+        fn = getattr(owner, name)
+        self.saved.append((owner, name, vars(owner).get(name)))
+        parts = self
+
+        def timed(*a, **kw):
+            if not parts.on or (not outer and not parts.inside):
+                return fn(*a, **kw)
+            if outer:
+                from domino_graft.fast.graphs import graphs_captured
+
+                t0 = time.perf_counter()
+                parts.sync()
+                parts._add("wait_for_work_in_flight", time.perf_counter() - t0)
+                parts.inside, captured, t1 = True, graphs_captured(), time.perf_counter()
+                try:
+                    out = fn(*a, **kw)
+                    parts.sync()
+                finally:
+                    parts.inside = False
+                parts._add(key, time.perf_counter() - t1)
+                parts.admissions[-1].update(ms=round(1e3 * (time.perf_counter() - t1), 3),
+                                            captured=graphs_captured() - captured)
+                return out
+            parts.sync()
+            t1 = time.perf_counter()
+            out = fn(*a, **kw)
+            parts.sync()
+            parts._add(key, time.perf_counter() - t1)
+            return out
+
+        setattr(owner, name, staticmethod(timed) if isinstance(vars(owner).get(name), staticmethod) else timed)
+
+    def _add(self, key: str, s: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + s
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def restore(self) -> None:
+        for owner, name, fn in reversed(self.saved):
+            if fn is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+
+    def report(self) -> dict:
+        return {k: {"calls": self.calls[k], "total_ms": round(1e3 * s, 2),
+                    "mean_ms": round(1e3 * s / self.calls[k], 3)} for k, s in sorted(self.seconds.items())}
+
+
+def instrument(parts: Parts) -> None:
+    from domino_graft.decoding import session
+    from domino_graft.fast import FastLM, GraphRunner
+    from domino_graft.serving import batch as batch_module
+    from domino_graft.serving.scheduler import Scheduler
+
+    parts.wrap(Scheduler, "_admit_in_place", "admission", outer=True)
+    rows_cls = batch_module.ChainBatch.__mro__[1]  # the rows' common base (_Rows)
+    for owner, name, key in [
+        (rows_cls, "_prefill_admitted", "target_prefill"),
+        (session.StaticSession, "_park", "target_prefill.park"),
+        (session, "_right_pad", "target_prefill.right_pad"),
+        (GraphRunner, "__call__", "target_prefill.graph_runner"),
+        (FastLM, "project_logits", "target_prefill.project_logits"),
+        (session.StaticSession, "_features", "target_prefill.features"),
+        (batch_module.ChainBatch, "_prefill_drafter", "drafter_prefill"),
+        (rows_cls, "_pick_rows", "first_tokens_pick"),
+        (batch_module, "sampling_groups", "sampling_groups"),
+        (rows_cls, "_off_the_clock", "off_the_clock"),
+        (batch_module.ChainBatch, "drop_drafted", "drop_drafted"),
+    ]:
+        parts.wrap(owner, name, key)
+
+
+def shapes(parts: Parts) -> None:
+    """Each admission's rows admitted and prefill shape (recorded before the call, unsynced)."""
+    from domino_graft.decoding import session
+
+    fn = session.StaticSession.prefill
+
+    def prefill(self, prompts, capture, rows=None, starts=None):
+        if parts.on and parts.inside:
+            from domino_graft.fast import prefill_length
+
+            parts.admissions[-1].update(admitted=len(rows or prompts), batch_rows=self.rows,
+                                        t=prefill_length(max(p.numel() for p in prompts), self.lm.max_len))
+        return fn(self, prompts, capture, rows, starts)
+
+    parts.saved.append((session.StaticSession, "prefill", fn))
+    session.StaticSession.prefill = prefill
+
+
+def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
+    from domino_graft.sampling import Sampling
+    from domino_graft.serving.scheduler import Scheduler
+
+    positions = max(len(x) for x in items) + args.max_new_tokens
+    s = Scheduler(engine, max_batch=args.concurrency, max_queue=len(items), target_only=mode == "target",
+                  metrics=rollouts.StepTally(), budget=None,
+                  warm_start=positions if args.device == "cuda" else None)
+    sampling = Sampling()
+    s.start()
+    try:
+        while s.warming and s.alive:
+            time.sleep(0.05)
+        rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed
+        before = (s.admissions, s.admission_s)
+        _, wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+        calls, admit_s = s.admissions - before[0], s.admission_s - before[1]
+        parts.on, parts.seconds, parts.calls, parts.admissions = True, {}, {}, []
+        first = parts.admissions
+        orig = Scheduler._admit_in_place
+
+        def marked(self, batch, rows):  # a record per admission call before the timed wrapper runs
+            first.append({})
+            return orig(self, batch, rows)
+
+        Scheduler._admit_in_place = marked
+        try:
+            _, synced_wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+        finally:
+            Scheduler._admit_in_place = orig
+            parts.on = False
+    finally:
+        s.stop(timeout=60, abandon=True)
+    recs = [a for a in parts.admissions if "ms" in a]
+    return {"unsynced_pass": {"wall_s": round(wall, 3), "admissions": calls, "admission_s": round(admit_s, 4),
+                              "ms_per_admission": round(1e3 * admit_s / max(calls, 1), 3)},
+            "synced_pass": {"wall_s": round(synced_wall, 3), "parts": parts.report(),
+                            "admission_ms_median": statistics.median(a["ms"] for a in recs) if recs else None,
+                            "graphs_captured_in_admissions": sum(a["captured"] for a in recs),
+                            "admissions": recs}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="a run dir (apply smollm2_graft on the shipped drafter)")
+    p.add_argument("--prompts", type=Path, help="a prompts JSONL (default: the GSM8K test questions)")
+    p.add_argument("--num-prompts", type=int, default=96)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (numbers meaningless)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.manual_seed(0)
+    cuda = args.device == "cuda"
+    loaded, engine = load(args.run, "bf16" if cuda else "fp32", args.device, "auto")
+    items = read_items(loaded, args.prompts, args.num_prompts)
+    parts = Parts(torch.cuda.synchronize if cuda else lambda: None)
+    instrument(parts)
+    shapes(parts)
+    report = {**harness.environment(), "run": args.run, "num_prompts": len(items), "concurrency": args.concurrency,
+              "max_new_tokens": args.max_new_tokens, "modes": {}}
+    try:
+        for mode in ("target", "domino"):
+            report["modes"][mode] = run_mode(engine, items, mode, args, parts)
+            m = report["modes"][mode]
+            print(mode, m["unsynced_pass"], {k: v["mean_ms"] for k, v in m["synced_pass"]["parts"].items()},
+                  "captured", m["synced_pass"]["graphs_captured_in_admissions"], flush=True)
+    finally:
+        parts.restore()
+    harness.write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
