@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from ..decoding.common import Output
 from ..sampling import Sampling
+from .cohorts import Cohorts
 from .text import TextSoFar, WindowText
 
 log = logging.getLogger("domino_graft.serve")
@@ -148,7 +149,7 @@ class Scheduler:
     def __init__(self, engine, *, max_batch: int, max_queue: int, target_only: bool = False, metrics=None,
                  budget=None, pad_batches: Optional[bool] = None, warm_start: Optional[int] = None,
                  sweep: Optional[bool] = None, admit_in_place: Optional[bool] = None,
-                 prefill_chunk: Optional[int] = PREFILL_CHUNK):
+                 prefill_chunk: Optional[int] = PREFILL_CHUNK, cohorts: Optional[bool] = None):
         """warm_start: the positions a request may reach (prompt + max_tokens, the server's
         max_model_len); given, the worker warms the batched loop up before serving (serving/warmup.py;
         sweep: its every kv bucket and prefill length, by default on CUDA). admit_in_place: prefill new
@@ -157,7 +158,9 @@ class Scheduler:
         TTFT p99 at 64/s from 391 to 86 ms: docs/serving.md). Its prefills meet graph shapes of their own
         (parked rows, larger kv buckets), which the warm start visits where it is on (serving/warmup.py).
         prefill_chunk: a prompt admitted in place and longer than this is prefilled this many tokens a
-        block, between the blocks of the rows in flight (serving/batch.py `admit`; None: whole)."""
+        block, between the blocks of the rows in flight (serving/batch.py `admit`; None: whole). cohorts:
+        hold queued requests while rows free up, to admit them in one call (serving/cohorts.py); by default on
+        CUDA."""
         adapter = engine.adapter
         self.engine = engine
         cuda = engine.target.device.type == "cuda"
@@ -186,6 +189,7 @@ class Scheduler:
         self.warm_sweep = sweep
         self.admit_in_place = True if admit_in_place is None else admit_in_place
         self.prefill_chunk = prefill_chunk
+        self.cohorts = Cohorts(cuda if cohorts is None else cohorts)
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
         self.warm_failed = False
@@ -357,6 +361,8 @@ class Scheduler:
             head = self._next(block=not running)
             if head is None and not running:
                 return  # stopping, nothing queued or running
+            if head is not None and running and not self.cohorts.due(time.perf_counter()):
+                head = None  # held for the rows still to free up: one admission for them all
             # admission, first come first served, while rows are free
             admitted: list[Job] = []
             while head is not None and len(running) + len(admitted) < self.max_batch:
@@ -404,12 +410,15 @@ class Scheduler:
                 self._gauges()
             if batch is None:
                 continue
+            began = time.perf_counter()
             try:
                 batch.step()
             except Exception as e:
                 self._fail_all(jobs, e)
                 batch = None
                 continue
+            now = time.perf_counter()
+            self.cohorts.stepped(now - began, min(len(batch.free_slots()), self.queue_depth()), len(batch.rows), now)
             for b, (row, on) in enumerate(zip(batch.rows, batch.live)):
                 job = jobs.get(row)  # None: an idle row
                 if job is not None and not on and job.finish_reason is None and b not in batch.pending:
@@ -430,7 +439,9 @@ class Scheduler:
             return False
         self.admitted_in_place += len(rows)
         self.admissions += 1
-        self.admission_s += time.perf_counter() - began  # (its first tokens' read waits for the device: all of it)
+        took = time.perf_counter() - began  # (its first tokens' read waits for the device: all of it)
+        self.admission_s += took
+        self.cohorts.admitted(took)
         return True
 
     def _padded(self, n: int) -> int:
