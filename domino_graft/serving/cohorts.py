@@ -5,8 +5,8 @@ alone's cohorts of ~8 rows (its rows, stopped by one token budget, end together)
 alike (its rows end at scattered blocks), against a ~1 ms step (bench/results/served_rollouts_h100/). A free row
 costs only its share of each step it sits out. So the worker holds the queue while the rows it could fill have sat
 out less than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in
-hindsight), then admits every row freed meanwhile in one call, and never holds a request longer than MAX_WAIT_S
-(its first token's delay). vLLM's --scheduler-delay-factor holds prompts for the same reason. docs/design.md §5,
+hindsight), then admits every row freed meanwhile in one call, and never holds a request longer than WAIT_ADMISSIONS
+admissions take (its first token's delay: ~60 ms on the H100 at 32 rows). vLLM's --scheduler-delay-factor holds prompts for the same reason. docs/design.md §5,
 "Admissions in cohorts".
 """
 
@@ -17,7 +17,7 @@ import os
 import statistics
 from typing import Optional
 
-MAX_WAIT_S = 0.05  # the longest a request waits for its cohort while rows are free
+WAIT_ADMISSIONS = 8  # the longest a request waits for its cohort while rows are free, in admissions' median cost
 HISTORY = 16  # the admissions whose median cost is the rent's price
 
 # DOMINO_GRAFT_COHORTS=0/1: off/on whatever the device (A/B runs); by default on where graphs are captured (CUDA):
@@ -37,12 +37,13 @@ class Cohorts:
 
     def due(self, now: float) -> bool:
         """Whether to admit now: always before any admission was measured, once the rent paid reaches an
-        admission's median cost, or once a request has waited MAX_WAIT_S."""
+        admission's median cost, or once a request has waited WAIT_ADMISSIONS of them."""
         if not self.on or not self.costs:
             return True
-        if self.waiting_since is not None and now - self.waiting_since >= MAX_WAIT_S:
+        cost = statistics.median(self.costs)
+        if self.waiting_since is not None and now - self.waiting_since >= WAIT_ADMISSIONS * cost:
             return True
-        return self.idle_s >= statistics.median(self.costs)
+        return self.idle_s >= cost
 
     def stepped(self, seconds: float, fillable: int, rows: int, now: float) -> None:
         """After a block of `seconds` in a batch of `rows` rows, `fillable` of them free with a request queued for

@@ -38,12 +38,12 @@ def test_the_queue_is_held_until_the_free_rows_have_sat_out_one_admission():
     assert not gate.due(now=0.0), "the rent starts again after an admission"
 
 
-def test_a_request_waits_at_most_max_wait_s():
+def test_a_request_waits_at_most_wait_admissions_admissions():
     gate = Cohorts(True)
-    gate.admitted(10.0)
+    gate.admitted(0.01)
     gate.stepped(0.001, 1, 32, now=100.0)  # a free row and a queued request first meet here
-    assert not gate.due(now=100.0 + cohorts.MAX_WAIT_S / 2)
-    assert gate.due(now=100.0 + 1.01 * cohorts.MAX_WAIT_S)
+    assert not gate.due(now=100.0 + 0.5 * cohorts.WAIT_ADMISSIONS * 0.01)
+    assert gate.due(now=100.0 + 1.01 * cohorts.WAIT_ADMISSIONS * 0.01)
 
 
 def test_rows_without_a_request_to_fill_them_pay_no_rent():
@@ -58,13 +58,12 @@ def test_rows_without_a_request_to_fill_them_pay_no_rent():
 def test_rows_freed_apart_are_admitted_in_one_call_and_each_equals_its_target_alone(engine, target_only,
                                                                                     monkeypatch):
     """Three short rows end at their own blocks beside a long one while three requests queue: with an admission
-    priced far above any rent, the gate holds the queue until MAX_WAIT_S after the first freed row, by which time
-    all three have ended, and admits the three requests in one call."""
+    priced far above the rent, the gate holds the queue until WAIT_ADMISSIONS of them after the first freed row, by
+    which time all three have ended, and admits the three requests in one call."""
     from domino_graft.serving.scheduler import Scheduler
 
-    monkeypatch.setattr(cohorts, "MAX_WAIT_S", 0.5)
     sched = Scheduler(engine, max_batch=4, max_queue=16, target_only=target_only, pad_batches=True, cohorts=True)
-    sched.cohorts.admitted(1e9)
+    sched.cohorts.admitted(0.5 / cohorts.WAIT_ADMISSIONS)  # held 0.5 s: steps of the tiny model pay little rent
     sched.start()
     try:
         long = _job(engine, [5, 6, 7, 8], 1500)
