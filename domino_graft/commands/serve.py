@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--admit-in-place", default="auto", choices=("auto", "on", "off"),
                    help="prefill new requests into freed rows of the batch in flight instead of rebuilding it "
                         "(auto, the default: on; docs/serving.md)")
+    p.add_argument("--admission-cohorts", default="auto", choices=("auto", "on", "off"),
+                   help="hold queued requests while rows of the batch in flight free up, at most 8 admissions' "
+                        "time, to admit them in one call (auto, the default: on CUDA; docs/serving.md)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="a prompt admitted in place (--admit-in-place) longer than N tokens is prefilled N tokens a "
                         "block, between the blocks of the requests in flight (default 512; docs/serving.md)")
@@ -51,7 +54,7 @@ def run(args) -> int:
                         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
                         dtype=args.dtype, verify_budget=args.verify_budget, verify_costs=args.verify_costs,
                         warm_start=args.warm_start, admit_in_place=args.admit_in_place,
-                        prefill_chunk=args.prefill_chunk)
+                        admission_cohorts=args.admission_cohorts, prefill_chunk=args.prefill_chunk)
     opts.check()  # before minutes of loading
     loading("serve")
     return serve(opts)

@@ -107,7 +107,8 @@ def health_status(s: Scheduler) -> tuple[int, dict]:
     body["warm_start"] = None if s.warm is None else s.warm.status()
     # how new requests joined: batches built (each re-prefills its rows) and prefills into freed rows
     body["batches"] = {"admit_in_place": s.admit_in_place, "rebuilds": s.rebuilds,
-                       "admitted_in_place": s.admitted_in_place}
+                       "admitted_in_place": s.admitted_in_place, "admissions": s.admissions,
+                       "cohorts": s.cohorts.on}
     return 200, body
 
 

@@ -39,6 +39,7 @@ class ServeOptions:
     verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
     warm_start: bool = True  # reserve the caches and visit every shape before /health says ok (serving/warmup.py)
     admit_in_place: str = "auto"  # on, off, or auto (the scheduler's default): new requests into freed rows
+    admission_cohorts: str = "auto"  # on, off, or auto (on CUDA): admit rows freed apart together (serving/cohorts.py)
     prefill_chunk: Optional[int] = None  # a prompt admitted in place longer than this goes in chunks (None: 512)
 
     def check(self) -> None:
@@ -62,6 +63,9 @@ class ServeOptions:
                 problems.append(str(e))
         if self.admit_in_place not in ADMIT_CHOICES:
             problems.append(f"--admit-in-place: {self.admit_in_place!r} is invalid; valid: {', '.join(ADMIT_CHOICES)}")
+        if self.admission_cohorts not in ADMIT_CHOICES:
+            problems.append(f"--admission-cohorts: {self.admission_cohorts!r} is invalid; valid: "
+                            f"{', '.join(ADMIT_CHOICES)}")
         if self.api_key is not None and not self.api_key.strip():
             problems.append("--api-key: empty; valid: a non-empty token (or leave --api-key out)")
         if problems:
@@ -99,6 +103,7 @@ def build(opts: ServeOptions):
                           target_only=opts.target_only, metrics=metrics, budget=verify_budget(opts, engine),
                           warm_start=max_model_len if opts.warm_start else None,
                           admit_in_place={"on": True, "off": False}.get(opts.admit_in_place),
+                          cohorts={"on": True, "off": False}.get(opts.admission_cohorts),
                           **({} if opts.prefill_chunk is None else {"prefill_chunk": opts.prefill_chunk}))
     served = Served(loaded=loaded, engine=engine, scheduler=scheduler, metrics=metrics,
                     model_name=opts.model_name or Path(loaded.path).name,

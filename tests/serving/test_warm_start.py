@@ -290,6 +290,31 @@ def test_the_serve_flag_for_admission_in_place_reaches_the_scheduler(tiny_run, m
     assert health_status(served.scheduler)[1]["batches"]["admit_in_place"] is want
 
 
+@pytest.mark.parametrize("flag, want", [("off", False), ("on", True), ("auto", False)])  # auto: on CUDA only
+def test_the_serve_flag_for_admission_cohorts_reaches_the_scheduler(tiny_run, monkeypatch, flag, want):
+    from domino_graft.cli import main
+    from domino_graft.serving import cohorts, server
+    from domino_graft.serving.app import health_status
+
+    monkeypatch.setattr(cohorts, "FORCED", None)
+    seen = []
+    monkeypatch.setattr(server, "serve", lambda opts: seen.append(opts) or 0)
+    assert main(["serve", str(tiny_run), "--admission-cohorts", flag]) == 0
+    assert seen[0].admission_cohorts == flag
+    _, served = server.build(seen[0])
+    assert served.scheduler.cohorts.on is want
+    served.scheduler.warming = False
+    monkeypatch.setattr(type(served.scheduler), "alive", property(lambda self: True))
+    assert health_status(served.scheduler)[1]["batches"]["cohorts"] is want
+
+
+def test_a_bad_admission_cohorts_value_is_named():
+    from domino_graft.serving.server import ServeOptions
+
+    with pytest.raises(ValueError, match=r"--admission-cohorts: 'often' is invalid; valid: auto, on, off"):
+        ServeOptions(run=None, admission_cohorts="often").check()
+
+
 def test_a_bad_admit_in_place_value_is_named():
     from domino_graft.serving.server import ServeOptions
 
