@@ -418,7 +418,9 @@ class Scheduler:
                 batch = None
                 continue
             now = time.perf_counter()
-            self.cohorts.stepped(now - began, min(len(batch.free_slots()), self.queue_depth()), len(batch.rows), now)
+            # the queued requests that could start now: into free rows, or into a rebuilt batch where it has none
+            fillable = min(self.max_batch - len(batch.running()), self.queue_depth())
+            self.cohorts.stepped(now - began, fillable, len(batch.rows), now)
             for b, (row, on) in enumerate(zip(batch.rows, batch.live)):
                 job = jobs.get(row)  # None: an idle row
                 if job is not None and not on and job.finish_reason is None and b not in batch.pending:
