@@ -3,9 +3,12 @@
 An admission in place costs about the same whatever it admits: on the H100 at 32 rows ~7 ms a call, for the target
 alone's cohorts of ~8 rows (its rows, stopped by one token budget, end together) and for + Domino's single rows
 alike (its rows end at scattered blocks), against a ~1 ms step (bench/results/served_rollouts_h100/). A free row
-costs only its share of each step it sits out. So the worker holds the queue while the rows it could fill have sat
-out less than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in
-hindsight), then admits every row freed meanwhile in one call, and never holds a request longer than WAIT_ADMISSIONS
+costs only its share of each step it sits out. So the worker holds the queue while the rows it could fill, having
+sat out less than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in
+hindsight), would still have paid less by the time the next running row reaches its token budget; then it admits
+every row freed meanwhile in one call. Where no row is due to end within the rent (the target alone's rows, ended
+together, leave the others a whole budget away), it admits at once: a row that ends by a stop token is not foreseen,
+so the gate holds only for ends it can see coming. It and never holds a request longer than WAIT_ADMISSIONS
 admissions take (its first token's delay: ~60 ms on the H100 at 32 rows). vLLM's --scheduler-delay-factor holds prompts for the same reason. docs/design.md §5,
 "Admissions in cohorts".
 """
@@ -34,26 +37,34 @@ class Cohorts:
         self.costs: collections.deque[float] = collections.deque(maxlen=HISTORY)
         self.idle_s = 0.0  # row-shares of step seconds the fillable free rows sat out since the last admission
         self.waiting_since: Optional[float] = None  # when a free row and a queued request first met
+        self.rent_s, self.next_end_blocks = 0.0, float("inf")  # the last block's rent; blocks to the next end
 
     def due(self, now: float) -> bool:
-        """Whether to admit now: always before any admission was measured, once the rent paid reaches an
-        admission's median cost, or once a request has waited WAIT_ADMISSIONS of them."""
+        """Whether to admit now: always before any admission was measured; once the rent paid, with the rent until
+        the next foreseen end, reaches an admission's median cost; or once a request has waited WAIT_ADMISSIONS of
+        them."""
         if not self.on or not self.costs:
             return True
         cost = statistics.median(self.costs)
         if self.waiting_since is not None and now - self.waiting_since >= WAIT_ADMISSIONS * cost:
             return True
-        return self.idle_s >= cost
+        return self.idle_s + self.rent_s * self.next_end_blocks >= cost
 
-    def stepped(self, seconds: float, fillable: int, rows: int, now: float) -> None:
-        """After a block of `seconds` in a batch of `rows` rows, `fillable` of them free with a request queued for
-        each (min(free rows, queue))."""
+    def stepped(self, seconds: float, fillable: int, rows: int, now: float, soonest_left: Optional[int] = None,
+                tokens_per_row: float = 0.0) -> None:
+        """After a block of `seconds` in a batch of `rows` rows: `fillable` requests queued that could start now
+        (min(the queue, the rows free or a rebuilt batch would add)); soonest_left: the fewest tokens a running row
+        may still emit (its budget's end; None: no row running), and tokens_per_row: what a live row emitted in
+        this block, which together foresee the next end."""
         if fillable <= 0:
             self.idle_s, self.waiting_since = 0.0, None
             return
         if self.waiting_since is None:
             self.waiting_since = now
-        self.idle_s += seconds * fillable / rows
+        self.rent_s = seconds * fillable / rows  # a block's rent
+        self.idle_s += self.rent_s
+        self.next_end_blocks = (max(soonest_left, 0) / tokens_per_row if soonest_left is not None
+                                and tokens_per_row > 0 else float("inf"))
 
     def admitted(self, seconds: float) -> None:
         """An admission in place took `seconds` (its prefill, the first tokens' read, the wait for the block in

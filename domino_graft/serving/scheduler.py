@@ -410,17 +410,15 @@ class Scheduler:
                 self._gauges()
             if batch is None:
                 continue
-            began = time.perf_counter()
+            began, emitted, live = time.perf_counter(), batch.emitted, sum(batch.live)
             try:
                 batch.step()
             except Exception as e:
                 self._fail_all(jobs, e)
                 batch = None
                 continue
-            now = time.perf_counter()
-            # the queued requests that could start now: into free rows, or into a rebuilt batch where it has none
-            fillable = min(self.max_batch - len(batch.running()), self.queue_depth())
-            self.cohorts.stepped(now - began, fillable, len(batch.rows), now)
+            if self.cohorts.on:
+                self._rent(batch, time.perf_counter() - began, (batch.emitted - emitted) / max(live, 1))
             for b, (row, on) in enumerate(zip(batch.rows, batch.live)):
                 job = jobs.get(row)  # None: an idle row
                 if job is not None and not on and job.finish_reason is None and b not in batch.pending:
@@ -445,6 +443,14 @@ class Scheduler:
         self.admission_s += took
         self.cohorts.admitted(took)
         return True
+
+    def _rent(self, batch, seconds: float, tokens_per_row: float) -> None:
+        """The cohort gate's view after a block (serving/cohorts.py): the queued requests that could start now (into
+        free rows, or into a rebuilt batch where it has none) and the next end a running row's budget foresees."""
+        running = batch.running()
+        fillable = min(self.max_batch - len(running), self.queue_depth())
+        soonest = min((batch._left(r) for r in running), default=None)
+        self.cohorts.stepped(seconds, fillable, len(batch.rows), time.perf_counter(), soonest, tokens_per_row)
 
     def _padded(self, n: int) -> int:
         """The batch size n rows run at: the next power of two, at most max_batch."""

@@ -26,23 +26,36 @@ def test_nothing_is_held_before_an_admission_was_measured_or_with_the_gate_off()
 
 
 def test_the_queue_is_held_until_the_free_rows_have_sat_out_one_admission():
-    """Median admission 8 ms; steps of 1 ms with 4 of 32 rows free and fillable: 0.125 ms of rent a step, so the
-    64th step pays it."""
+    """Median admission 8 ms; steps of 1 ms with 4 of 32 rows free and fillable, and a row always about to end:
+    0.125 ms of rent a step, so the 64th step pays it."""
     gate = Cohorts(True)
     for s in (0.008, 0.5, 0.001):  # the median, not the mean: one slow admission does not hold the queue
         gate.admitted(s)
     for step in range(1, 65):
         assert not gate.due(now=0.0), step
-        gate.stepped(0.001, 4, 32, now=0.0)
+        gate.stepped(0.001, 4, 32, now=0.0, soonest_left=0, tokens_per_row=1.0)
     assert gate.due(now=0.0)
     gate.admitted(0.008)
     assert not gate.due(now=0.0), "the rent starts again after an admission"
 
 
+@pytest.mark.parametrize("soonest_left, tokens_per_row, held", [
+    (6, 2.0, True),  # 3 blocks to the next end: 0.375 ms of rent to come, under the 8 ms an admission costs
+    (200, 2.0, False),  # 100 blocks: 12.5 ms of rent before the next row frees, more than an admission
+    (None, 2.0, False),  # no row running
+    (6, 0.0, False),  # nothing emitted: no end foreseen
+])
+def test_the_queue_is_held_only_for_an_end_foreseen_within_the_rent(soonest_left, tokens_per_row, held):
+    gate = Cohorts(True)
+    gate.admitted(0.008)
+    gate.stepped(0.001, 4, 32, now=0.0, soonest_left=soonest_left, tokens_per_row=tokens_per_row)
+    assert gate.due(now=0.0) is not held
+
+
 def test_a_request_waits_at_most_wait_admissions_admissions():
     gate = Cohorts(True)
     gate.admitted(0.01)
-    gate.stepped(0.001, 1, 32, now=100.0)  # a free row and a queued request first meet here
+    gate.stepped(0.001, 1, 32, now=100.0, soonest_left=0, tokens_per_row=1.0)  # a free row meets a request here
     assert not gate.due(now=100.0 + 0.5 * cohorts.WAIT_ADMISSIONS * 0.01)
     assert gate.due(now=100.0 + 1.01 * cohorts.WAIT_ADMISSIONS * 0.01)
 
@@ -50,7 +63,7 @@ def test_a_request_waits_at_most_wait_admissions_admissions():
 def test_rows_without_a_request_to_fill_them_pay_no_rent():
     gate = Cohorts(True)
     gate.admitted(0.002)
-    gate.stepped(0.001, 3, 4, now=0.0)
+    gate.stepped(0.001, 3, 4, now=0.0, soonest_left=0, tokens_per_row=1.0)
     gate.stepped(0.001, 0, 4, now=1.0)  # the queue ran dry: the wait starts over
     assert gate.idle_s == 0.0 and gate.waiting_since is None and not gate.due(now=5.0)
 
