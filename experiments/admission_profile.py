@@ -1,14 +1,14 @@
 """Where an admission in place goes on the GPU (serving/batch.py `admit`, through serve's worker).
 
-On the H100 at 32 rows an admission cost ~7 ms against a ~1 ms SmolLM2 step, whether it prefilled the whole batch
-or the admitted rows alone (bench/results/served_rollouts_h100/), so the prefill's rows are not what it pays. This
-runs bench/rollouts.py's setting (GSM8K prompts, B rows refilled as they end, greedy) for the target alone and for
-+ Domino verifying every block in full (no verify budget: every admission a speculating row's), and during one
-timed pass times the admission's parts with a device sync on each side of each (so a part's time is its own
-launches and kernels, not its neighbours'): the wait for the work in flight when the admission starts, the target's prefill (its host-side
-padding and parking, the graph runner, the logits, the features), the drafter's prefill, the first tokens' pick,
-the sampling groups. It also records each admission's wall without the syncs (as the scheduler's `admission_s`
-does), its prefill shape, and whether a CUDA graph was captured inside it (a shape the warm start did not visit).
+On the H100 at 32 rows an admission cost ~7 ms against a ~1 ms SmolLM2 step, whether it prefilled the whole batch or the
+admitted rows alone (bench/results/served_rollouts_h100/), so the prefill's rows are not what it pays. This runs
+bench/rollouts.py's setting (GSM8K prompts, B rows refilled as they end, greedy) for the target alone and for + Domino
+verifying every block in full (no verify budget: every admission a speculating row's), and during one timed pass times
+the admission's parts with a device sync on each side of each (so a part's time is its own launches and kernels, not its
+neighbours'): the wait for the work in flight when the admission starts, the target's prefill (its host-side padding and
+parking, the graph runner, the logits, the features), the drafter's prefill, the first tokens' pick, the sampling
+groups. It also records each admission's wall without the syncs (as the scheduler's `admission_s` does), its prefill
+shape, and whether a CUDA graph was captured inside it (a shape the warm start did not visit).
 
     python experiments/admission_profile.py --run RUN --prompts …/gsm8k/prompts.jsonl --out admission_profile.json
 """

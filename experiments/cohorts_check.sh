@@ -2,7 +2,7 @@
 # Admissions in cohorts (serving/cohorts.py) on and off: bench/rollouts.py (96 GSM8K prompts, 32 rows refilled as
 # they end, through serve's worker, greedy) on the shipped drafter with an untrained graft
 # (experiments/untrained_graft.sh). CC_MODES picks the runs, in order, each with its own target alone:
-#   on             the defaults (measured arms; cohorts on, CUDA's default)
+#   on             the defaults (measured arms), cohorts on (DOMINO_GRAFT_COHORTS=1; off by default until measured)
 #   off            the same, DOMINO_GRAFT_COHORTS=0
 #   step_model_on  the served step model alone (DOMINO_GRAFT_SERVE_ARMS=0), cohorts on
 #   step_model_off the same, cohorts off

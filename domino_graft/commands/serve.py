@@ -36,7 +36,8 @@ def add_arguments(p) -> None:
                         "(auto, the default: on; docs/serving.md)")
     p.add_argument("--admission-cohorts", default="auto", choices=("auto", "on", "off"),
                    help="hold queued requests while rows of the batch in flight free up, at most 8 admissions' "
-                        "time, to admit them in one call (auto, the default: on CUDA; docs/serving.md)")
+                        "time, to admit them in one call (auto, the default: off until measured on a GPU; "
+                        "docs/serving.md)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="a prompt admitted in place (--admit-in-place) longer than N tokens is prefilled N tokens a "
                         "block, between the blocks of the requests in flight (default 512; docs/serving.md)")

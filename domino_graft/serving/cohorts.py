@@ -1,16 +1,16 @@
 """When the batch in flight admits the queued requests: at once, or a few rows' ends later, together.
 
 An admission in place costs about the same whatever it admits: on the H100 at 32 rows ~7 ms a call, for the target
-alone's cohorts of ~8 rows (its rows, stopped by one token budget, end together) and for + Domino's single rows
-alike (its rows end at scattered blocks), against a ~1 ms step (bench/results/served_rollouts_h100/). A free row
-costs only its share of each step it sits out. So the worker holds the queue while the rows it could fill, having
-sat out less than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in
-hindsight), would still have paid less by the time the next running row reaches its token budget; then it admits
-every row freed meanwhile in one call. Where no row is due to end within the rent (the target alone's rows, ended
-together, leave the others a whole budget away), it admits at once: a row that ends by a stop token is not foreseen,
-so the gate holds only for ends it can see coming. It and never holds a request longer than WAIT_ADMISSIONS
-admissions take (its first token's delay: ~60 ms on the H100 at 32 rows). vLLM's --scheduler-delay-factor holds prompts for the same reason. docs/design.md §5,
-"Admissions in cohorts".
+alone's cohorts of ~8 rows (its rows, stopped by one token budget, end together) and for + Domino's single rows alike
+(its rows end at scattered blocks), against a ~1 ms step (bench/results/served_rollouts_h100/). A free row costs only
+its share of each step it sits out. So the worker holds the queue while the rows it could fill, having sat out less
+than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in hindsight), would
+still have paid less by the time the next running row reaches its token budget; then it admits every row freed
+meanwhile in one call. Where no row is due to end within the rent (the target alone's rows, ended together, leave the
+others a whole budget away) it admits at once: a row that ends by a stop token is not foreseen, so the gate holds only
+for ends it can see coming. It never holds a request longer than WAIT_ADMISSIONS admissions take (its first token's
+delay: ~60 ms on the H100 at 32 rows). vLLM's --scheduler-delay-factor holds prompts for the same reason.
+docs/design.md §5, "Admissions in cohorts".
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Optional
 WAIT_ADMISSIONS = 8  # the longest a request waits for its cohort while rows are free, in admissions' median cost
 HISTORY = 16  # the admissions whose median cost is the rent's price
 
-# DOMINO_GRAFT_COHORTS=0/1: off/on whatever the device (A/B runs); by default on where graphs are captured (CUDA):
-# there an admission's cost is fixed per call, while on a CPU it grows with the prefill's rows
+# DOMINO_GRAFT_COHORTS=0/1: off/on whatever the caller asked (A/B runs). Off by default (serve --admission-cohorts
+# auto) until a GPU run measures it: on the CPU it cut + Domino's admissions 20 -> 6 calls but its tokens/s moved
+# within the CPU's spread (bench/results/cohorts_cpu/), and admissions of the rows alone, kept on after a CPU run,
+# then halved the H100's served tokens/s (bench/results/served_rollouts_h100/)
 FORCED = {"0": False, "1": True}.get(os.environ.get("DOMINO_GRAFT_COHORTS", ""))
 
 

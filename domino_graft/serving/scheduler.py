@@ -159,8 +159,8 @@ class Scheduler:
         (parked rows, larger kv buckets), which the warm start visits where it is on (serving/warmup.py).
         prefill_chunk: a prompt admitted in place and longer than this is prefilled this many tokens a
         block, between the blocks of the rows in flight (serving/batch.py `admit`; None: whole). cohorts:
-        hold queued requests while rows free up, to admit them in one call (serving/cohorts.py); by default on
-        CUDA."""
+        hold queued requests while rows free up, to admit them in one call (serving/cohorts.py); off by
+        default until a GPU run measures it."""
         adapter = engine.adapter
         self.engine = engine
         cuda = engine.target.device.type == "cuda"
@@ -189,7 +189,7 @@ class Scheduler:
         self.warm_sweep = sweep
         self.admit_in_place = True if admit_in_place is None else admit_in_place
         self.prefill_chunk = prefill_chunk
-        self.cohorts = Cohorts(cuda if cohorts is None else cohorts)
+        self.cohorts = Cohorts(bool(cohorts))
         self.warming = self.warm_positions is not None  # /health: "warming" (503) until the loop starts
         self.warm = None  # what the warm start did (warmup.WarmStart), once done
         self.warm_failed = False

@@ -39,7 +39,7 @@ class ServeOptions:
     verify_costs: Optional[str] = None  # a cost table for auto (needed off CUDA)
     warm_start: bool = True  # reserve the caches and visit every shape before /health says ok (serving/warmup.py)
     admit_in_place: str = "auto"  # on, off, or auto (the scheduler's default): new requests into freed rows
-    admission_cohorts: str = "auto"  # on, off, or auto (on CUDA): admit rows freed apart together (serving/cohorts.py)
+    admission_cohorts: str = "auto"  # on, off, or auto (off for now): rows freed apart admitted together (cohorts.py)
     prefill_chunk: Optional[int] = None  # a prompt admitted in place longer than this goes in chunks (None: 512)
 
     def check(self) -> None:
