@@ -58,8 +58,8 @@ class Cohorts:
         (min(the queue, the rows free or a rebuilt batch would add)); soonest_left: the fewest tokens a running row
         may still emit (its budget's end; None: no row running), and tokens_per_row: what a live row emitted in
         this block, which together foresee the next end."""
-        if fillable <= 0:
-            self.idle_s, self.waiting_since = 0.0, None
+        if fillable <= 0:  # the wait starts over; a request arriving next is held one block, until a block sees it
+            self.idle_s, self.waiting_since, self.rent_s, self.next_end_blocks = 0.0, None, 0.0, 0.0
             return
         if self.waiting_since is None:
             self.waiting_since = now
