@@ -196,6 +196,11 @@ class _Rows:
         _, rows, stepped = self.in_flight
         return stepped[b] and rows[b] is self.rows[b]
 
+    def soonest_end(self) -> Optional[int]:
+        """The fewest tokens a running row may still emit by its budget (None: none running): the next end the
+        scheduler can foresee (serving/cohorts.py)."""
+        return min((self._left(r) for r in self.running()), default=None)
+
     @staticmethod
     def _left(row: BatchRow) -> int:
         """The most tokens the row may still emit (its budget less what it emitted; a step under way not counted)."""

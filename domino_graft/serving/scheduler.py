@@ -447,10 +447,9 @@ class Scheduler:
     def _rent(self, batch, seconds: float, tokens_per_row: float) -> None:
         """The cohort gate's view after a block (serving/cohorts.py): the queued requests that could start now (into
         free rows, or into a rebuilt batch where it has none) and the next end a running row's budget foresees."""
-        running = batch.running()
-        fillable = min(self.max_batch - len(running), self.queue_depth())
-        soonest = min((batch._left(r) for r in running), default=None)
-        self.cohorts.stepped(seconds, fillable, len(batch.rows), time.perf_counter(), soonest, tokens_per_row)
+        fillable = min(self.max_batch - len(batch.running()), self.queue_depth())
+        self.cohorts.stepped(seconds, fillable, len(batch.rows), time.perf_counter(), batch.soonest_end(),
+                             tokens_per_row)
 
     def _padded(self, n: int) -> int:
         """The batch size n rows run at: the next power of two, at most max_batch."""
