@@ -196,10 +196,10 @@ class _Rows:
         _, rows, stepped = self.in_flight
         return stepped[b] and rows[b] is self.rows[b]
 
-    def soonest_end(self) -> Optional[int]:
-        """The fewest tokens a running row may still emit by its budget (None: none running): the next end the
-        scheduler can foresee (serving/cohorts.py)."""
-        return min((self._left(r) for r in self.running()), default=None)
+    def soonest_end(self, running: list[BatchRow]) -> Optional[int]:
+        """The fewest tokens any of `running` (this batch's `running()`, which the caller has) may still emit by its
+        budget, None where it is empty: the next end the scheduler can foresee (serving/cohorts.py)."""
+        return min(map(self._left, running), default=None)
 
     @staticmethod
     def _left(row: BatchRow) -> int:

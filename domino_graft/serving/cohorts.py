@@ -1,7 +1,7 @@
 """When the batch in flight admits the queued requests: at once, or a few rows' ends later, together.
 
 An admission in place costs about the same whatever it admits: on the H100 at 32 rows ~7 ms a call, for the target
-alone's cohorts of ~8 rows (its rows, stopped by one token budget, end together) and for + Domino's single rows alike
+alone's cohorts of several rows (its rows, stopped by one token budget, end together) and for + Domino's single rows alike
 (its rows end at scattered blocks), against a ~1 ms step (bench/results/served_rollouts_h100/). A free row costs only
 its share of each step it sits out. So the worker holds the queue while the rows it could fill, having sat out less
 than one admission's measured cost (the ski-rental rule: never worse than twice the better choice in hindsight), would
@@ -37,6 +37,7 @@ class Cohorts:
     def __init__(self, on: bool):
         self.on = on if FORCED is None else FORCED
         self.costs: collections.deque[float] = collections.deque(maxlen=HISTORY)
+        self.cost: Optional[float] = None  # their median: the rent's price (None: none measured yet)
         self.idle_s = 0.0  # row-shares of step seconds the fillable free rows sat out since the last admission
         self.waiting_since: Optional[float] = None  # when a free row and a queued request first met
         self.rent_s, self.next_end_blocks = 0.0, float("inf")  # the last block's rent; blocks to the next end
@@ -45,9 +46,9 @@ class Cohorts:
         """Whether to admit now: always before any admission was measured; once the rent paid, with the rent until
         the next foreseen end, reaches an admission's median cost; or once a request has waited WAIT_ADMISSIONS of
         them."""
-        if not self.on or not self.costs:
+        cost = self.cost
+        if not self.on or cost is None:
             return True
-        cost = statistics.median(self.costs)
         if self.waiting_since is not None and now - self.waiting_since >= WAIT_ADMISSIONS * cost:
             return True
         return self.idle_s + self.rent_s * self.next_end_blocks >= cost
@@ -72,4 +73,5 @@ class Cohorts:
         """An admission in place took `seconds` (its prefill, the first tokens' read, the wait for the block in
         flight): the rent starts again."""
         self.costs.append(seconds)
+        self.cost = statistics.median(self.costs)  # once an admission, not at every block's `due`
         self.idle_s, self.waiting_since = 0.0, None

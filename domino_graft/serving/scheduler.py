@@ -410,7 +410,8 @@ class Scheduler:
                 self._gauges()
             if batch is None:
                 continue
-            began, emitted, live = time.perf_counter(), batch.emitted, sum(batch.live)
+            if self.cohorts.on:  # the block's wall and tokens a live row, for the gate's rent
+                mark = (time.perf_counter(), batch.emitted, sum(batch.live))
             try:
                 batch.step()
             except Exception as e:
@@ -418,7 +419,7 @@ class Scheduler:
                 batch = None
                 continue
             if self.cohorts.on:
-                self._rent(batch, time.perf_counter() - began, (batch.emitted - emitted) / max(live, 1))
+                self._rent(batch, *mark)
             for b, (row, on) in enumerate(zip(batch.rows, batch.live)):
                 job = jobs.get(row)  # None: an idle row
                 if job is not None and not on and job.finish_reason is None and b not in batch.pending:
@@ -444,12 +445,14 @@ class Scheduler:
         self.cohorts.admitted(took)
         return True
 
-    def _rent(self, batch, seconds: float, tokens_per_row: float) -> None:
-        """The cohort gate's view after a block (serving/cohorts.py): the queued requests that could start now (into
-        free rows, or into a rebuilt batch where it has none) and the next end a running row's budget foresees."""
-        fillable = min(self.max_batch - len(batch.running()), self.queue_depth())
-        self.cohorts.stepped(seconds, fillable, len(batch.rows), time.perf_counter(), batch.soonest_end(),
-                             tokens_per_row)
+    def _rent(self, batch, began: float, emitted: int, live: int) -> None:
+        """The cohort gate's view after a block begun at `began` with `emitted` tokens so far and `live` rows
+        (serving/cohorts.py): the queued requests that could start now (into free rows, or into a rebuilt batch where
+        it has none) and the next end a running row's budget foresees."""
+        now, running = time.perf_counter(), batch.running()
+        fillable = min(self.max_batch - len(running), self.queue_depth())
+        self.cohorts.stepped(now - began, fillable, len(batch.rows), now, batch.soonest_end(running),
+                             (batch.emitted - emitted) / max(live, 1))
 
     def _padded(self, n: int) -> int:
         """The batch size n rows run at: the next power of two, at most max_batch."""
