@@ -7,8 +7,7 @@ import pytest
 
 from domino_graft.serving import cohorts
 from domino_graft.serving.cohorts import Cohorts
-from tests.serving.test_scheduler import (_cancel_and_check_each_against_the_target_alone, _job, _until,  # noqa: F401
-                                        engine)
+from tests.serving.test_scheduler import _cancel_and_check_each_against_the_target_alone, _job, engine  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -66,26 +65,6 @@ def test_rows_without_a_request_to_fill_them_pay_no_rent():
     gate.stepped(0.001, 3, 4, now=0.0, soonest_left=0, tokens_per_row=1.0)
     gate.stepped(0.001, 0, 4, now=1.0)  # the queue ran dry: the wait starts over
     assert gate.idle_s == 0.0 and gate.waiting_since is None and not gate.due(now=5.0)
-
-
-def test_a_request_beside_a_full_smaller_batch_is_not_held_until_it_ends(engine):
-    """One request decodes in a batch padded to one row (no free row) when a second arrives: the gate counts it as
-    fillable (it starts in a rebuilt batch), so it pays rent and is admitted while the first still decodes."""
-    from domino_graft.serving.scheduler import Scheduler
-
-    sched = Scheduler(engine, max_batch=4, max_queue=16, pad_batches=True, cohorts=True)
-    sched.cohorts.admitted(0.05)
-    sched.start()
-    try:
-        long, short = _job(engine, [5, 6, 7, 8], 1500), _job(engine, [9, 3, 4], 6)
-        sched.submit(long)
-        _until(lambda: len(long.tokens) > 0)
-        sched.submit(short)
-        assert short.done.wait(60)
-        assert long.finish_reason is None, "the second request waited for the first to end"
-        _cancel_and_check_each_against_the_target_alone(engine, long, [short])
-    finally:
-        assert sched.stop(30)
 
 
 @pytest.mark.parametrize("target_only", [False, True])

@@ -44,11 +44,18 @@ def _until(predicate, timeout=30.0):
         time.sleep(0.01)
 
 
-def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine):
+@pytest.mark.parametrize("cohorts", [False, True])
+def test_a_request_joins_the_batch_in_flight_and_leaves_first(engine, cohorts, monkeypatch):
+    """With admissions in cohorts too (serving/cohorts.py, an admission priced at 50 ms): the first request's batch
+    of one row has no free row, and the second, which a rebuilt batch takes, must still not wait for it to end."""
+    from domino_graft.serving import cohorts as cohorts_module
     from domino_graft.serving.metrics import Metrics
     from domino_graft.serving.scheduler import Scheduler
 
-    sched = Scheduler(engine, max_batch=4, max_queue=8, metrics=Metrics())
+    monkeypatch.setattr(cohorts_module, "FORCED", None)
+    sched = Scheduler(engine, max_batch=4, max_queue=8, metrics=Metrics(), cohorts=cohorts)
+    if cohorts:
+        sched.cohorts.admitted(0.05)
     assert sched.mode == "batched"
     sched.start()
     try:
