@@ -10,12 +10,20 @@ parking, the graph runner, the logits, the features), the drafter's prefill, the
 groups. It also records each admission's wall without the syncs (as the scheduler's `admission_s` does), its prefill
 shape, and whether a CUDA graph was captured inside it (a shape the warm start did not visit).
 
+--count-ops adds a pass that counts, per part, the torch ops an admission dispatches on the host (each a kernel
+launch on CUDA, views aside) and its graph calls (the target's runner, the drafters' captured calls: one replay each
+on CUDA, so the ops inside them are not counted): the same on any device, so a CPU run says where the launches are.
+--pad-prefills on|off sets the static DFlash drafter's padded, graphed prefills (adapters/dflash/fast.py; default:
+where graphs are captured).
+
     python experiments/admission_profile.py --run RUN --prompts …/gsm8k/prompts.jsonl --out admission_profile.json
+    python experiments/admission_profile.py --run RUN --device cpu --count-ops --pad-prefills off --out …
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -25,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 import harness  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import rollouts  # noqa: E402
 from concurrency import load, read_items  # noqa: E402
 
@@ -36,14 +45,17 @@ class Parts:
         self.sync, self.inside, self.on = sync, False, False
         self.seconds, self.calls, self.saved = {}, {}, []
         self.admissions: list[dict] = []
+        self.ops: Ops | None = None  # set: the pass counts ops instead of timing
 
-    def wrap(self, owner, name: str, key: str, outer: bool = False) -> None:
+    def wrap(self, owner, name: str, key: str, outer: bool = False, count_only: bool = False) -> None:
         fn = getattr(owner, name)
         self.saved.append((owner, name, vars(owner).get(name)))
         parts = self
 
         def timed(*a, **kw):
-            if not parts.on or (not outer and not parts.inside):
+            if parts.ops is not None:
+                return parts.ops.within(key, outer, fn, a, kw)
+            if count_only or not parts.on or (not outer and not parts.inside):
                 return fn(*a, **kw)
             if outer:
                 from domino_graft.fast.graphs import graphs_captured
@@ -87,6 +99,63 @@ class Parts:
                     "mean_ms": round(1e3 * s / self.calls[k], 3)} for k, s in sorted(self.seconds.items())}
 
 
+class Ops(TorchDispatchMode):
+    """The torch ops dispatched inside admissions, by part (the innermost wrapped method running), and the graph
+    calls (GRAPH_CALLS: one replay on CUDA; nothing inside them is counted). Views count too: each is a dispatch."""
+
+    GRAPH_CALLS = ("target_prefill.graph_runner", "captured_call")
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []
+        self.muted = 0
+        self.by_part: collections.Counter = collections.Counter()
+        self.graphs: collections.Counter = collections.Counter()
+        self.by_op: collections.Counter = collections.Counter()
+        self.admissions = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.muted:
+            self.by_part[self.stack[-1]] += 1
+            self.by_op[f"{self.stack[-1]}: {func}"] += 1
+        return func(*args, **(kwargs or {}))
+
+    def within(self, key: str, outer: bool, fn, a, kw):
+        if outer:  # an admission: counted where it placed its rows (a call that found no room returns at once)
+            before = (self.by_part.copy(), self.graphs.copy(), self.by_op.copy())
+            self.stack.append(key)
+            try:
+                with self:
+                    out = fn(*a, **kw)
+            finally:
+                self.stack.pop()
+            if out:
+                self.admissions += 1
+            else:
+                self.by_part, self.graphs, self.by_op = before
+            return out
+        if not self.stack:  # outside an admission
+            return fn(*a, **kw)
+        graph = key in self.GRAPH_CALLS
+        if graph and not self.muted:
+            self.graphs[self.stack[-1]] += 1
+        self.stack.append(key)
+        self.muted += graph
+        try:
+            return fn(*a, **kw)
+        finally:
+            self.muted -= graph
+            self.stack.pop()
+
+    def report(self) -> dict:
+        n = max(self.admissions, 1)
+        return {"admissions": self.admissions,
+                "dispatches_per_admission": {k: round(v / n, 1) for k, v in self.by_part.most_common()},
+                "dispatches_total_per_admission": round(sum(self.by_part.values()) / n, 1),
+                "graph_calls_per_admission": {k: round(v / n, 2) for k, v in self.graphs.most_common()},
+                "top_ops_per_admission": {k: round(v / n, 1) for k, v in self.by_op.most_common(25)}}
+
+
 def instrument(parts: Parts) -> None:
     from domino_graft.decoding import session
     from domino_graft.fast import FastLM, GraphRunner
@@ -109,6 +178,9 @@ def instrument(parts: Parts) -> None:
         (batch_module.ChainBatch, "drop_drafted", "drop_drafted"),
     ]:
         parts.wrap(owner, name, key)
+    from domino_graft.fast import CapturedCall
+
+    parts.wrap(CapturedCall, "__call__", "captured_call", count_only=True)  # timed within its part
 
 
 def shapes(parts: Parts) -> None:
@@ -136,7 +208,7 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
     positions = max(len(x) for x in items) + args.max_new_tokens
     s = Scheduler(engine, max_batch=args.concurrency, max_queue=len(items), target_only=mode == "target",
                   metrics=rollouts.StepTally(), budget=None,
-                  warm_start=positions if args.device == "cuda" else None)
+                  warm_start=args.warm_start or (positions if args.device == "cuda" else None))
     sampling = Sampling()
     s.start()
     try:
@@ -151,6 +223,13 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
             _, synced_wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
         finally:
             parts.on = False
+        counted = None
+        if args.count_ops:
+            parts.ops = Ops()
+            try:
+                rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
+            finally:
+                counted, parts.ops = parts.ops.report(), None
     finally:
         s.stop(timeout=60, abandon=True)
     recs = [a for a in parts.admissions if "ms" in a]
@@ -161,7 +240,8 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
                             # of the calls that admitted (a call that found no room returns at once; a rebuild follows)
                             "admission_ms_median": statistics.median(placed) if placed else None,
                             "graphs_captured_in_admissions": sum(a["captured"] for a in recs),
-                            "admissions": recs}}
+                            "admissions": recs},
+            **({"ops_pass": counted} if counted is not None else {})}
 
 
 def main(argv=None) -> int:
@@ -171,7 +251,13 @@ def main(argv=None) -> int:
     p.add_argument("--num-prompts", type=int, default=96)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (numbers meaningless)")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the mechanics (times meaningless)")
+    p.add_argument("--modes", default="target,domino", help="comma-separated: target (alone), domino (+ Domino)")
+    p.add_argument("--count-ops", action="store_true", help="a pass counting each part's dispatches and graph calls")
+    p.add_argument("--pad-prefills", choices=["auto", "on", "off"], default="auto",
+                   help="the static DFlash drafter's padded, graphed prefills (auto: where graphs are captured)")
+    p.add_argument("--warm-start", type=int, help="the positions the worker's warm start reserves (default: on CUDA "
+                   "the longest prompt + max new tokens; on a CPU none, so a longer one gives its rows room to park)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import torch
@@ -182,15 +268,22 @@ def main(argv=None) -> int:
     items = read_items(loaded, args.prompts, args.num_prompts)
     parts = Parts(torch.cuda.synchronize if cuda else lambda: None)
     instrument(parts)
+    if args.pad_prefills != "auto":
+        from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
+
+        StaticDFlashDrafter.PAD_PREFILLS = args.pad_prefills == "on"
     shapes(parts)
     report = {**harness.environment(), "run": args.run, "num_prompts": len(items), "concurrency": args.concurrency,
-              "max_new_tokens": args.max_new_tokens, "modes": {}}
+              "max_new_tokens": args.max_new_tokens, "pad_prefills": args.pad_prefills, "modes": {}}
     try:
-        for mode in ("target", "domino"):
+        for mode in args.modes.split(","):
             report["modes"][mode] = run_mode(engine, items, mode, args, parts)
             m = report["modes"][mode]
             print(mode, m["unsynced_pass"], {k: v["mean_ms"] for k, v in m["synced_pass"]["parts"].items()},
                   "captured", m["synced_pass"]["graphs_captured_in_admissions"], flush=True)
+            if "ops_pass" in m:
+                print(mode, "dispatches", m["ops_pass"]["dispatches_per_admission"], "graph calls",
+                      m["ops_pass"]["graph_calls_per_admission"], flush=True)
     finally:
         parts.restore()
     harness.write_json(args.out, report)

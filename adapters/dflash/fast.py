@@ -32,12 +32,13 @@ pending block move to rows 0..len(rows)-1).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from domino_graft.fast import CapturedCall, host_ints, kv_bucket
+from domino_graft.fast import CapturedCall, host_ints, kv_bucket, prefill_length
 from domino_graft.fast.llama import UnsupportedModel, fuse_linears
 from domino_graft.fast.llama_math import rms_norm
 from domino_graft.fast.llama_split import attention_kernels, layer_out, triton_kernels_unsupported
@@ -49,6 +50,10 @@ class StaticDFlashDrafter:
     """``prefill(features, n)`` once per decode, then per block ``propose(anchor, pos)`` and, after
     the verify, ``observe_block(features, pos)`` with the verify's features of all K+1 tokens.
     pos: an int (one row), or one host int per row of a batch of up to ``max_batch`` rows."""
+
+    # padded, graphed prefills (`_prefill_write`). None: where graphs are captured; tests set True to check CUDA's
+    # shapes on a CPU; DOMINO_GRAFT_PAD_PREFILLS=0/1 forces either for an A/B
+    PAD_PREFILLS: Optional[bool] = {"0": False, "1": True}.get(os.environ.get("DOMINO_GRAFT_PAD_PREFILLS", ""))
 
     def __init__(self, adapter, max_len: int, max_batch: int = 1):
         cfg = adapter.cfg
@@ -63,9 +68,12 @@ class StaticDFlashDrafter:
         self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n)]
         self._slots = torch.arange(self.max_len, device=self.device)
         self._rows = torch.arange(self.max_batch, device=self.device)
+        self._zeros = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # a prefill's first positions
         self._pending: Optional[tuple[torch.Tensor, list[int]]] = None  # (features [B, K+1, F], first positions)
         self._calls: dict[tuple, CapturedCall] = {}
         self.use_graphs = self.device.type == "cuda"
+        # prefills as graphs of a few padded shapes (`_prefill_write`); on a CPU the exact shapes, eagerly
+        self.pad_prefills = self.use_graphs if self.PAD_PREFILLS is None else self.PAD_PREFILLS
         self.compiled = False
         self.kernels = "torch"
         self._split = None  # use_kernels: (fused per-layer weights, inv_freq, compiled pieces)
@@ -186,13 +194,55 @@ class StaticDFlashDrafter:
         if b > self.max_batch or (rows is not None and max(rows) >= self.max_batch):
             raise ValueError(f"batch of {b if rows is None else max(rows) + 1} rows > the drafter cache's "
                              f"{self.max_batch}")
-        start = torch.zeros(b, dtype=torch.long, device=self.device)
+        if rows is not None:
+            self._flush()  # the rows in flight's last block first: it may lie where a new prompt goes
+        self._prefill_write(feats, n, None if rows is None else list(rows))
         if rows is None:
-            self._write(feats[:, :n], start)
             self._pending = None
+
+    def _prefill_write(self, feats: torch.Tensor, n: int, rows: Optional[list[int]]) -> None:
+        """The context K/V of a prefill. Eagerly it is ~70 small launches a layer (the backbone's projections,
+        norms, RoPE and the cache writes: ~285 dispatches at the shipped SmolLM2 drafter's 4 layers), paid at every
+        batch built and every admission in place (serving/batch.py). With pad_prefills (CUDA) it is one graph
+        replay of a few shapes: the prompts right-padded to `fast.prefill_length(n)` (the target's own prefill
+        shapes) and an admission's prompts widened to a power of two by repeating its first (the same values
+        written twice to the same slots): graphs keyed by (rows, padded length), which the warm start captures
+        (`visit_admissions`, serving/warmup.py). The padding's slots lie at or past each row's own length:
+        harmless, like a ragged prompt's (module docstring)."""
+        b = feats.shape[0]
+        if not self.pad_prefills:
+            idx = None if rows is None else self._on_device(rows)
+            self._write(feats[:, :n], self._zeros[:b], idx)
             return
-        self._flush()  # the rows in flight's last block first: it may lie where a new prompt goes
-        self._write(feats[:, :n], start, torch.tensor(list(rows), device=self.device))
+        t = prefill_length(n, self.max_len)
+        f = feats[:, :t] if feats.shape[1] >= t else F.pad(feats[:, :n], (0, 0, 0, t - n))
+        if rows is None:
+            self._call(("prefill", b, t), lambda x: self._write(x, self._zeros[:b]))(f)
+            return
+        width = min(self.max_batch, 1 << (b - 1).bit_length())
+        if width > b:
+            f = f.index_select(0, self._on_device(list(range(b)) + [0] * (width - b)))
+            rows = rows + [rows[0]] * (width - b)
+        self._call(("admit", width, t), lambda x, r: self._write(x, self._zeros[:width], r))(f, self._on_device(rows))
+
+    def visit_admissions(self, lengths: list[int]) -> int:
+        """Capture each admission prefill's graph (`_prefill_write`: every power-of-two width up to max_batch, at
+        each padded prompt length of `lengths`) before traffic meets it: zeros written into the first rows, which
+        a row's own prefill overwrites before it reads them (serving/warmup.py). -> how many shapes (0 without
+        pad_prefills: nothing to capture)."""
+        if not self.pad_prefills:
+            return 0
+        shapes = sorted({(w, prefill_length(n, self.max_len)) for n in lengths
+                         for w in [min(1 << i, self.max_batch) for i in range(self.max_batch.bit_length() + 1)]})
+        feats = self.backbone.fc.weight.shape[1]
+        for width, t in shapes:
+            self._prefill_write(torch.zeros(width, t, feats, dtype=self.dtype, device=self.device), t,
+                                list(range(width)))
+        return len(shapes)
+
+    def _on_device(self, host: list[int]) -> torch.Tensor:
+        """Host ints as a device tensor without waiting on the device (as `_positions`)."""
+        return torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
 
     def observe_block(self, feats: torch.Tensor, pos) -> None:
         """The verify's features [B, T, F] of x_0, d_1..d_{T-1} at pos..pos+T-1 of each row (pos: an

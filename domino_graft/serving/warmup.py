@@ -30,7 +30,9 @@ The warm start, run once by the worker before its loop (serving/scheduler.py):
      decoding/session.py `_park`, set the bucket: a larger one than a prefill at position 0 meets), and, with a
      static drafter, one after each verify length (the pending block its `prefill(rows=)` writes first: a shape
      of its own); of the admitted rows alone (decoding/session.py `admission_rows`), each power of two up to half
-     the batch at each padded prompt length;
+     the batch at each padded prompt length; and, where the static drafter offers `visit_admissions`, its own
+     write of the admitted prompts: one graph per power-of-two count of them at each padded prompt length (a
+     visit above admits one row, a cohort more);
   4. seeds the auto budget's cost table at each of those batch sizes (ChainBatch.measure_costs).
 
 `sweep=False` (the CPU default: nothing is captured or compiled there) visits the first kv bucket and
@@ -164,11 +166,12 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
     runners_before = _captures(target)
     budgets = [] if adapter is None else [k] if budget is None else budget.choices(k)
     auto = budget is not None and budget.mode == "auto"
-    static_drafter = False
+    static_drafter, drafter = False, None
     if adapter is not None:
         from ..decoding.batched import static_batch_drafter
 
-        static_drafter = static_batch_drafter(adapter, target, length, max(batch_sizes)) is not None
+        drafter = static_batch_drafter(adapter, target, length, max(batch_sizes))
+        static_drafter = drafter is not None
         report["drafter"] = "static" if static_drafter else "eager"
         report["verify_lengths"] = sorted({kk + 1 for kk in budgets} | ({1} if auto else set()))
     static = target.kv_path == "static"  # a DynamicCache captures nothing: only the costs to measure
@@ -216,6 +219,9 @@ def warm_start(engine, *, batch_sizes: list[int], positions: int, target_only: b
             n = visit_admissions(batch(b, contexts[0], gone=whole_admission(b)), contexts, verify, positions=positions,
                                  length=length, max_len=target.lm.max_len, sweep=sweep)
             admitted, steps = admitted + n, steps + n
+    if admit and admitted and hasattr(drafter, "visit_admissions"):
+        # the drafter's admission prefills at every width of admitted rows (a visit above admits one row)
+        report["drafter_admission_shapes"] = drafter.visit_admissions(contexts)
     if cuda:
         torch.cuda.synchronize()
     report.update(prefill_lengths=len(contexts), kv_buckets=len(ends), steps=steps, admission_prefills=admitted,

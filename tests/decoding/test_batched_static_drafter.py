@@ -258,3 +258,40 @@ def test_the_lm_head_reads_the_slots_as_one_matrix(static):
         hook.remove()
     assert seen == [((b, adapter.num_slots, adapter.cfg.hidden_size), True)]
     assert block.hidden.is_contiguous() and block.base_logits.shape[:2] == (b, adapter.num_slots)
+
+
+def test_padded_prefills_write_what_exact_shapes_do():
+    """pad_prefills (CUDA's default: graphs of padded shapes, adapters/dflash/fast.py `_prefill_write`) run here
+    eagerly through the same calls: a new batch's prompts right-padded to their prefill length, then admissions
+    into freed rows widened to a power of two by repeating their first prompt. Every row's context before its own
+    length, and so every block it proposes, equals the exact shapes'; nothing else of the batch changes; the
+    graphs are keyed by (rows, padded length), and `visit_admissions` meets every admission key first."""
+    target, adapter, _ = graft("dflash", "qwen3", seed=3, extra=("target.random.head_dim=16",))
+    f = adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
+    g = torch.Generator().manual_seed(1)
+    exact, padded = StaticDFlashDrafter(adapter, 128, max_batch=4), StaticDFlashDrafter(adapter, 128, max_batch=4)
+    padded.pad_prefills = True
+    lens = [5, 20, 9, 14]
+    feats = torch.randn(4, 20, f, generator=g)
+    admissions = [([2], [11]), ([3, 0, 1], [7, 17, 3])]  # one row; three rows widened to four
+    with torch.inference_mode():
+        for d in (exact, padded):
+            d.prefill(feats, max(lens))
+        for rows, sizes in admissions:
+            new = torch.randn(len(rows), max(sizes), f, generator=g)
+            for d in (exact, padded):
+                d.prefill(new, max(sizes), rows=rows)
+            for r, n in zip(rows, sizes):
+                lens[r] = n
+        for kc_e, kc_p in zip((*exact.k, *exact.v), (*padded.k, *padded.v)):
+            for r, n in enumerate(lens):
+                torch.testing.assert_close(kc_p[r, :, :n], kc_e[r, :, :n], atol=1e-5, rtol=1e-5, msg=f"row {r}")
+        anchor = torch.randint(0, target.shape.vocab_size, (4,), generator=g)
+        got, want = padded.propose(anchor, lens), exact.propose(anchor, lens)
+        torch.testing.assert_close(got.base_logits, want.base_logits, atol=2e-5, rtol=1e-4)
+        assert {key for key in padded._calls if key[0] != "propose"} == {("prefill", 4, 32), ("admit", 1, 16),
+                                                                         ("admit", 4, 32)}
+        assert all(key[0] == "propose" for key in exact._calls)  # the exact shapes: eager prefills
+        assert padded.visit_admissions([5, 20]) == 6  # widths 1, 2, 4 at lengths 16 and 32
+        assert {("admit", w, t) for w in (1, 2, 4) for t in (16, 32)} <= padded._calls.keys()
+        assert exact.visit_admissions([5, 20]) == 0

@@ -129,13 +129,23 @@ def _record_keys(monkeypatch) -> set:
     return seen
 
 
-@pytest.mark.parametrize("target_only", [False, True])
-def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, target_only):
+def _pad_drafter_prefills(monkeypatch, on: bool) -> None:
+    """on: the static drafter's prefills through CUDA's padded shapes and their keys (adapters/dflash/fast.py
+    `_prefill_write`), run eagerly here."""
+    from domino_graft.adapters.dflash import fast as dflash_fast
+
+    monkeypatch.setattr(dflash_fast.StaticDFlashDrafter, "PAD_PREFILLS", True if on else None)
+
+
+@pytest.mark.parametrize("target_only, pad_prefills", [(False, False), (True, False), (False, True)])
+def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, target_only, pad_prefills):
     """Padded batches (1, 2, 4 rows) under the auto budget, rows reaching 3 kv buckets: every target
     forward's graph key (captured layers, B, T, kv bucket, logits kept) and every drafter call key met
-    in traffic was met in the warm-up, which covered each (B, T, bucket) the loop can build."""
+    in traffic was met in the warm-up, which covered each (B, T, bucket) the loop can build; with the drafter's
+    prefills padded as on CUDA, their keys too."""
     from domino_graft.serving.scheduler import Scheduler
 
+    _pad_drafter_prefills(monkeypatch, pad_prefills)
     seen = _record_keys(monkeypatch)
     positions = 600
     sched = Scheduler(engine, max_batch=4, max_queue=16, budget=None if target_only else _auto_budget(),
@@ -167,8 +177,10 @@ def test_the_warm_start_visits_every_shape_traffic_meets(engine, monkeypatch, ta
         assert job.tokens == engine.target_only(p, max_new_tokens=n).tokens, (p, n)
 
 
-@pytest.mark.parametrize("target_only, admit_rows", [(False, True), (True, True), (False, False)])
-def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkeypatch, target_only, admit_rows):
+@pytest.mark.parametrize("target_only, admit_rows, pad_prefills",
+                         [(False, True, False), (True, True, False), (False, False, False), (False, False, True)])
+def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkeypatch, target_only, admit_rows,
+                                                                   pad_prefills):
     """Requests admitted into freed rows while the row in flight is deep in the cache: their prefills'
     graph keys and the drafter's write of the pending block before them were all met in the warm-up, which runs
     them because the scheduler admits in place (a default wherever the warm start sweeps). An admission runs the
@@ -180,7 +192,7 @@ def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkey
     from domino_graft.serving.scheduler import Scheduler
 
     monkeypatch.setattr(session, "ADMIT_ROWS", admit_rows)
-
+    _pad_drafter_prefills(monkeypatch, pad_prefills)
     seen = _record_keys(monkeypatch)
     positions = 600
     # no budget: every block verifies K, so only an admission writes a pending block of K + 1 alone
@@ -221,6 +233,10 @@ def test_the_warm_start_visits_the_prefills_of_admission_in_place(engine, monkey
     if not target_only:
         k = engine.adapter.num_slots
         assert ("drafter", "write", 4, k + 1) in seen  # the pending block, written before the admitted prompt
+        admits = {key for key in seen if key[:2] == ("drafter", "admit")}  # the admitted prompt's own, padded
+        assert admits == ({("drafter", "admit", 1, t) for t in lengths} if pad_prefills else set()), admits
+        shapes = 3 * report["prefill_lengths"] if pad_prefills else 0  # widths 1, 2, 4 at every padded length
+        assert report.get("drafter_admission_shapes", 0) == shapes
     for job in [*first, *later]:
         assert job.tokens == engine.target_only(job.prompt_ids, max_new_tokens=job.max_tokens).tokens
 
