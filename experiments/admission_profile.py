@@ -14,7 +14,8 @@ shape, and whether a CUDA graph was captured inside it (a shape the warm start d
 launch on CUDA, views aside) and its graph calls (the target's runner, the drafters' captured calls: one replay each
 on CUDA, so the ops inside them are not counted): the same on any device, so a CPU run says where the launches are.
 --pad-prefills on|off sets the static DFlash drafter's padded, graphed prefills (adapters/dflash/fast.py; default:
-where graphs are captured).
+where graphs are captured). Each mode records its warm start's report and, on CUDA, the memory held once it ends
+(`cuda_memory_after_warm_start`: the graphs' pools and buffers beside the weights and caches).
 
     python experiments/admission_profile.py --run RUN --prompts …/gsm8k/prompts.jsonl --out admission_profile.json
     python experiments/admission_profile.py --run RUN --device cpu --count-ops --pad-prefills off --out …
@@ -201,6 +202,15 @@ def shapes(parts: Parts) -> None:
     session.StaticSession.prefill = prefill
 
 
+def _cuda_memory() -> dict:
+    import torch
+
+    gib = 2.0 ** 30
+    return {"allocated_gib": round(torch.cuda.memory_allocated() / gib, 3),
+            "reserved_gib": round(torch.cuda.memory_reserved() / gib, 3),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 3)}
+
+
 def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
     from domino_graft.sampling import Sampling
     from domino_graft.serving.scheduler import Scheduler
@@ -214,6 +224,7 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
     try:
         while s.warming and s.alive:
             time.sleep(0.05)
+        memory = _cuda_memory() if args.device == "cuda" else None  # the warm start's graphs and buffers held
         rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed
         before = (s.admissions, s.admission_s)
         _, wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)
@@ -241,7 +252,9 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
                             "admission_ms_median": statistics.median(placed) if placed else None,
                             "graphs_captured_in_admissions": sum(a["captured"] for a in recs),
                             "admissions": recs},
-            **({"ops_pass": counted} if counted is not None else {})}
+            **({"ops_pass": counted} if counted is not None else {}),
+            **({"cuda_memory_after_warm_start": memory} if memory is not None else {}),
+            "warm_start": s.warm.report if s.warm is not None else None}
 
 
 def main(argv=None) -> int:

@@ -71,6 +71,9 @@ class StaticDFlashDrafter:
         self._zeros = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)  # a prefill's first positions
         self._pending: Optional[tuple[torch.Tensor, list[int]]] = None  # (features [B, K+1, F], first positions)
         self._calls: dict[tuple, CapturedCall] = {}
+        # the prefill graphs' one input buffer (flat) and one memory pool (`_prefill_input`)
+        self._prefill_buffer: Optional[torch.Tensor] = None
+        self._prefill_pool = None
         self.use_graphs = self.device.type == "cuda"
         # prefills as graphs of a few padded shapes (`_prefill_write`); on a CPU the exact shapes, eagerly
         self.pad_prefills = self.use_graphs if self.PAD_PREFILLS is None else self.PAD_PREFILLS
@@ -215,15 +218,41 @@ class StaticDFlashDrafter:
             self._write(feats[:, :n], self._zeros[:b], idx)
             return
         t = prefill_length(n, self.max_len)
-        f = feats[:, :t] if feats.shape[1] >= t else F.pad(feats[:, :n], (0, 0, 0, t - n))
-        if rows is None:
-            self._call(("prefill", b, t), lambda x: self._write(x, self._zeros[:b]))(f)
-            return
-        width = min(self.max_batch, 1 << (b - 1).bit_length())
+        width = b if rows is None else min(self.max_batch, 1 << (b - 1).bit_length())
+        x = self._prefill_input(width, t)
+        m = min(feats.shape[1], t)  # the caller's own padding where it reaches t, zeros past it
+        x[:b, :m].copy_(feats[:, :m])
+        if m < t:
+            x[:b, m:].zero_()
         if width > b:
-            f = f.index_select(0, self._on_device(list(range(b)) + [0] * (width - b)))
-            rows = rows + [rows[0]] * (width - b)
-        self._call(("admit", width, t), lambda x, r: self._write(x, self._zeros[:width], r))(f, self._on_device(rows))
+            x[b:].copy_(x[:1].expand(width - b, -1, -1))
+        pool = self._prefill_pool_handle()
+        if rows is None:
+            self._call(("prefill", b, t), lambda start: self._write(x, start), pool)(self._zeros[:b])
+            return
+        rows = rows + [rows[0]] * (width - b)
+        self._call(("admit", width, t), lambda r: self._write(x, self._zeros[:width], r), pool)(self._on_device(rows))
+
+    def _prefill_input(self, width: int, t: int) -> torch.Tensor:
+        """[width, t, F], the input of the prefill graph of that shape: a view of one flat buffer that every
+        prefill graph reads (contiguous at every shape), so their inputs cost the largest one's, not their sum
+        (at z-lab's Qwen3-8B drafter, F = 20,480: 2.7 GB at 32 rows of 2,048 positions, ~4× that as one buffer a
+        shape). A shape the buffer cannot hold reallocates it, at that shape, and drops the graphs that read
+        the old one (and their pool): the warm start captures the largest first (`visit_admissions`)."""
+        f = self.backbone.fc.weight.shape[1]
+        need = width * t * f
+        if self._prefill_buffer is None or self._prefill_buffer.numel() < need:
+            self._calls = {k: c for k, c in self._calls.items() if k[0] not in ("prefill", "admit")}
+            self._prefill_buffer = self._prefill_pool = None  # freed before the larger one is allocated
+            self._prefill_buffer = torch.zeros(need, dtype=self.dtype, device=self.device)
+        return self._prefill_buffer[:need].view(width, t, f)
+
+    def _prefill_pool_handle(self):
+        """The prefill graphs' one memory pool (None without graphs): they have no outputs and replay on one
+        stream, so one graph's intermediates may lie where another's did (CapturedCall's `pool`)."""
+        if self.use_graphs and self._prefill_pool is None:
+            self._prefill_pool = torch.cuda.graph_pool_handle()
+        return self._prefill_pool
 
     def visit_admissions(self, lengths: list[int]) -> int:
         """Capture each admission prefill's graph (`_prefill_write`: every power-of-two width up to max_batch, at
@@ -232,11 +261,13 @@ class StaticDFlashDrafter:
         pad_prefills: nothing to capture)."""
         if not self.pad_prefills:
             return 0
+        # the largest first: the input buffer is sized once, and the pool's first graph holds the peak others reuse
         shapes = sorted({(w, prefill_length(n, self.max_len)) for n in lengths
-                         for w in [min(1 << i, self.max_batch) for i in range(self.max_batch.bit_length() + 1)]})
+                         for w in [min(1 << i, self.max_batch) for i in range(self.max_batch.bit_length() + 1)]},
+                        key=lambda s: (s[0] * s[1], s), reverse=True)
         feats = self.backbone.fc.weight.shape[1]
-        for width, t in shapes:
-            self._prefill_write(torch.zeros(width, t, feats, dtype=self.dtype, device=self.device), t,
+        for width, t in shapes:  # one position given: `_prefill_write` pads the rest with zeros
+            self._prefill_write(torch.zeros(width, 1, feats, dtype=self.dtype, device=self.device), t,
                                 list(range(width)))
         return len(shapes)
 
@@ -290,10 +321,10 @@ class StaticDFlashDrafter:
         slots = a.slot_hidden(hidden)
         return slots, a.base_logits(slots)
 
-    def _call(self, key: tuple, fn) -> CapturedCall:
+    def _call(self, key: tuple, fn, pool=None) -> CapturedCall:
         call = self._calls.get(key)
         if call is None:
-            call = self._calls[key] = CapturedCall(fn, use_graphs=self.use_graphs)
+            call = self._calls[key] = CapturedCall(fn, use_graphs=self.use_graphs, pool=pool)
         return call
 
     def _propose_split(self, feats: Optional[torch.Tensor], start: Optional[torch.Tensor], anchor: torch.Tensor,

@@ -74,9 +74,10 @@ def graphs_captured() -> int:
     return _CAPTURED[0]
 
 
-def capture_graph(fn, warmup: int):
+def capture_graph(fn, warmup: int, pool=None):
     """(graph, outputs) of `fn()` captured as a CUDA graph, after `warmup` eager runs on a side
-    stream (cuBLAS workspaces, torch.compile); `fn` must read only static buffers."""
+    stream (cuBLAS workspaces, torch.compile); `fn` must read only static buffers. pool: a
+    `torch.cuda.graph_pool_handle()` the graph shares with others (default: a private pool)."""
     _CAPTURED[0] += 1
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -85,7 +86,7 @@ def capture_graph(fn, warmup: int):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         outputs = fn()
     return graph, outputs
 
@@ -190,10 +191,15 @@ class CapturedCall:
     the warm-up runs compute exactly the step being captured, so repeating its writes is
     harmless. The outputs are the graph's static tensors, valid until the next call.
 
-    ``use_graphs=False`` (and any CPU input) calls ``fn`` directly: the same code runs eagerly."""
+    ``use_graphs=False`` (and any CPU input) calls ``fn`` directly: the same code runs eagerly.
 
-    def __init__(self, fn, *, use_graphs: bool = True, warmup: int = 2):
-        self.fn, self.use_graphs, self.warmup = fn, bool(use_graphs), int(warmup)
+    ``pool`` (a `torch.cuda.graph_pool_handle()`): one memory pool for several calls' intermediates, which
+    then cost their largest graph's, not their sum (by default each graph keeps a private pool of its
+    peak for as long as it lives). Only for calls whose outputs nobody reads (a replay of one may
+    overwrite another's) and that replay on one stream."""
+
+    def __init__(self, fn, *, use_graphs: bool = True, warmup: int = 2, pool=None):
+        self.fn, self.use_graphs, self.warmup, self.pool = fn, bool(use_graphs), int(warmup), pool
         self.graph = None
         self.inputs: tuple[torch.Tensor, ...] = ()
         self.outputs = None
@@ -204,7 +210,7 @@ class CapturedCall:
             return self.fn(*args)
         if self.graph is None:
             self.inputs = tuple(a.clone() for a in args)
-            self.graph, self.outputs = capture_graph(lambda: self.fn(*self.inputs), self.warmup)
+            self.graph, self.outputs = capture_graph(lambda: self.fn(*self.inputs), self.warmup, self.pool)
         else:
             for buf, a in zip(self.inputs, args):
                 buf.copy_(a, non_blocking=True)

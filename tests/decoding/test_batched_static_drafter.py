@@ -295,3 +295,14 @@ def test_padded_prefills_write_what_exact_shapes_do():
         assert padded.visit_admissions([5, 20]) == 6  # widths 1, 2, 4 at lengths 16 and 32
         assert {("admit", w, t) for w in (1, 2, 4) for t in (16, 32)} <= padded._calls.keys()
         assert exact.visit_admissions([5, 20]) == 0
+        # every prefill graph reads a view of one input buffer, the largest shape's; a longer shape reallocates it
+        # and drops the graphs that read the old one
+        assert padded._prefill_buffer.numel() == 4 * 32 * f
+        assert padded.visit_admissions([40]) == 3
+        assert padded._prefill_buffer.numel() == 4 * 64 * f
+        assert {key for key in padded._calls if key[0] != "propose"} == {("admit", w, 64) for w in (1, 2, 4)}
+        feats = torch.randn(4, 20, f, generator=g)  # a new batch after the reallocation: the same contexts again
+        for d in (exact, padded):
+            d.prefill(feats, 20)
+        for kc_e, kc_p in zip((*exact.k, *exact.v), (*padded.k, *padded.v)):
+            torch.testing.assert_close(kc_p[:, :, :20], kc_e[:, :, :20], atol=1e-5, rtol=1e-5)

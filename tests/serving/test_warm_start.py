@@ -120,9 +120,9 @@ def _record_keys(monkeypatch) -> set:
         seen.add(("target", self.capture, b, t, self.bucket(end), logits_to_keep))
         return runner_call(self, ids, pos, logits_to_keep=logits_to_keep)
 
-    def record_drafter(self, key, fn):
+    def record_drafter(self, key, fn, pool=None):
         seen.add(("drafter", *key))
-        return drafter_call(self, key, fn)
+        return drafter_call(self, key, fn, pool)
 
     monkeypatch.setattr(GraphRunner, "__call__", record)
     monkeypatch.setattr(dflash_fast.StaticDFlashDrafter, "_call", record_drafter)
