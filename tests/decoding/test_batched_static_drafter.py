@@ -260,6 +260,26 @@ def test_the_lm_head_reads_the_slots_as_one_matrix(static):
     assert block.hidden.is_contiguous() and block.base_logits.shape[:2] == (b, adapter.num_slots)
 
 
+def prefill_and_admit(drafters, feats, lens: list[int], admissions, randn) -> None:
+    """Every drafter: a new batch of `feats` (its rows' lengths `lens`), then each admission (rows, their lengths)
+    of the same `randn(rows, length, F)` features into freed rows; `lens` follows the admitted rows."""
+    for d in drafters:
+        d.prefill(feats, max(lens))
+    for rows, sizes in admissions:
+        new = randn(len(rows), max(sizes), feats.shape[-1])
+        for d in drafters:
+            d.prefill(new, max(sizes), rows=rows)
+        for r, n in zip(rows, sizes):
+            lens[r] = n
+
+
+def assert_same_contexts(got, want, lens: list[int], tol: float, note: str = "") -> None:
+    """Each row's context K/V before its own length equal in two static drafters."""
+    for k_got, k_want in zip((*got.k, *got.v), (*want.k, *want.v)):
+        for r, n in enumerate(lens):
+            torch.testing.assert_close(k_got[r, :, :n], k_want[r, :, :n], atol=tol, rtol=tol, msg=f"{note}row {r}")
+
+
 def test_padded_prefills_write_what_exact_shapes_do():
     """pad_prefills (CUDA's default: graphs of padded shapes, adapters/dflash/fast.py `_prefill_write`) run here
     eagerly through the same calls: a new batch's prompts right-padded to their prefill length, then admissions
@@ -275,17 +295,8 @@ def test_padded_prefills_write_what_exact_shapes_do():
     feats = torch.randn(4, 20, f, generator=g)
     admissions = [([2], [11]), ([3, 0, 1], [7, 17, 3])]  # one row; three rows widened to four
     with torch.inference_mode():
-        for d in (exact, padded):
-            d.prefill(feats, max(lens))
-        for rows, sizes in admissions:
-            new = torch.randn(len(rows), max(sizes), f, generator=g)
-            for d in (exact, padded):
-                d.prefill(new, max(sizes), rows=rows)
-            for r, n in zip(rows, sizes):
-                lens[r] = n
-        for kc_e, kc_p in zip((*exact.k, *exact.v), (*padded.k, *padded.v)):
-            for r, n in enumerate(lens):
-                torch.testing.assert_close(kc_p[r, :, :n], kc_e[r, :, :n], atol=1e-5, rtol=1e-5, msg=f"row {r}")
+        prefill_and_admit((exact, padded), feats, lens, admissions, lambda *shape: torch.randn(*shape, generator=g))
+        assert_same_contexts(padded, exact, lens, 1e-5)
         anchor = torch.randint(0, target.shape.vocab_size, (4,), generator=g)
         got, want = padded.propose(anchor, lens), exact.propose(anchor, lens)
         torch.testing.assert_close(got.base_logits, want.base_logits, atol=2e-5, rtol=1e-4)
@@ -302,7 +313,5 @@ def test_padded_prefills_write_what_exact_shapes_do():
         assert padded._prefill_buffer.numel() == 4 * 64 * f
         assert {key for key in padded._calls if key[0] != "propose"} == {("admit", w, 64) for w in (1, 2, 4)}
         feats = torch.randn(4, 20, f, generator=g)  # a new batch after the reallocation: the same contexts again
-        for d in (exact, padded):
-            d.prefill(feats, 20)
-        for kc_e, kc_p in zip((*exact.k, *exact.v), (*padded.k, *padded.v)):
-            torch.testing.assert_close(kc_p[:, :, :20], kc_e[:, :, :20], atol=1e-5, rtol=1e-5)
+        prefill_and_admit((exact, padded), feats, [20] * 4, [], None)
+        assert_same_contexts(padded, exact, [20] * 4, 1e-5)

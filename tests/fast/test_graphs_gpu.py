@@ -80,6 +80,7 @@ def test_static_dflash_prefill_graphs_in_one_pool_equal_the_exact_shapes():
     all reading views of one input buffer and sharing one memory pool, replayed in an order unlike their capture
     (the largest first, then a reallocation): every row's context equals the eager exact shapes'."""
     from domino_graft.adapters.dflash.fast import StaticDFlashDrafter
+    from tests.decoding.test_batched_static_drafter import assert_same_contexts, prefill_and_admit
 
     _, adapter, _ = _graft(2)
     f = adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)
@@ -92,19 +93,11 @@ def test_static_dflash_prefill_graphs_in_one_pool_equal_the_exact_shapes():
         assert graphed.visit_admissions([20, 60]) == 6  # widths 1, 2, 4 at 32 and 64, the largest first
         for step in range(3):
             feats = torch.randn(4, max(lens), f, device="cuda", generator=g)
-            for d in (graphed, exact):
-                d.prefill(feats, max(lens))
             # the last admission's 2 × 128 fits the buffer the visit sized (4 × 64); the next batch's 4 × 128 does not
-            for rows, sizes in [([1], [12]), ([3, 0, 2], [40, 5, 33]), ([2, 1], [100, 3])]:
-                new = torch.randn(len(rows), max(sizes), f, device="cuda", generator=g)
-                for d in (graphed, exact):
-                    d.prefill(new, max(sizes), rows=rows)
-                for r, n in zip(rows, sizes):
-                    lens[r] = n
-            for kc_g, kc_e in zip((*graphed.k, *graphed.v), (*exact.k, *exact.v)):
-                for r, n in enumerate(lens):
-                    torch.testing.assert_close(kc_g[r, :, :n], kc_e[r, :, :n], atol=1e-4, rtol=1e-4,
-                                               msg=f"step {step} row {r}")
+            admissions = [([1], [12]), ([3, 0, 2], [40, 5, 33]), ([2, 1], [100, 3])]
+            prefill_and_admit((graphed, exact), feats, lens, admissions,
+                              lambda *shape: torch.randn(*shape, device="cuda", generator=g))
+            assert_same_contexts(graphed, exact, lens, 1e-4, f"step {step} ")
     calls = [c for key, c in graphed._calls.items() if key[0] in ("prefill", "admit")]
     assert calls and all(c.graph is not None and c.pool is graphed._prefill_pool for c in calls)
     assert graphed._prefill_buffer.numel() == 4 * 128 * f
