@@ -2,14 +2,16 @@
 
 Every graph the warm start captures keeps its input buffers and its memory pool for as long as the server runs: the
 target's steps and prefills at each batch size, padded prompt length and kv bucket (fast.GraphRunner: a private pool
-each), the drafter's blocks, and its padded prefills (adapters/dflash/fast.py: one input buffer and one pool for all).
+a step, one pool for the prefills), the drafter's blocks, and its padded prefills (adapters/dflash/fast.py: one input
+buffer and one pool for all).
 This builds random bf16 weights at a real shape, runs the warm start of a server of --max-batch rows and --positions
 positions (admission in place on, every block verifying all K), and records the memory allocated and reserved before
 and after, beside the static KV caches' bytes, the graphs captured and the seconds taken.
 
   --shape smollm2_135m: the SmolLM2-135M target with the shipped drafter's shape (bench/batched_overhead.py's);
   --shape qwen3_8b: Qwen3-8B with z-lab's 5-layer DFlash drafter (bench/engine_batch.py's shape).
-  --drafter-pools private: each drafter prefill graph in its own pool, as before the shared one (the saving's A/B).
+  --prefill-pools private: each prefill graph (the target's, the drafter's) in a pool of its own, as before they
+      shared one (the saving's A/B).
   --pad-prefills off: the drafter's prefills eager, no prefill graphs.
 
     source experiments/gpu_env.sh
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--positions", type=int, default=1024, help="what a request may reach (serve's max_model_len)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--drafter-pools", choices=["shared", "private"], default="shared")
+    p.add_argument("--prefill-pools", choices=["shared", "private"], default="shared")
     p.add_argument("--pad-prefills", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -109,8 +111,11 @@ def main(argv=None) -> int:
 
     if args.pad_prefills != "auto":
         StaticDFlashDrafter.PAD_PREFILLS = args.pad_prefills == "on"
-    if args.drafter_pools == "private":  # experiment only: every prefill graph keeps a pool of its own
+    if args.prefill_pools == "private":  # experiment only: every prefill graph keeps a pool of its own
+        from domino_graft.fast import GraphRunner
+
         StaticDFlashDrafter._prefill_pool_handle = lambda self: None
+        GraphRunner._pooled = lambda self: None
     torch.manual_seed(0)
     t0 = time.perf_counter()
     engine = build(args.shape, args.device)
@@ -126,7 +131,7 @@ def main(argv=None) -> int:
     drafter = getattr(engine.adapter, "_static_batch_drafter", None)
     calls = getattr(drafter, "_calls", {})
     report = {**harness.environment(), "shape": args.shape, "max_batch": args.max_batch, "positions": args.positions,
-              "drafter_pools": args.drafter_pools, "pad_prefills": args.pad_prefills, "build_s": round(built_s, 1),
+              "prefill_pools": args.prefill_pools, "pad_prefills": args.pad_prefills, "build_s": round(built_s, 1),
               "warm_start": warm.report, "memory_before": before, "memory_after": after,
               "held_by_warm_start_gib": {k: round(after[k] - before[k], 3) for k in after if k != "peak_allocated_gib"},
               "caches": cache_gib(engine, drafter),

@@ -2,8 +2,8 @@
 # experiments/warm_start_memory.py on the GPU: the memory serve's warm start holds, random weights, one process a
 # setting (memory is per process). Needs no staged model: one call, carry .whl (../shared/gpu/prepare.sh).
 #   bash experiments/warm_start_memory.sh  -> $OUT/warm_start_memory_<shape>_<setting>.json
-# WSM_RUNS: "shape:setting" pairs (setting: shared, private (the drafter's prefill graphs a pool each), eager (its
-# prefills eager)); WSM_ARGS adds arguments (default: 32 rows, 1,024 positions); WSM_S caps each run (seconds).
+# WSM_RUNS: "shape:setting" pairs (setting: shared, private (every prefill graph a pool of its own), eager (the
+# drafter's prefills eager)); WSM_ARGS adds arguments (default: 32 rows, 1,024 positions); WSM_S caps each run (seconds).
 set -euo pipefail
 HERE=$(pwd)
 source experiments/gpu_env.sh
@@ -12,8 +12,8 @@ mkdir -p "$OUT"
 for run in ${WSM_RUNS:-qwen3_8b:shared qwen3_8b:private qwen3_8b:eager smollm2_135m:shared}; do
   shape=${run%%:*} setting=${run#*:}
   case $setting in
-    shared) flags="--drafter-pools shared" ;;
-    private) flags="--drafter-pools private" ;;
+    shared) flags="--prefill-pools shared" ;;
+    private) flags="--prefill-pools private" ;;
     eager) flags="--pad-prefills off" ;;
     *) echo "WSM_RUNS: setting '$setting' of '$run'; valid: shared, private, eager" >&2; exit 2 ;;
   esac

@@ -221,7 +221,8 @@ class StaticSession:
         # the final post-norm state gives each row's logits at its own last prompt token (the runner's
         # logits are the padded batch's last column)
         need = capture if -1 in capture else capture + (-1,)
-        _, hidden = self._runner(need)(batch, at[0] if len(at) == 1 else at, logits_to_keep=1)
+        # pooled: the graph's outputs are copied out below (an index, a cat) before any other graph replays
+        _, hidden = self._runner(need)(batch, at[0] if len(at) == 1 else at, logits_to_keep=1, pooled=True)
         last = self.lm.project_logits(hidden[-1][slots, lens - 1])
         feats = self._features(hidden, capture)
         if feats is not None:

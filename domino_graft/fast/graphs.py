@@ -108,6 +108,7 @@ class GraphRunner:
         self.warmup = int(warmup)
         self.graphs: dict[tuple, _Captured] = {}
         self.captures = 0  # how many graphs were captured (a test checks replay, not recapture)
+        self._pool = None  # the `pooled` graphs' one memory pool
 
     def bucket(self, end: Optional[int]) -> int:
         if end is None:
@@ -115,8 +116,11 @@ class GraphRunner:
         return kv_bucket(end, self.lm.max_len, self.kv_block)
 
     @torch.no_grad()
-    def __call__(self, ids: torch.Tensor, pos: Pos = None, *, logits_to_keep: int = 0):
-        """Like ``FastLM.forward(ids, pos)``; pos None = the cache's lengths."""
+    def __call__(self, ids: torch.Tensor, pos: Pos = None, *, logits_to_keep: int = 0, pooled: bool = False):
+        """Like ``FastLM.forward(ids, pos)``; pos None = the cache's lengths. pooled: for a caller that copies what
+        it needs of the outputs before any other graph of this runner replays (decoding/session.py's prefills):
+        such graphs share one memory pool for their intermediates, which then cost the largest graph's, not
+        their sum (`capture_graph`'s pool; a pool's graph may overwrite what another left there)."""
         lm = self.lm
         b, t = ids.shape
         host = lm.host_positions(pos, b)
@@ -127,7 +131,7 @@ class GraphRunner:
         kv_len = self.bucket(None if host is None else max(host) + t)
         if not self.use_graphs:
             return lm.forward(ids, pos, capture=self.capture, kv_len=kv_len, logits_to_keep=logits_to_keep)
-        key = (b, t, kv_len, int(logits_to_keep))
+        key = (b, t, kv_len, int(logits_to_keep), bool(pooled))
         g = self.graphs.get(key)
         fresh = g is None
         if fresh:
@@ -143,7 +147,7 @@ class GraphRunner:
         else:
             g.pos.copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
         if fresh:
-            self._capture(g, kv_len, int(logits_to_keep))
+            self._capture(g, kv_len, int(logits_to_keep), self._pooled() if pooled else None)
             self.graphs[key] = g
         g.graph.replay()
         cache = lm.cache
@@ -159,7 +163,7 @@ class GraphRunner:
         captures it later (a capture inside a timed decode costs its warm-up runs). Its runs write K/V at
         positions 0..t-1 of rows 0..b-1 and their lengths: prime only where those entries are rewritten
         before anything reads them (before a prefill of at least b rows). -> whether it captured."""
-        key = (b, t, int(kv_len), int(logits_to_keep))
+        key = (b, t, int(kv_len), int(logits_to_keep), False)
         if not self.use_graphs or key in self.graphs:
             return False
         dev = self.lm.device
@@ -169,13 +173,19 @@ class GraphRunner:
         self.graphs[key] = g
         return True
 
-    def _capture(self, g: _Captured, kv_len: int, keep: int) -> None:
+    def _pooled(self):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def _capture(self, g: _Captured, kv_len: int, keep: int, pool=None) -> None:
         lm = self.lm
         # Warm-up runs (cuBLAS workspaces, torch.compile) compute exactly the step about to be
         # replayed, from the same buffers: their K/V writes and length update are idempotent.
         host_mirror = None if lm.cache.host_lengths is None else list(lm.cache.host_lengths)
         graph, (logits, hidden) = capture_graph(
-            lambda: lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep), self.warmup)
+            lambda: lm.forward(g.ids, g.pos, capture=self.capture, kv_len=kv_len, logits_to_keep=keep), self.warmup,
+            pool)
         lm.cache.host_lengths = host_mirror
         g.graph, g.logits, g.hidden = graph, logits, hidden
         self.captures += 1

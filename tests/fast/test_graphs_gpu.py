@@ -48,6 +48,32 @@ def test_graph_runner_replay_with_rollback_equals_eager():
     assert graphed.captures >= 2  # crossed a kv bucket: one graph per bucket, replayed
 
 
+def test_pooled_prefill_graphs_equal_eager_and_leave_a_step_graphs_outputs():
+    """The prefills' graphs (`pooled`: decoding/session.py copies their outputs out at once) share one memory pool,
+    replayed in turns unlike their capture order: each equals the eager forward, and a step graph's outputs, held
+    across them in a pool of its own, are untouched."""
+    from domino_graft.fast import FastLM, GraphRunner
+
+    target, _, _ = _graft(3)
+    vocab = target.shape.vocab_size
+    lm = FastLM.from_hf(target.model, max_batch=4, max_len=512)
+    graphed, eager = GraphRunner(lm, capture=(0, -1)), GraphRunner(lm, capture=(0, -1), use_graphs=False)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    step_logits, _ = graphed(torch.randint(0, vocab, (4, 1), device="cuda", generator=g), 300)
+    held = step_logits.clone()
+    shapes = [(4, 128), (1, 16), (2, 64), (4, 32), (1, 128)]
+    for turn in range(2):
+        for b, t in shapes[::-1] if turn else shapes:
+            ids = torch.randint(0, vocab, (b, t), device="cuda", generator=g)
+            _, hidden = graphed(ids, 0, logits_to_keep=1, pooled=True)
+            got = {i: h.clone() for i, h in hidden.items()}
+            _, want = eager(ids, 0, logits_to_keep=1)
+            for i in want:
+                torch.testing.assert_close(got[i], want[i], atol=1e-4, rtol=1e-4, msg=f"turn {turn} {b}x{t} layer {i}")
+    assert torch.equal(step_logits, held)
+    assert graphed._pool is not None and graphed.captures == 1 + len(shapes)
+
+
 def test_static_dflash_propose_graph_equals_eager():
     target, adapter, _ = _graft(1)
     f = adapter.cfg.hidden_size * len(adapter.cfg.target_layer_ids)

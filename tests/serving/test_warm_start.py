@@ -114,11 +114,11 @@ def _record_keys(monkeypatch) -> set:
     seen: set = set()
     runner_call, drafter_call = GraphRunner.__call__, dflash_fast.StaticDFlashDrafter._call
 
-    def record(self, ids, pos=None, *, logits_to_keep=0):
+    def record(self, ids, pos=None, *, logits_to_keep=0, pooled=False):
         b, t = ids.shape
         end = (pos if isinstance(pos, int) else max(pos)) + t  # one row's position comes as an int
         seen.add(("target", self.capture, b, t, self.bucket(end), logits_to_keep))
-        return runner_call(self, ids, pos, logits_to_keep=logits_to_keep)
+        return runner_call(self, ids, pos, logits_to_keep=logits_to_keep, pooled=pooled)
 
     def record_drafter(self, key, fn, pool=None):
         seen.add(("drafter", *key))
