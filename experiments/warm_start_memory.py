@@ -15,7 +15,7 @@ and after, beside the static KV caches' bytes, the graphs captured and the secon
   --pad-prefills off: the drafter's prefills eager, no prefill graphs.
 
     source experiments/gpu_env.sh
-    python3 experiments/warm_start_memory.py --shape qwen3_8b --max-batch 32 --positions 1024 --out …/wsm.json
+    python3 experiments/warm_start_memory.py --shape qwen3_8b --max-batch 32 --positions 512 --out …/wsm.json
     python3 experiments/warm_start_memory.py --device cpu --shape tiny --max-batch 2 --positions 64 --out …  # smoke
 """
 
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3_8b")
     p.add_argument("--max-batch", type=int, default=32)
-    p.add_argument("--positions", type=int, default=1024, help="what a request may reach (serve's max_model_len)")
+    p.add_argument("--positions", type=int, default=512, help="what a request may reach (serve's max_model_len)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--prefill-pools", choices=["shared", "private"], default="shared")
     p.add_argument("--pad-prefills", choices=["auto", "on", "off"], default="auto")
@@ -125,14 +125,19 @@ def main(argv=None) -> int:
     before = memory(args.device)
     built_s = time.perf_counter() - t0
     sizes = [1 << i for i in range(args.max_batch.bit_length()) if 1 << i <= args.max_batch]
-    warm = warm_start(engine, batch_sizes=sizes, positions=args.positions, target_only=False, use_head=True,
-                      admit=True, sweep=True)
+    out_of_memory = None
+    try:
+        warm = warm_start(engine, batch_sizes=sizes, positions=args.positions, target_only=False, use_head=True,
+                          admit=True, sweep=True)
+    except torch.cuda.OutOfMemoryError as e:  # a result too: the warm start does not fit at this size
+        warm, out_of_memory = None, str(e).splitlines()[0]
     after = memory(args.device)
     drafter = getattr(engine.adapter, "_static_batch_drafter", None)
     calls = getattr(drafter, "_calls", {})
     report = {**harness.environment(), "shape": args.shape, "max_batch": args.max_batch, "positions": args.positions,
               "prefill_pools": args.prefill_pools, "pad_prefills": args.pad_prefills, "build_s": round(built_s, 1),
-              "warm_start": warm.report, "memory_before": before, "memory_after": after,
+              "warm_start": None if warm is None else warm.report, "out_of_memory": out_of_memory,
+              "memory_before": before, "memory_after": after,
               "held_by_warm_start_gib": {k: round(after[k] - before[k], 3) for k in after if k != "peak_allocated_gib"},
               "caches": cache_gib(engine, drafter),
               "drafter_graphs": {kind: sum(1 for key in calls if key[0] == kind)
