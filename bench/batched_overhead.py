@@ -46,20 +46,26 @@ SHAPE = [  # recipes/tiny_dflash.yaml grown to SmolLM2-135M-Instruct and the shi
 ]
 
 
-def build():
+def build(shape: list[str] = SHAPE, device: str = "cuda", dtype=torch.bfloat16, create_on_device: bool = False):
+    """An Engine of random weights: recipes/tiny_dflash.yaml with the `shape` overrides, on `device` in `dtype`.
+    create_on_device: the weights are created there (an 8B model not first on the host), which draws other random
+    weights than creating them on the host and moving them (this benchmark's own runs)."""
+    import contextlib
+
     from domino_graft.decoding import Engine
     from domino_graft.graft import build_head
     from domino_graft.recipe import load_recipe
     from domino_graft.registry import get_family
     from domino_graft.target import load_target
 
-    recipe = load_recipe(REPO / "recipes" / "tiny_dflash.yaml", SHAPE)
-    target = load_target(recipe.target)
-    adapter, head_tensors = get_family("dflash").build(recipe.drafter, target)
-    head = build_head(recipe, adapter, head_tensors)
+    recipe = load_recipe(REPO / "recipes" / "tiny_dflash.yaml", shape)
+    with torch.device(device) if create_on_device else contextlib.nullcontext():
+        target = load_target(recipe.target, device=device if create_on_device else "cpu")
+        adapter, head_tensors = get_family("dflash").build(recipe.drafter, target)
+        head = build_head(recipe, adapter, head_tensors)
     for m in (target.model, adapter, head):
-        m.to(device="cuda", dtype=torch.bfloat16)
-    return Engine(target, adapter, head, rollout="triton", stop_ids=(), kv="static")
+        m.to(device=device, dtype=dtype)
+    return Engine(target, adapter, head, rollout="triton" if device == "cuda" else "torch", stop_ids=(), kv="static")
 
 
 def per_step(fn, results_of) -> float:

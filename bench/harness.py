@@ -69,6 +69,19 @@ def environment(command: Optional[str] = None) -> dict:
     return env
 
 
+def cuda_memory() -> dict:
+    """The CUDA caching allocator's memory now (GiB): allocated, reserved, peak allocated; {} without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    torch.cuda.synchronize()
+    gib = 2.0 ** 30
+    return {"allocated_gib": round(torch.cuda.memory_allocated() / gib, 3),
+            "reserved_gib": round(torch.cuda.memory_reserved() / gib, 3),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 3)}
+
+
 def spread(samples_ms: list[float]) -> dict:
     """Median and spread of timings: min, quartiles, max, n (ms)."""
     s = sorted(samples_ms)

@@ -202,15 +202,6 @@ def shapes(parts: Parts) -> None:
     session.StaticSession.prefill = prefill
 
 
-def _cuda_memory() -> dict:
-    import torch
-
-    gib = 2.0 ** 30
-    return {"allocated_gib": round(torch.cuda.memory_allocated() / gib, 3),
-            "reserved_gib": round(torch.cuda.memory_reserved() / gib, 3),
-            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 3)}
-
-
 def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
     from domino_graft.sampling import Sampling
     from domino_graft.serving.scheduler import Scheduler
@@ -224,7 +215,7 @@ def run_mode(engine, items, mode: str, args, parts: Parts) -> dict:
     try:
         while s.warming and s.alive:
             time.sleep(0.05)
-        memory = _cuda_memory() if args.device == "cuda" else None  # the warm start's graphs and buffers held
+        memory = harness.cuda_memory() if args.device == "cuda" else None  # the warm start's graphs and buffers held
         rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)  # untimed
         before = (s.admissions, s.admission_s)
         _, wall = rollouts.decode_all(s, items, args.max_new_tokens, sampling, engine.stop_ids)

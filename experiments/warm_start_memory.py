@@ -48,33 +48,8 @@ def build(shape: str, device: str):
     """An Engine of random weights at `shape` on `device` (bf16 on CUDA, created there: no 8B model on the host)."""
     import torch
 
-    from domino_graft.decoding import Engine
-    from domino_graft.graft import build_head
-    from domino_graft.recipe import load_recipe
-    from domino_graft.registry import get_family
-    from domino_graft.target import load_target
-
-    recipe = load_recipe(REPO / "recipes" / "tiny_dflash.yaml", SHAPES[shape])
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    with torch.device(device):
-        target = load_target(recipe.target, device=device)
-        adapter, head_tensors = get_family("dflash").build(recipe.drafter, target)
-        head = build_head(recipe, adapter, head_tensors)
-    for m in (target.model, adapter, head):
-        m.to(device=device, dtype=dtype)
-    return Engine(target, adapter, head, rollout="triton" if device == "cuda" else "torch", stop_ids=(), kv="static")
-
-
-def memory(device: str) -> dict:
-    import torch
-
-    if device != "cuda":
-        return {}
-    torch.cuda.synchronize()
-    gib = 2.0 ** 30
-    return {"allocated_gib": round(torch.cuda.memory_allocated() / gib, 3),
-            "reserved_gib": round(torch.cuda.memory_reserved() / gib, 3),
-            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 3)}
+    return batched_overhead.build(SHAPES[shape], device, dtype, create_on_device=device == "cuda")
 
 
 def _gib(*tensors) -> float:
@@ -122,7 +97,7 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         torch.cuda.empty_cache()  # what building the weights left behind is not the warm start's
         torch.cuda.reset_peak_memory_stats()
-    before = memory(args.device)
+    before = harness.cuda_memory()
     built_s = time.perf_counter() - t0
     sizes = [1 << i for i in range(args.max_batch.bit_length()) if 1 << i <= args.max_batch]
     out_of_memory = None
@@ -131,7 +106,7 @@ def main(argv=None) -> int:
                           admit=True, sweep=True)
     except torch.cuda.OutOfMemoryError as e:  # a result too: the warm start does not fit at this size
         warm, out_of_memory = None, str(e).splitlines()[0]
-    after = memory(args.device)
+    after = harness.cuda_memory()
     drafter = getattr(engine.adapter, "_static_batch_drafter", None)
     calls = getattr(drafter, "_calls", {})
     report = {**harness.environment(), "shape": args.shape, "max_batch": args.max_batch, "positions": args.positions,

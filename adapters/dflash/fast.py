@@ -180,8 +180,8 @@ class StaticDFlashDrafter:
             vc[rows, :, pos] = v.transpose(1, 2)
 
     def _positions(self, host: list[int]) -> torch.Tensor:
-        """[B] on the device without waiting on it: a fill for one row (the solo path), else a
-        non-blocking copy of the host ints (as fast.GraphRunner does)."""
+        """[B] host ints (positions, or an admission's cache rows) on the device without waiting on it: a fill for
+        one row (the solo path), else a non-blocking copy of the host ints (as fast.GraphRunner does)."""
         if len(host) == 1:
             return torch.full((1,), host[0], dtype=torch.long, device=self.device)
         return torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
@@ -204,9 +204,9 @@ class StaticDFlashDrafter:
             self._pending = None
 
     def _prefill_write(self, feats: torch.Tensor, n: int, rows: Optional[list[int]]) -> None:
-        """The context K/V of a prefill. Eagerly it is ~70 small launches a layer (the backbone's projections,
-        norms, RoPE and the cache writes: ~285 dispatches at the shipped SmolLM2 drafter's 4 layers), paid at every
-        batch built and every admission in place (serving/batch.py). With pad_prefills (CUDA) it is one graph
+        """The context K/V of a prefill. Eagerly it is ~150 host dispatches at the shipped SmolLM2 drafter's 4 layers
+        (the backbone's projections, norms, RoPE and the cache writes: bench/results/admission_ops_cpu/), paid at
+        every batch built and every admission in place (serving/batch.py). With pad_prefills (CUDA) it is one graph
         replay of a few shapes: the prompts right-padded to `fast.prefill_length(n)` (the target's own prefill
         shapes) and an admission's prompts widened to a power of two by repeating its first (the same values
         written twice to the same slots): graphs keyed by (rows, padded length), which the warm start captures
@@ -214,16 +214,16 @@ class StaticDFlashDrafter:
         harmless, like a ragged prompt's (module docstring)."""
         b = feats.shape[0]
         if not self.pad_prefills:
-            idx = None if rows is None else self._on_device(rows)
+            idx = None if rows is None else self._positions(rows)
             self._write(feats[:, :n], self._zeros[:b], idx)
             return
         t = prefill_length(n, self.max_len)
         width = b if rows is None else min(self.max_batch, 1 << (b - 1).bit_length())
         x = self._prefill_input(width, t)
-        m = min(feats.shape[1], t)  # the caller's own padding where it reaches t, zeros past it
+        # past the caller's features (or its own padding, where it reaches t) the buffer holds what an earlier prefill
+        # left there (zeros at first): finite features, written only at slots past each row's own length
+        m = min(feats.shape[1], t)
         x[:b, :m].copy_(feats[:, :m])
-        if m < t:
-            x[:b, m:].zero_()
         if width > b:
             x[b:].copy_(x[:1].expand(width - b, -1, -1))
         pool = self._prefill_pool_handle()
@@ -231,7 +231,7 @@ class StaticDFlashDrafter:
             self._call(("prefill", b, t), lambda start: self._write(x, start), pool)(self._zeros[:b])
             return
         rows = rows + [rows[0]] * (width - b)
-        self._call(("admit", width, t), lambda r: self._write(x, self._zeros[:width], r), pool)(self._on_device(rows))
+        self._call(("admit", width, t), lambda r: self._write(x, self._zeros[:width], r), pool)(self._positions(rows))
 
     def _prefill_input(self, width: int, t: int) -> torch.Tensor:
         """[width, t, F], the input of the prefill graph of that shape: a view of one flat buffer that every
@@ -256,9 +256,9 @@ class StaticDFlashDrafter:
 
     def visit_admissions(self, lengths: list[int]) -> int:
         """Capture each admission prefill's graph (`_prefill_write`: every power-of-two width up to max_batch, at
-        each padded prompt length of `lengths`) before traffic meets it: zeros written into the first rows, which
-        a row's own prefill overwrites before it reads them (serving/warmup.py). -> how many shapes (0 without
-        pad_prefills: nothing to capture)."""
+        each padded prompt length of `lengths`) before traffic meets it: placeholders written into the first rows,
+        which a row's own prefill overwrites before it reads them (serving/warmup.py). -> how many shapes (0
+        without pad_prefills: nothing to capture)."""
         if not self.pad_prefills:
             return 0
         # the largest first: the input buffer is sized once, and the pool's first graph holds the peak others reuse
@@ -266,14 +266,10 @@ class StaticDFlashDrafter:
                          for w in [min(1 << i, self.max_batch) for i in range(self.max_batch.bit_length() + 1)]},
                         key=lambda s: (s[0] * s[1], s), reverse=True)
         feats = self.backbone.fc.weight.shape[1]
-        for width, t in shapes:  # one position given: `_prefill_write` pads the rest with zeros
+        for width, t in shapes:  # one position given: the rest of each row is whatever the input buffer holds
             self._prefill_write(torch.zeros(width, 1, feats, dtype=self.dtype, device=self.device), t,
                                 list(range(width)))
         return len(shapes)
-
-    def _on_device(self, host: list[int]) -> torch.Tensor:
-        """Host ints as a device tensor without waiting on the device (as `_positions`)."""
-        return torch.tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
 
     def observe_block(self, feats: torch.Tensor, pos) -> None:
         """The verify's features [B, T, F] of x_0, d_1..d_{T-1} at pos..pos+T-1 of each row (pos: an
